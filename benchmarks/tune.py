@@ -1,0 +1,130 @@
+"""Tuning sweep: kernel launch shape against the memcpy ceiling, per case.
+
+Run on a GPU machine::
+
+    PYTHONPATH=$PWD python3 benchmarks/tune.py --json out.json [--quick]
+
+For each case it builds the buffers once, measures the contiguous-memcpy
+ceiling, then this library under several configurations (CTA budget, loads
+in flight per thread, CTA size cap, descriptor read from a device copy or
+from pinned host memory).  It also measures the host time spent inside
+``swap()``.  Results feed ``benchmarks/NOTES.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import cupy
+import numpy as np
+
+from cupy_swap import BlockSwapper
+from cupy_swap.bench import CaseBuffers, SwapCase, memcpy_ceiling, time_blocking
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def host_time_in_swap(sw, bufs, stream, reps=200) -> float:
+    """Median host seconds spent inside one ``swap()`` call (no sync inside)."""
+    src, dst, m = bufs.src, bufs.dst, bufs.mapping
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        sw.swap(src, dst, m, stream=stream)
+        samples.append(time.perf_counter() - t0)
+        stream.synchronize()
+    return statistics.median(samples)
+
+
+def measure(case, configs, reps, rng):
+    bufs = CaseBuffers(case, rng, spare=2 if case.total_bytes < (1 << 30) else 1)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    ceil = memcpy_ceiling(bufs, stream, reps)
+    rows = []
+    for cfg in configs:
+        sw = BlockSwapper(max_blocks=case.num_blocks, max_ctas=cfg["ctas"])
+        sw.unroll = cfg["unroll"]
+        sw.max_threads = cfg.get("threads", 1024 if cfg["unroll"] < 8 else 512)
+        sw.descriptor_from_host = cfg.get("desc_host", False)
+        src, dst, m = bufs.src, bufs.dst, bufs.mapping
+        t = time_blocking(lambda sw=sw: sw.swap(src, dst, m, stream=stream), stream, reps)
+        ok = bufs.verify()
+        row = dict(cfg)
+        row.update(
+            latency_us=t["latency_s"] * 1e6,
+            device_us=t["device_s"] * 1e6,
+            ratio=ceil["latency_s"] / t["latency_s"],
+            device_ratio=ceil["device_s"] / t["device_s"],
+            gbps=case.total_bytes / t["latency_s"] / 1e9,
+            verified=ok,
+        )
+        if cfg.get("host_time"):
+            row["host_us"] = host_time_in_swap(sw, bufs, stream) * 1e6
+        rows.append(row)
+    return {
+        "case": case.label(),
+        "bytes": case.total_bytes,
+        "ceiling_latency_us": ceil["latency_s"] * 1e6,
+        "ceiling_device_us": ceil["device_s"] * 1e6,
+        "ceiling_gbps": case.total_bytes / ceil["latency_s"] / 1e9,
+        "rows": rows,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    ctas = [4, 8, 16, 32, sms]
+    shape_configs = [{"ctas": c, "unroll": 4} for c in ctas]
+    shape_configs += [{"ctas": 16, "unroll": u} for u in (2, 8)]
+    shape_configs += [{"ctas": 16, "unroll": 4, "threads": 256}, {"ctas": 16, "unroll": 4, "threads": 512}]
+    small_configs = [
+        {"ctas": c, "unroll": 4, "desc_host": h, "host_time": True} for c in (4, 16, 32) for h in (False, True)
+    ]
+    cases = []
+    for d in ("in", "out"):
+        for b in (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB):
+            cases.append((SwapCase(d, b, 1250), shape_configs))
+            cases.append((SwapCase(d, b, 16), small_configs))
+            cases.append((SwapCase(d, b, 1), small_configs))
+        for b in (4 * KIB, 32 * KIB):
+            cases.append((SwapCase(d, b, 10000), shape_configs[:5]))
+        cases.append((SwapCase(d, 32 * KIB, 1250, parts=64), shape_configs[:5]))
+    if args.quick:
+        cases = [c for c in cases if c[0].block_bytes == 32 * KIB and c[0].parts == 1]
+    results = []
+    for case, configs in cases:
+        reps = args.reps if case.total_bytes < (1 << 30) else 8
+        r = measure(case, configs, reps, rng)
+        results.append(r)
+        best = max(r["rows"], key=lambda x: x["ratio"])
+        print(
+            f"{r['case']:<36} ceil {r['ceiling_gbps']:6.2f} GB/s {r['ceiling_latency_us']:9.1f} us | best "
+            f"{best['ratio']:.3f} (dev {best['device_ratio']:.3f}) with "
+            f"{ {k: v for k, v in best.items() if k in ('ctas', 'unroll', 'threads', 'desc_host')} }",
+            flush=True,
+        )
+        for row in r["rows"]:
+            extra = f" host {row['host_us']:.1f} us" if "host_us" in row else ""
+            print(
+                f"    ctas={row['ctas']:>3} u={row['unroll']} thr={row.get('threads', '-')!s:>4} "
+                f"dh={int(row.get('desc_host', False))} lat {row['latency_us']:9.1f} us ratio "
+                f"{row['ratio']:.3f} dev {row['device_ratio']:.3f}{extra} {'ok' if row['verified'] else 'BAD'}",
+                flush=True,
+            )
+        del r
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""cupy_swap: move paged KV-cache blocks between GPU memory and pinned host
+memory at the speed of the PCIe link, in one kernel launch per swap.
+
+Public API::
+
+    host = cupy_swap.empty_pinned((num_blocks, 16, 8, 128), "float16")
+    sw = cupy_swap.BlockSwapper(max_blocks=4096)
+    event = sw.swap_in(host, gpu_cache, [(src_block, dst_block), ...])
+"""
+
+from .memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
+from .swapper import BlockSwapper
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockSwapper",
+    "empty_pinned",
+    "zeros_pinned",
+    "register_host",
+    "unregister_host",
+    "is_pinned",
+    "__version__",
+]

@@ -1,0 +1,73 @@
+"""Zero-copy views of other frameworks' arrays (torch tensors and any object
+speaking ``__cuda_array_interface__``, DLPack or ``__array_interface__``)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+__all__ = ["convert_array", "stream_handle"]
+
+
+def _torch_tensor(obj):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return torch
+    return None
+
+
+def convert_array(obj, name: str):
+    """A ``cupy.ndarray`` or ``numpy.ndarray`` viewing the same memory as
+    ``obj``, or None when ``obj`` is not an array this library understands.
+
+    torch CUDA tensors become CuPy arrays through DLPack; torch CPU tensors
+    become NumPy arrays over the same storage (pinned or not: the caller
+    checks).  Nothing is copied.
+    """
+    torch = _torch_tensor(obj)
+    if torch is not None:
+        if obj.is_cuda:
+            import cupy
+
+            return cupy.from_dlpack(obj.detach())
+        if obj.device.type != "cpu":
+            raise TypeError(f"{name}: expected a CUDA or CPU tensor, got a tensor on {obj.device}")
+        if obj.dtype == torch.bfloat16:
+            # NumPy has no bfloat16: view the same bytes as uint16.
+            return obj.detach().view(torch.int16).numpy().view(np.uint16)
+        if obj.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+            return obj.detach().view(torch.uint8).numpy()
+        return obj.detach().numpy()
+    if hasattr(obj, "__cuda_array_interface__"):
+        import cupy
+
+        return cupy.asarray(obj)
+    if hasattr(obj, "__array_interface__"):
+        return np.asarray(obj)
+    if hasattr(obj, "__dlpack__"):
+        import cupy
+
+        return cupy.from_dlpack(obj)
+    return None
+
+
+def stream_handle(stream) -> int:
+    """Raw ``cudaStream_t`` of a CuPy stream, a torch stream or an int handle;
+    None means CuPy's current stream."""
+    if stream is None:
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    if isinstance(stream, int):
+        return stream
+    ptr = getattr(stream, "ptr", None)  # cupy.cuda.Stream / ExternalStream
+    if ptr is not None:
+        return int(ptr)
+    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
+    if handle is not None:
+        return int(handle)
+    raise TypeError(
+        f"stream: expected a cupy.cuda.Stream, a torch.cuda.Stream or an int handle, "
+        f"got {type(stream).__name__}"
+    )

@@ -1,0 +1,144 @@
+"""Find, assemble and compile the CUDA sources in ``kernels_cu/``.
+
+Sources are compiled lazily, on the first swap on a device, through
+``cupy.RawModule`` (NVRTC) and kept per device.  ``#include "x.cuh"`` lines
+are inlined here, so the text CuPy hashes for its disk cache is the whole
+program: editing any kernel file changes the cache key.  A content hash is
+also passed as a macro, which makes the key visible in compile options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from functools import cache
+from pathlib import Path
+
+__all__ = [
+    "kernel_dir",
+    "kernel_source",
+    "source_hash",
+    "compile_options",
+    "kernel_name",
+    "compile_with_nvrtc",
+    "get_kernel",
+    "UNROLLS",
+    "WIDTHS",
+]
+
+MAIN_SOURCE = "block_swap.cu"
+WIDTHS = (16, 8, 4, 2, 1)
+UNROLLS = (2, 4, 8)
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+
+
+def kernel_dir() -> Path:
+    """Folder holding the ``*.cu`` sources: inside the installed package
+    (wheels carry them as ``cupy_swap/kernels_cu``), else the source tree's
+    top-level ``kernels_cu`` (editable installs, running from a checkout)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels_cu", here.parent / "kernels_cu"):
+        if (candidate / MAIN_SOURCE).is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"cupy_swap: kernel sources not found (looked for {MAIN_SOURCE} in "
+        f"{here / 'kernels_cu'} and {here.parent / 'kernels_cu'}); the installation is incomplete"
+    )
+
+
+def _inline(path: Path, seen: set) -> str:
+    if path in seen:
+        return ""  # every header has #pragma once semantics
+    seen.add(path)
+    text = path.read_text()
+
+    def expand(match: re.Match) -> str:
+        return f"// ---- {match.group(1)} ----\n" + _inline(path.parent / match.group(1), seen)
+
+    return _INCLUDE.sub(expand, text)
+
+
+@cache
+def kernel_source() -> str:
+    """The main kernel file with every quoted include inlined."""
+    return _inline(kernel_dir() / MAIN_SOURCE, set())
+
+
+@cache
+def source_hash() -> str:
+    """SHA-256 (first 16 hex digits) of the assembled source."""
+    return hashlib.sha256(kernel_source().encode()).hexdigest()[:16]
+
+
+def compile_options() -> tuple[str, ...]:
+    return ("-std=c++17", f"-DCUPY_SWAP_SOURCE_HASH=0x{source_hash()}ull")
+
+
+def kernel_name(width: int, unroll: int) -> str:
+    """Name of the kernel that moves ``width``-byte vectors, ``unroll`` loads
+    in flight per thread."""
+    if width not in WIDTHS or unroll not in UNROLLS:
+        raise ValueError(f"no kernel for width={width}, unroll={unroll}")
+    return f"cupy_swap_w{width}_u{unroll}"
+
+
+def max_threads(unroll: int) -> int:
+    """CTA size cap from the kernel's ``__launch_bounds__``."""
+    return 512 if unroll >= 8 else 1024
+
+
+def compile_with_nvrtc(arch: str) -> bytes:
+    """Compile the sources to a cubin for ``arch`` (e.g. ``"sm_90"``) with
+    NVRTC directly, without a GPU.  Used by the CPU tests to prove that the
+    sources compile wherever NVRTC is installed.
+
+    Raises
+    ------
+    RuntimeError
+        With NVRTC's log when compilation fails.
+    """
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(kernel_source(), MAIN_SOURCE, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *compile_options()])
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"NVRTC failed for {arch}: {e}\n{nvrtc.getProgramLog(prog)}") from None
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+_modules: dict[int, object] = {}
+_kernels: dict[tuple[int, str], object] = {}
+_lock = threading.Lock()
+
+
+def _module(device: int):
+    mod = _modules.get(device)
+    if mod is None:
+        import cupy
+
+        with _lock, cupy.cuda.Device(device):
+            mod = _modules.get(device)
+            if mod is None:
+                mod = cupy.RawModule(code=kernel_source(), options=compile_options())
+                mod.compile()
+                _modules[device] = mod
+    return mod
+
+
+def get_kernel(device: int, width: int, unroll: int):
+    """The compiled ``cupy.RawKernel`` for ``device``, loaded on first use."""
+    key = (device, kernel_name(width, unroll))
+    k = _kernels.get(key)
+    if k is None:
+        import cupy
+
+        mod = _module(device)
+        with cupy.cuda.Device(device):
+            k = mod.get_function(key[1])
+        _kernels[key] = k
+    return k

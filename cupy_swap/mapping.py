@@ -1,0 +1,131 @@
+"""Normalize and check block mappings: ``(N, 2)`` rows of
+``(src_block, dst_block)``, as vLLM passes them."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+__all__ = ["normalize_mapping", "check_mapping", "contiguous_runs"]
+
+
+def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarray:
+    """Return ``block_mapping`` as a C-contiguous ``(N, 2)`` int64 NumPy array.
+
+    Parameters
+    ----------
+    block_mapping : array-like of shape (N, 2)
+        Integer pairs ``(src_block, dst_block)``: a list of pairs, a NumPy array,
+        or a CPU torch tensor.  ``N == 0`` (``[]``) is allowed.
+    max_blocks : int, optional
+        Largest N accepted (the swapper's buffer capacity).
+
+    Raises
+    ------
+    TypeError
+        The mapping is not integers, or lives on the GPU.
+    ValueError
+        The mapping is not ``(N, 2)`` or has more than ``max_blocks`` rows.
+    """
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(block_mapping, cupy.ndarray):
+        raise TypeError(
+            "block_mapping: expected a host array (list, numpy array or CPU tensor), got a "
+            "cupy.ndarray; reading it back would synchronize the GPU"
+        )
+    if getattr(block_mapping, "is_cuda", False):
+        raise TypeError(
+            "block_mapping: expected a CPU tensor, got a CUDA tensor; reading it back would "
+            "synchronize the GPU (keep the mapping on the CPU, as vLLM does)"
+        )
+    try:
+        m = np.asarray(block_mapping)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"block_mapping: expected (N, 2) integer pairs, got {e}") from None
+    if m.size == 0 and m.ndim <= 2 and (m.ndim < 2 or m.shape[1] in (0, 2)):
+        return np.empty((0, 2), dtype=np.int64)
+    if m.dtype.kind not in "iu":
+        raise TypeError(
+            f"block_mapping: expected integer block indices, got dtype {m.dtype}"
+            + (" (floats are not rounded; convert explicitly)" if m.dtype.kind == "f" else "")
+        )
+    if m.ndim != 2 or m.shape[1] != 2:
+        raise ValueError(
+            f"block_mapping: expected shape (N, 2) of (src_block, dst_block) rows, got shape {m.shape}"
+        )
+    if max_blocks is not None and m.shape[0] > max_blocks:
+        raise ValueError(
+            f"block_mapping: expected at most max_blocks={max_blocks} rows, got {m.shape[0]}; "
+            f"create the BlockSwapper with a larger max_blocks or split the swap"
+        )
+    if m.dtype == np.uint64 and m.size and int(m.max()) > np.iinfo(np.int64).max:
+        raise IndexError(f"block_mapping: block index {int(m.max())} does not fit in int64")
+    return np.ascontiguousarray(m, dtype=np.int64)
+
+
+def _check_column(col: np.ndarray, limit: int, side: str, part_name: str) -> None:
+    lo, hi = int(col.min()), int(col.max())
+    if lo < 0:
+        row = int(np.argmax(col < 0))
+        raise IndexError(f"block_mapping: {side} block index must be >= 0, got {lo} in row {row}")
+    if hi >= limit:
+        row = int(np.argmax(col >= limit))
+        raise IndexError(
+            f"block_mapping: {side} block index {hi} in row {row} is out of range for "
+            f"{part_name} with {limit} blocks (expected 0 <= index < {limit})"
+        )
+
+
+def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str, dst_name: str) -> None:
+    """Check a normalized mapping against the parts' block counts.
+
+    Parameters
+    ----------
+    m : numpy.ndarray of shape (N, 2), int64
+        Output of :func:`normalize_mapping`, ``N >= 1``.
+    src_blocks, dst_blocks : int
+        Fewest blocks among the source / destination parts.
+    src_name, dst_name : str
+        Names of the parts with those fewest blocks, for messages.
+
+    Raises
+    ------
+    IndexError
+        An index is negative or past the end.
+    ValueError
+        A destination block appears twice (the result would depend on timing).
+    """
+    _check_column(m[:, 0], src_blocks, "source", src_name)
+    _check_column(m[:, 1], dst_blocks, "destination", dst_name)
+    if m.shape[0] > 1:
+        d = np.sort(m[:, 1])
+        dup = np.flatnonzero(d[1:] == d[:-1])
+        if dup.size:
+            block = int(d[dup[0]])
+            rows = np.flatnonzero(m[:, 1] == block)[:2].tolist()
+            raise ValueError(
+                f"block_mapping: expected distinct destination blocks, got block {block} "
+                f"twice (rows {rows[0]} and {rows[1]})"
+            )
+
+
+def contiguous_runs(m: np.ndarray) -> np.ndarray:
+    """Split a mapping into runs consecutive in both source and destination.
+
+    Parameters
+    ----------
+    m : numpy.ndarray of shape (N, 2), int64
+
+    Returns
+    -------
+    numpy.ndarray of shape (R, 3), int64
+        Rows ``(src_start, dst_start, length)`` in mapping order.
+    """
+    if m.shape[0] == 0:
+        return np.empty((0, 3), dtype=np.int64)
+    step = np.diff(m, axis=0)
+    breaks = np.flatnonzero((step[:, 0] != 1) | (step[:, 1] != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [m.shape[0]])))
+    return np.column_stack((m[starts, 0], m[starts, 1], lengths)).astype(np.int64)

@@ -1,0 +1,124 @@
+// One launch copies every block of every part named by a swap descriptor.
+//
+// The work is a flat range of `units`: vectors of T (16, 8, 4, 2 or 1
+// bytes), see swap_desc.cuh.  Each thread takes UNROLL units that are one grid
+// stride apart, issues all their loads before any store (so UNROLL loads per
+// thread are in flight across PCIe at once), then stores them.  Consecutive
+// threads take consecutive units, so every warp reads and writes contiguous
+// runs inside a block.  The grid is a CTA budget chosen by the host; it
+// strides over the whole range, so a 2 MiB block spreads over every CTA and
+// many small blocks pack into one CTA's iteration.
+#include "swap_desc.cuh"
+
+typedef unsigned long long u64;
+typedef long long i64;
+
+struct SwapPart {
+    u64 src;
+    u64 dst;
+    i64 src_stride;
+    i64 dst_stride;
+    u64 units;
+    u64 first_unit;
+};
+
+// Streaming hints: each byte is read once and written once, so neither side
+// should displace the cache lines of the model running beside the swap.
+template <typename T>
+__device__ __forceinline__ T load_stream(const T* p) { return __ldcs(p); }
+template <typename T>
+__device__ __forceinline__ void store_stream(T* p, T v) { __stcs(p, v); }
+
+// Index of the part that owns `unit` (0 <= unit < units_per_pair): the last
+// part whose first_unit <= unit.  Parts are few (layers x K/V), so a binary
+// search over shared memory is a handful of steps.
+__device__ __forceinline__ int find_part(const SwapPart* parts, int n_parts, u64 unit) {
+    int lo = 0, hi = n_parts - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (parts[mid].first_unit <= unit) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+template <typename T, int UNROLL>
+__device__ __forceinline__ void swap_blocks(const u64* __restrict__ desc) {
+    __shared__ SwapPart parts[CUPY_SWAP_MAX_PARTS];
+    __shared__ u64 header[3];
+
+    if (threadIdx.x < 3) header[threadIdx.x] = desc[threadIdx.x];
+    __syncthreads();
+    const u64 n_pairs = header[0];
+    const int n_parts = (int)header[1];
+    const u64 units_per_pair = header[2];
+    const u64* part_words = desc + CUPY_SWAP_HEADER_WORDS;
+    for (int w = threadIdx.x; w < n_parts * CUPY_SWAP_PART_WORDS; w += blockDim.x) {
+        reinterpret_cast<u64*>(parts)[w] = part_words[w];
+    }
+    __syncthreads();
+
+    const i64* pairs = reinterpret_cast<const i64*>(part_words + (u64)n_parts * CUPY_SWAP_PART_WORDS);
+    const u64 total = n_pairs * units_per_pair;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    // 32-bit division is several times cheaper than 64-bit; use it whenever
+    // the whole range fits (every realistic swap below 64 GiB of 16 B units).
+    const bool narrow = total <= 0xffffffffull;
+
+    for (u64 base = (u64)blockIdx.x * blockDim.x + threadIdx.x; base < total; base += stride * UNROLL) {
+        const T* src[UNROLL];
+        T* dst[UNROLL];
+        T val[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            const u64 unit = base + (u64)k * stride;
+            src[k] = nullptr;
+            dst[k] = nullptr;
+            if (unit < total) {
+                u64 pair, rest;
+                if (narrow) {
+                    const unsigned u = (unsigned)unit, per = (unsigned)units_per_pair;
+                    pair = u / per;
+                    rest = u - (unsigned)pair * per;
+                } else {
+                    pair = unit / units_per_pair;
+                    rest = unit - pair * units_per_pair;
+                }
+                const SwapPart& part = parts[find_part(parts, n_parts, rest)];
+                const u64 in_block = rest - part.first_unit;
+                const i64 s = __ldg(&pairs[2 * pair]);
+                const i64 d = __ldg(&pairs[2 * pair + 1]);
+                src[k] = reinterpret_cast<const T*>(part.src + s * part.src_stride) + in_block;
+                dst[k] = reinterpret_cast<T*>(part.dst + d * part.dst_stride) + in_block;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            if (src[k]) val[k] = load_stream(src[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            if (dst[k]) store_stream(dst[k], val[k]);
+        }
+    }
+}
+
+// Plain C names so the host can look kernels up without name mangling:
+// cupy_swap_w<bytes per unit>_u<loads in flight per thread>.  Eight loads in
+// flight need more registers than 64 per thread, so those kernels cap their
+// CTAs at 512 threads instead of spilling (the host reads the cap).
+#define CUPY_SWAP_KERNEL(T, WIDTH, UNROLL)                                        \
+    extern "C" __global__ void __launch_bounds__((UNROLL) >= 8 ? 512 : 1024)                            \
+    cupy_swap_w##WIDTH##_u##UNROLL(const u64* __restrict__ desc) {                \
+        swap_blocks<T, UNROLL>(desc);                                             \
+    }
+
+#define CUPY_SWAP_WIDTH(T, WIDTH)   \
+    CUPY_SWAP_KERNEL(T, WIDTH, 2)   \
+    CUPY_SWAP_KERNEL(T, WIDTH, 4)   \
+    CUPY_SWAP_KERNEL(T, WIDTH, 8)
+
+CUPY_SWAP_WIDTH(uint4, 16)
+CUPY_SWAP_WIDTH(uint2, 8)
+CUPY_SWAP_WIDTH(unsigned int, 4)
+CUPY_SWAP_WIDTH(unsigned short, 2)
+CUPY_SWAP_WIDTH(unsigned char, 1)

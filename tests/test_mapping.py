@@ -1,0 +1,93 @@
+"""Mapping normalization and checks (CPU only)."""
+
+import numpy as np
+import pytest
+
+from cupy_swap.mapping import check_mapping, contiguous_runs, normalize_mapping
+
+
+@pytest.mark.parametrize(
+    "mapping",
+    [
+        [(1, 2), (3, 4)],
+        np.array([[1, 2], [3, 4]], dtype=np.int32),
+        np.array([[1, 2], [3, 4]], dtype=np.uint16),
+    ],
+)
+def test_normalize_accepts_integer_pairs(mapping):
+    m = normalize_mapping(mapping)
+    assert m.dtype == np.int64 and m.shape == (2, 2) and m.flags.c_contiguous
+    assert m.tolist() == [[1, 2], [3, 4]]
+
+
+def test_normalize_fortran_order_becomes_c_contiguous():
+    m = normalize_mapping(np.asfortranarray(np.array([[1, 2], [3, 4], [5, 6]])))
+    assert m.flags.c_contiguous and m.tolist() == [[1, 2], [3, 4], [5, 6]]
+
+
+@pytest.mark.parametrize("empty", [[], np.empty((0, 2), dtype=np.int64), np.empty((0,), dtype=np.int32)])
+def test_empty_mapping_is_zero_rows(empty):
+    assert normalize_mapping(empty).shape == (0, 2)
+
+
+def test_floats_rejected():
+    with pytest.raises(TypeError, match=r"block_mapping: expected integer.*float64"):
+        normalize_mapping([(1.0, 2.0)])
+
+
+def test_bool_rejected():
+    with pytest.raises(TypeError, match="block_mapping: expected integer"):
+        normalize_mapping(np.array([[True, False]]))
+
+
+def test_three_columns_rejected():
+    with pytest.raises(ValueError, match=r"block_mapping: expected shape \(N, 2\).*\(1, 3\)"):
+        normalize_mapping([(1, 2, 3)])
+
+
+def test_one_dimensional_rejected():
+    with pytest.raises(ValueError, match=r"expected shape \(N, 2\).*\(4,\)"):
+        normalize_mapping([1, 2, 3, 4])
+
+
+def test_ragged_rejected():
+    with pytest.raises(ValueError, match="block_mapping"):
+        normalize_mapping([(1, 2), (3,)])
+
+
+def test_too_many_rows_rejected():
+    with pytest.raises(ValueError, match=r"at most max_blocks=2 rows, got 3"):
+        normalize_mapping([(0, 0), (1, 1), (2, 2)], max_blocks=2)
+
+
+def test_huge_uint64_rejected():
+    with pytest.raises(IndexError, match="does not fit"):
+        normalize_mapping(np.array([[2**63, 0]], dtype=np.uint64))
+
+
+def test_negative_index_rejected():
+    m = normalize_mapping([(0, 1), (-1, 2)])
+    with pytest.raises(IndexError, match=r"source block index must be >= 0, got -1 in row 1"):
+        check_mapping(m, 10, 10, "src", "dst")
+
+
+def test_out_of_range_names_part_and_row():
+    m = normalize_mapping([(0, 1), (2, 10)])
+    with pytest.raises(IndexError, match=r"destination block index 10 in row 1.*dst\[3\] with 10 blocks"):
+        check_mapping(m, 10, 10, "src[0]", "dst[3]")
+
+
+def test_duplicate_destination_rejected():
+    m = normalize_mapping([(0, 5), (1, 6), (2, 5)])
+    with pytest.raises(ValueError, match=r"distinct destination blocks, got block 5 twice \(rows 0 and 2\)"):
+        check_mapping(m, 10, 10, "src", "dst")
+
+
+def test_duplicate_sources_are_fine():
+    check_mapping(normalize_mapping([(0, 5), (0, 6)]), 10, 10, "src", "dst")
+
+
+def test_contiguous_runs():
+    m = normalize_mapping([(0, 10), (1, 11), (2, 12), (7, 13), (8, 20), (9, 21)])
+    assert contiguous_runs(m).tolist() == [[0, 10, 3], [7, 13, 1], [8, 20, 2]]
+    assert contiguous_runs(normalize_mapping([])).shape == (0, 3)

@@ -1,0 +1,202 @@
+"""Parts, pairing and whole-swap checks that need no GPU."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cupy_swap.blocks import DEVICE, HOST, Part, as_parts
+from cupy_swap.descriptor import HEADER_WORDS, PART_WORDS, descriptor_words, write_descriptor
+from cupy_swap.mapping import normalize_mapping
+from cupy_swap.plan import SwapPlan, _check_overlap, check_swap, vector_width
+
+
+def test_part_of_plain_array():
+    a = np.zeros((10, 16, 8, 128), dtype=np.float16)
+    (p,) = as_parts(a, "src")
+    assert p.location == HOST and p.num_blocks == 10
+    assert p.block_bytes == 16 * 8 * 128 * 2 == p.block_stride
+    assert p.block_shape == (16, 8, 128) and p.dtype == np.float16 and p.name == "src"
+
+
+def test_part_of_block_first_view():
+    cache = np.zeros((7, 32, 2, 16, 8), dtype=np.float16)  # [blocks, layers, K/V, ...]
+    parts = as_parts([cache[:, 3, 0], cache[:, 3, 1]], "dst")
+    assert [p.name for p in parts] == ["dst[0]", "dst[1]"]
+    assert parts[0].block_stride == 32 * 2 * 16 * 8 * 2
+    assert parts[0].block_bytes == 16 * 8 * 2
+    assert parts[1].ptr - parts[0].ptr == 16 * 8 * 2
+
+
+def test_size_one_axes_do_not_break_contiguity():
+    a = np.zeros((4, 1, 8), dtype=np.int8)[:, :, :]
+    a = np.lib.stride_tricks.as_strided(a, strides=(8, 999, 1))
+    assert as_parts(a, "src")[0].block_bytes == 8
+
+
+def test_non_contiguous_block_rejected():
+    a = np.zeros((4, 8, 8), dtype=np.float32)[:, :, ::2]
+    with pytest.raises(ValueError, match=r"src: expected each block src\[i\] to be C-contiguous"):
+        as_parts(a, "src")
+
+
+def test_zero_d_and_empty_blocks_rejected():
+    with pytest.raises(ValueError, match="ndim >= 1"):
+        as_parts(np.float32(1.0).reshape(()), "src")
+    with pytest.raises(ValueError, match="at least one byte"):
+        as_parts(np.zeros((4, 0)), "dst")
+
+
+def test_wrong_types_rejected():
+    with pytest.raises(TypeError, match="src: expected an array or a list/tuple of arrays, got dict"):
+        as_parts({}, "src")
+    with pytest.raises(TypeError, match=r"src\[1\]: expected a cupy.ndarray \(GPU\) or a numpy.ndarray"):
+        as_parts([np.zeros((2, 2)), "text"], "src")
+    with pytest.raises(ValueError, match="src: expected at least one array"):
+        as_parts([], "src")
+    with pytest.raises(TypeError, match="Python objects"):
+        as_parts(np.empty((2, 2), dtype=object), "src")
+
+
+def test_host_to_host_rejected():
+    a, b = np.zeros((4, 8)), np.zeros((4, 8))
+    with pytest.raises(ValueError, match="host memory on both sides"):
+        check_swap(a, b, [(0, 1)])
+
+
+def _fake_device(array: np.ndarray, name: str) -> Part:
+    """A part that claims to be GPU memory, to exercise checks without a GPU."""
+    (p,) = as_parts(array, name)
+    return dataclasses.replace(p, location=DEVICE, device=0)
+
+
+def _plan(src, dst, mapping) -> SwapPlan:
+    return SwapPlan(src, dst, normalize_mapping(mapping), "gpu->gpu")
+
+
+def test_pairing_checks(monkeypatch):
+    import cupy_swap.plan as plan_mod
+
+    real = plan_mod.as_parts
+
+    def as_parts_src_on_gpu(obj, name):
+        parts = real(obj, name)
+        return [dataclasses.replace(p, location=DEVICE, device=0) for p in parts] if name == "src" else parts
+
+    monkeypatch.setattr(plan_mod, "as_parts", as_parts_src_on_gpu)
+    a = np.zeros((4, 8), dtype=np.float16)
+    with pytest.raises(ValueError, match=r"dst: expected as many parts as src \(2\), got 1"):
+        check_swap([a, a], [a.copy()], [(0, 1)])
+    with pytest.raises(TypeError, match=r"dst: expected dtype float16 like src, got float32"):
+        check_swap(a, np.zeros((4, 8), np.float32), [(0, 1)])
+    with pytest.raises(ValueError, match=r"dst: expected block shape \(8,\) like src, got \(4, 2\)"):
+        check_swap(a, np.zeros((4, 4, 2), np.float16), [(0, 1)])
+    ro = np.zeros((4, 8), np.float16)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="dst: expected a writeable destination, got a read-only array"):
+        check_swap(a, ro, [(0, 1)])
+    with pytest.raises(IndexError, match="destination block index 4"):
+        check_swap(a, np.zeros((4, 8), np.float16), [(0, 4)])
+    with pytest.raises(IndexError, match=r"source block index 9 .* src\[1\] with 3 blocks"):
+        check_swap([a, a[:3]], [a.copy(), a.copy()], [(9, 0)])
+    with pytest.raises(ValueError, match="at most max_blocks=1"):
+        check_swap(a, np.zeros((4, 8), np.float16), [(0, 1), (1, 2)], max_blocks=1)
+
+
+def test_mixed_locations_on_one_side_rejected():
+    from cupy_swap.plan import _side_location
+
+    a = np.zeros((4, 8), dtype=np.float16)
+    parts = [_fake_device(a, "src[0]"), as_parts(a, "src[1]")[0]]
+    with pytest.raises(
+        ValueError, match=r"src: expected every part on one side .*got src\[1\] in host memory"
+    ):
+        _side_location(parts, "src")
+
+
+def test_overlapping_destination_blocks_rejected():
+    a = np.zeros(64, dtype=np.uint8)
+    dst = np.lib.stride_tricks.as_strided(a, shape=(8, 16), strides=(8, 1))
+    src = np.zeros((8, 16), dtype=np.uint8)
+    monkey = _fake_device(src, "src")
+    from cupy_swap.plan import _pair_parts
+
+    with pytest.raises(ValueError, match="dst: expected destination blocks that do not overlap"):
+        _pair_parts([monkey], as_parts(dst, "dst"))
+
+
+def test_same_buffer_gpu_to_gpu_overlap_rejected():
+    buf = np.zeros((8, 32), dtype=np.uint8)
+    s, d = _fake_device(buf, "src"), _fake_device(buf, "dst")
+    _check_overlap(_plan([s], [d], [(0, 1), (2, 3)]))  # disjoint blocks: fine
+    with pytest.raises(ValueError, match=r"row 1 writes dst block 2, whose bytes are also read by row 1"):
+        _check_overlap(_plan([s], [d], [(0, 1), (2, 2)]))
+    with pytest.raises(ValueError, match=r"row 0 writes dst block 3.*read by row 1 \(src block 3\)"):
+        _check_overlap(_plan([s], [d], [(0, 3), (3, 4)]))
+
+
+def test_overlap_between_different_views():
+    cache = np.zeros((8, 2, 16), dtype=np.uint8)  # K and V of one buffer
+    k_src, v_src = _fake_device(cache[:, 0], "src[0]"), _fake_device(cache[:, 1], "src[1]")
+    k_dst, v_dst = _fake_device(cache[:, 0], "dst[0]"), _fake_device(cache[:, 1], "dst[1]")
+    _check_overlap(_plan([k_src, v_src], [k_dst, v_dst], [(0, 4), (1, 5)]))
+    with pytest.raises(ValueError, match="also read"):
+        _check_overlap(_plan([k_src, v_src], [k_dst, v_dst], [(0, 4), (4, 5)]))
+    # Two destination parts that are the same memory: write/write.
+    with pytest.raises(ValueError, match="also written"):
+        _check_overlap(_plan([k_src, v_src], [k_dst, k_dst], [(0, 4)]))
+
+
+def test_overlap_with_partial_byte_overlap():
+    raw = np.zeros(256, dtype=np.uint8)
+    src = _fake_device(np.lib.stride_tricks.as_strided(raw, shape=(8, 16), strides=(16, 1)), "src")
+    dst = _fake_device(np.lib.stride_tricks.as_strided(raw[8:], shape=(8, 16), strides=(16, 1)), "dst")
+    with pytest.raises(ValueError, match="also read"):
+        _check_overlap(_plan([src], [dst], [(1, 0)]))  # dst block 0 = bytes 8..24, src 1 = 16..32
+    _check_overlap(_plan([src], [dst], [(5, 0)]))
+
+
+@pytest.mark.parametrize(
+    "values, width",
+    [
+        ([0x1000, 32768, 65536], 16),
+        ([0x1008, 32768], 8),
+        ([0x1000, 48], 16),
+        ([0x1000, 2], 2),
+        ([3], 1),
+        ([4, 12], 4),
+    ],
+)
+def test_vector_width(values, width):
+    assert vector_width(values) == width
+
+
+def test_descriptor_layout():
+    src = [
+        _fake_device(np.zeros((4, 32), np.uint8), "src[0]"),
+        _fake_device(np.zeros((4, 64), np.uint8), "src[1]"),
+    ]
+    dst = [
+        _fake_device(np.zeros((6, 32), np.uint8), "dst[0]"),
+        _fake_device(np.zeros((6, 64), np.uint8), "dst[1]"),
+    ]
+    plan = _plan(src, dst, [(1, 2), (3, 0)])
+    plan.src_addrs = [p.ptr for p in src]
+    plan.dst_addrs = [p.ptr for p in dst]
+    out = np.full(descriptor_words(2, 5), 0xDEAD, dtype=np.uint64)
+    n = write_descriptor(out, plan, 16)
+    assert n == descriptor_words(2, 2) == HEADER_WORDS + 2 * PART_WORDS + 4
+    w = out.view(np.int64)
+    assert w[:3].tolist() == [2, 2, 2 + 4]
+    t = w[HEADER_WORDS : HEADER_WORDS + 2 * PART_WORDS].reshape(2, PART_WORDS)
+    assert t[0].tolist() == [src[0].ptr, dst[0].ptr, 32, 32, 2, 0]
+    assert t[1].tolist() == [src[1].ptr, dst[1].ptr, 64, 64, 4, 2]
+    assert w[HEADER_WORDS + 2 * PART_WORDS : n].tolist() == [1, 2, 3, 0]
+    assert out[n] == 0xDEAD  # nothing past the descriptor is touched
+
+
+def test_part_span_negative_stride():
+    a = np.zeros((5, 8), dtype=np.uint8)[::-1]
+    (p,) = as_parts(a, "src")
+    lo, hi = p.span()
+    assert hi - lo == 40 and p.block_stride == -8
