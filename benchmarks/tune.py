@@ -44,12 +44,12 @@ def measure(case, configs, reps, rng):
     stream = cupy.cuda.Stream(non_blocking=True)
     ceil = memcpy_ceiling(bufs, stream, reps)
     rows = []
+    src, dst, m = bufs.src, bufs.dst, bufs.mapping
     for cfg in configs:
         sw = BlockSwapper(max_blocks=case.num_blocks, max_ctas=cfg["ctas"])
         sw.unroll = cfg["unroll"]
         sw.max_threads = cfg.get("threads", 1024 if cfg["unroll"] < 8 else 512)
         sw.descriptor_from_host = cfg.get("desc_host", False)
-        src, dst, m = bufs.src, bufs.dst, bufs.mapping
         t = time_blocking(lambda sw=sw: sw.swap(src, dst, m, stream=stream), stream, reps)
         ok = bufs.verify()
         row = dict(cfg)
