@@ -49,7 +49,9 @@ def measure(case, configs, reps, rng):
         sw = BlockSwapper(max_blocks=case.num_blocks, max_ctas=cfg["ctas"])
         sw.unroll = cfg["unroll"]
         sw.max_threads = cfg.get("threads", 1024 if cfg["unroll"] < 8 else 512)
-        sw.descriptor_from_host = cfg.get("desc_host", False)
+        if "desc_host" in cfg:
+            sw.descriptor_from_host_max_pairs = 1 << 30 if cfg["desc_host"] else 0
+        sw.kernel_defines = tuple(cfg.get("defines", ()))
         t = time_blocking(lambda sw=sw: sw.swap(src, dst, m, stream=stream), stream, reps)
         ok = bufs.verify()
         row = dict(cfg)
@@ -74,20 +76,52 @@ def measure(case, configs, reps, rng):
     }
 
 
+def profile_small_swap():
+    """Where the host time of a one-block swap goes."""
+    import cProfile
+    import pstats
+
+    rng = np.random.default_rng(0)
+    bufs = CaseBuffers(SwapCase("in", 32 * KIB, 1), rng)
+    sw = BlockSwapper(max_blocks=16)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    src, dst, m = bufs.src, bufs.dst, bufs.mapping
+    print(f"host time in swap(), n=1: {host_time_in_swap(sw, bufs, stream) * 1e6:.1f} us")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(3000):
+        sw.swap(src, dst, m, stream=stream)
+        stream.synchronize()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--profile", action="store_true", help="cProfile 3000 one-block swaps and stop")
     args = ap.parse_args()
+    if args.profile:
+        return profile_small_swap()
     rng = np.random.default_rng(0)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     ctas = [4, 8, 16, 32, sms]
     shape_configs = [{"ctas": c, "unroll": 4} for c in ctas]
     shape_configs += [{"ctas": 16, "unroll": u} for u in (2, 8)]
     shape_configs += [{"ctas": 16, "unroll": 4, "threads": 256}, {"ctas": 16, "unroll": 4, "threads": 512}]
+    variants = [
+        ["CUPY_SWAP_WARP_RUNS=0"],
+        ["CUPY_SWAP_LOAD=1", "CUPY_SWAP_STORE=1"],
+        ["CUPY_SWAP_LOAD=2"],
+        ["CUPY_SWAP_WARP_RUNS=0", "CUPY_SWAP_LOAD=1", "CUPY_SWAP_STORE=1"],
+    ]
+    shape_configs += [{"ctas": c, "unroll": 4, "defines": v} for v in variants for c in (8, 32)]
     small_configs = [
-        {"ctas": c, "unroll": 4, "desc_host": h, "host_time": True} for c in (4, 16, 32) for h in (False, True)
+        {"ctas": c, "unroll": 4, "desc_host": h, "host_time": True}
+        for c in (4, 16, 32)
+        for h in (False, True)
     ]
     cases = []
     for d in ("in", "out"):
@@ -114,9 +148,10 @@ def main():
         )
         for row in r["rows"]:
             extra = f" host {row['host_us']:.1f} us" if "host_us" in row else ""
+            defs = ",".join(d.replace("CUPY_SWAP_", "") for d in row.get("defines", []))
             print(
                 f"    ctas={row['ctas']:>3} u={row['unroll']} thr={row.get('threads', '-')!s:>4} "
-                f"dh={int(row.get('desc_host', False))} lat {row['latency_us']:9.1f} us ratio "
+                f"dh={int(row.get('desc_host', False))} {defs:<28} lat {row['latency_us']:9.1f} us ratio "
                 f"{row['ratio']:.3f} dev {row['device_ratio']:.3f}{extra} {'ok' if row['verified'] else 'BAD'}",
                 flush=True,
             )

@@ -17,45 +17,28 @@ def descriptor_words(num_parts: int, num_pairs: int) -> int:
     return HEADER_WORDS + num_parts * PART_WORDS + 2 * num_pairs
 
 
-def write_descriptor(out: np.ndarray, plan, width: int) -> int:
-    """Write ``plan`` into ``out`` for vectors of ``width`` bytes.
+def write_descriptor(out: np.ndarray, layout, mapping: np.ndarray) -> int:
+    """Write a resolved layout and a mapping into ``out``.
 
     Parameters
     ----------
-    out : numpy.ndarray of uint64, 1-D
+    out : numpy.ndarray of int64, 1-D
         Destination, at least :func:`descriptor_words` long.
-    plan : SwapPlan
-        A resolved plan (addresses filled in).
-    width : int
-        Bytes per vector; divides every address, stride and block size.
+    layout : Layout
+        Resolved (``table`` and ``units_per_pair`` set).
+    mapping : numpy.ndarray of shape (N, 2), int64
 
     Returns
     -------
     int
         Number of words written.
     """
-    parts = len(plan.src)
-    n = plan.num_pairs
-    table = np.empty((parts, PART_WORDS), dtype=np.int64)
-    units = [p.block_bytes // width for p in plan.src]
-    first = np.cumsum([0] + units[:-1])
-    for i, (s, d) in enumerate(zip(plan.src, plan.dst)):
-        table[i] = (
-            plan.src_addrs[i],
-            plan.dst_addrs[i],
-            s.block_stride,
-            d.block_stride,
-            units[i],
-            first[i],
-        )
-    words = descriptor_words(parts, n)
-    signed = out.view(np.int64)
-    signed[:HEADER_WORDS] = 0
-    signed[0] = n
-    signed[1] = parts
-    signed[2] = sum(units)
-    t0 = HEADER_WORDS
-    t1 = t0 + parts * PART_WORDS
-    signed[t0:t1] = table.reshape(-1)
-    signed[t1:words] = plan.mapping.reshape(-1)
+    table = layout.table
+    t1 = HEADER_WORDS + table.shape[0]
+    words = t1 + 2 * mapping.shape[0]
+    out[0] = mapping.shape[0]
+    out[1] = table.shape[0] // PART_WORDS
+    out[2] = layout.units_per_pair
+    out[HEADER_WORDS:t1] = table
+    out[t1:words] = mapping.reshape(-1)
     return words

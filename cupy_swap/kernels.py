@@ -22,7 +22,7 @@ __all__ = [
     "compile_options",
     "kernel_name",
     "compile_with_nvrtc",
-    "get_kernel",
+    "get_function",
     "UNROLLS",
     "WIDTHS",
 ]
@@ -71,8 +71,10 @@ def source_hash() -> str:
     return hashlib.sha256(kernel_source().encode()).hexdigest()[:16]
 
 
-def compile_options() -> tuple[str, ...]:
-    return ("-std=c++17", f"-DCUPY_SWAP_SOURCE_HASH=0x{source_hash()}ull")
+def compile_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """NVRTC options; ``defines`` are extra ``NAME=VALUE`` macros (benchmark
+    variants of the kernel, see ``block_swap.cu``)."""
+    return ("-std=c++17", f"-DCUPY_SWAP_SOURCE_HASH=0x{source_hash()}ull", *(f"-D{d}" for d in defines))
 
 
 def kernel_name(width: int, unroll: int) -> str:
@@ -111,34 +113,42 @@ def compile_with_nvrtc(arch: str) -> bytes:
         nvrtc.destroyProgram(prog)
 
 
-_modules: dict[int, object] = {}
-_kernels: dict[tuple[int, str], object] = {}
+_modules: dict[tuple, object] = {}
+_functions: dict[tuple, int] = {}
 _lock = threading.Lock()
 
 
-def _module(device: int):
-    mod = _modules.get(device)
+def _module(device: int, defines: tuple[str, ...]):
+    key = (device, defines)
+    mod = _modules.get(key)
     if mod is None:
         import cupy
 
         with _lock, cupy.cuda.Device(device):
-            mod = _modules.get(device)
+            mod = _modules.get(key)
             if mod is None:
-                mod = cupy.RawModule(code=kernel_source(), options=compile_options())
+                mod = cupy.RawModule(code=kernel_source(), options=compile_options(defines))
                 mod.compile()
-                _modules[device] = mod
+                _modules[key] = mod
     return mod
 
 
-def get_kernel(device: int, width: int, unroll: int):
-    """The compiled ``cupy.RawKernel`` for ``device``, loaded on first use."""
-    key = (device, kernel_name(width, unroll))
-    k = _kernels.get(key)
-    if k is None:
+def get_function(device: int, width: int, unroll: int, defines: tuple[str, ...] = ()) -> int:
+    """``CUfunction`` handle of a kernel on ``device``, compiled and loaded on
+    first use (NVRTC through ``cupy.RawModule``; CuPy caches the binary on
+    disk, keyed by the full source and options)."""
+    key = (device, width, unroll, defines)
+    fn = _functions.get(key)
+    if fn is None:
         import cupy
 
-        mod = _module(device)
+        mod = _module(device, defines)
         with cupy.cuda.Device(device):
-            k = mod.get_function(key[1])
-        _kernels[key] = k
-    return k
+            kernel = mod.get_function(kernel_name(width, unroll))
+            fn = kernel.kernel.ptr
+        _functions[key] = fn
+        _keep_alive.append(kernel)
+    return fn
+
+
+_keep_alive: list = []  # RawKernel objects own the loaded functions

@@ -64,6 +64,9 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
     return np.ascontiguousarray(m, dtype=np.int64)
 
 
+_SMALL = 16
+
+
 def _check_column(col: np.ndarray, limit: int, side: str, part_name: str) -> None:
     lo, hi = int(col.min()), int(col.max())
     if lo < 0:
@@ -96,6 +99,13 @@ def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str
     ValueError
         A destination block appears twice (the result would depend on timing).
     """
+    if m.shape[0] <= _SMALL:
+        # Plain Python is several times faster than NumPy on a handful of rows.
+        rows = m.tolist()
+        if all(0 <= s < src_blocks and 0 <= d < dst_blocks for s, d in rows) and len(
+            {d for _, d in rows}
+        ) == len(rows):
+            return
     _check_column(m[:, 0], src_blocks, "source", src_name)
     _check_column(m[:, 1], dst_blocks, "destination", dst_name)
     if m.shape[0] > 1:

@@ -86,6 +86,13 @@ class _Registry:
 
 
 _registry = _Registry()
+_generation = [0]
+
+
+def generation() -> int:
+    """Counter bumped whenever a registered range goes away, so cached
+    host aliases (see ``BlockSwapper``) know to resolve again."""
+    return _generation[0]
 
 
 def _runtime():
@@ -222,6 +229,7 @@ def unregister_host(array: np.ndarray) -> None:
     if r is None or r.start != ptr or r.owned:
         raise ValueError("array: expected an array passed to cupy_swap.register_host (same start address)")
     _registry.remove(ptr)
+    _generation[0] += 1
     _runtime().hostUnregister(ptr)
 
 

@@ -1,65 +1,119 @@
 """Check a whole swap and turn it into a plan, before anything is launched.
 
-Every check that can fail runs here, so a rejected call changes no byte.  The
-checks that need no GPU (pairing, geometry, direction, mapping, overlap) run
-first and are tested in CI; resolving host aliases and device ordinals, which
-ask the driver, come last.
+A swap has two halves with different lifetimes:
+
+* the **layout**: which arrays on each side, their geometry, direction,
+  device-visible addresses and vector width.  Engines pass the same arrays
+  call after call, so the swapper checks a layout once and caches it.
+* the **mapping**: new on every call; checked every time.
+
+Every check that can fail runs before a launch, so a rejected call changes no
+byte.  Checks that need no GPU (pairing, geometry, direction, mapping,
+overlap) are tested in CI; resolving host aliases and device ordinals asks the
+driver and comes last.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import memory
 from .blocks import DEVICE, HOST, Part, as_parts
+from .descriptor import PART_WORDS
 from .mapping import check_mapping, normalize_mapping
 
-__all__ = ["SwapPlan", "check_swap", "resolve_plan", "vector_width"]
+__all__ = [
+    "Layout",
+    "SwapPlan",
+    "check_layout",
+    "layout_from_parts",
+    "check_mapping_for",
+    "resolve_layout",
+    "check_swap",
+    "vector_width",
+]
 
 IN, OUT, GPU_TO_GPU = "in", "out", "gpu->gpu"
 _DIRECTIONS = {(HOST, DEVICE): IN, (DEVICE, HOST): OUT, (DEVICE, DEVICE): GPU_TO_GPU}
+DIRECTION_TEXT = {IN: "host -> GPU", OUT: "GPU -> host", GPU_TO_GPU: "GPU -> GPU"}
 
 
 @dataclass
-class SwapPlan:
-    """A checked swap.
+class Layout:
+    """The checked, mapping-independent half of a swap.
 
     Attributes
     ----------
     src, dst : list of Part
         Part ``i`` of ``src`` is copied to part ``i`` of ``dst``.
-    mapping : numpy.ndarray of shape (N, 2), int64
-        ``(src_block, dst_block)`` rows.
     direction : str
         ``"in"`` (host to GPU), ``"out"`` (GPU to host) or ``"gpu->gpu"``.
+    src_limit, dst_limit : int
+        Fewest blocks among the source / destination parts (index bound).
+    src_limit_name, dst_limit_name : str
+        The parts with those fewest blocks, for error messages.
+    may_overlap : bool
+        Some destination part's address span meets another part's span, so
+        each mapping must be checked for bytes both read and written.
     src_addrs, dst_addrs : list of int
         Device-visible base address of each part (host parts: their alias);
-        filled by :func:`resolve_plan`.
+        set by :func:`resolve_layout`.
     width : int
-        Bytes per vector the kernel may use (16, 8, 4, 2 or 1).
+        Bytes per vector the kernel uses (16, 8, 4, 2 or 1).
+    table : numpy.ndarray of shape (P * PART_WORDS,), int64
+        The descriptor's part table for ``width``.
+    units_per_pair : int
+        Vectors per mapping row, all parts together.
     """
 
     src: list
     dst: list
-    mapping: np.ndarray
     direction: str
-    src_addrs: list | None = None
-    dst_addrs: list | None = None
+    src_limit: int
+    dst_limit: int
+    src_limit_name: str
+    dst_limit_name: str
+    may_overlap: bool
+    src_addrs: list = field(default_factory=list)
+    dst_addrs: list = field(default_factory=list)
     width: int = 0
+    table: np.ndarray | None = None
+    units_per_pair: int = 0
+
+    @property
+    def bytes_per_pair(self) -> int:
+        return sum(p.block_bytes for p in self.src)
+
+
+@dataclass
+class SwapPlan:
+    """A checked layout with a checked mapping.
+
+    Attributes
+    ----------
+    layout : Layout
+    mapping : numpy.ndarray of shape (N, 2), int64
+        ``(src_block, dst_block)`` rows.
+    """
+
+    layout: Layout
+    mapping: np.ndarray
 
     @property
     def num_pairs(self) -> int:
         return int(self.mapping.shape[0])
 
     @property
-    def bytes_per_pair(self) -> int:
-        return sum(p.block_bytes for p in self.src)
-
-    @property
     def total_bytes(self) -> int:
-        return self.num_pairs * self.bytes_per_pair
+        return self.num_pairs * self.layout.bytes_per_pair
+
+    # Conveniences so a plan reads like its layout.
+    def __getattr__(self, name):
+        if name in ("src", "dst", "direction", "width", "src_addrs", "dst_addrs", "bytes_per_pair"):
+            return getattr(self.layout, name)
+        raise AttributeError(name)
 
 
 def _side_location(parts: list[Part], name: str) -> str:
@@ -92,23 +146,71 @@ def _pair_parts(src: list[Part], dst: list[Part]) -> None:
             )
 
 
-def _check_overlap(plan: SwapPlan) -> None:
-    """Reject swaps where a written byte is also read or written elsewhere in
-    the same launch: blocks are copied in parallel, so the result would
-    depend on timing.  Only parts whose address spans meet are examined."""
-    src_spans = np.array([p.span() for p in plan.src], dtype=np.int64).reshape(-1, 2)
-    dst_spans = np.array([p.span() for p in plan.dst], dtype=np.int64).reshape(-1, 2)
+def _meeting_spans(src: list[Part], dst: list[Part]) -> list[tuple[int, int]]:
+    """Pairs ``(dst index, other index)`` whose address spans meet; ``other``
+    indexes ``src + dst``.  Each write/write pair appears once."""
+    src_spans = np.array([p.span() for p in src], dtype=np.int64).reshape(-1, 2)
+    dst_spans = np.array([p.span() for p in dst], dtype=np.int64).reshape(-1, 2)
     spans = np.concatenate((src_spans, dst_spans))
-    # Writes against reads, and writes against other writes.
     meets = (dst_spans[:, None, 0] < spans[None, :, 1]) & (spans[None, :, 0] < dst_spans[:, None, 1])
-    n_src = len(plan.src)
-    meets[np.arange(len(plan.dst)), n_src + np.arange(len(plan.dst))] = False  # a part vs itself
-    if not meets.any():
-        return
-    for di, oi in zip(*np.nonzero(meets)):
-        if oi >= n_src and oi - n_src < di:
-            continue  # each write/write pair once
-        _check_part_overlap(plan, int(di), int(oi))
+    n_src = len(src)
+    meets[np.arange(len(dst)), n_src + np.arange(len(dst))] = False  # a part vs itself
+    return [(int(di), int(oi)) for di, oi in zip(*np.nonzero(meets)) if not (oi >= n_src and oi - n_src < di)]
+
+
+def check_layout(src, dst) -> Layout:
+    """Run every mapping-independent check that needs no GPU.
+
+    Parameters
+    ----------
+    src, dst : array or sequence of arrays
+        Parts; each of shape ``(num_blocks, *block_shape)``.
+
+    Returns
+    -------
+    Layout
+        With addresses, width and table still unset (see :func:`resolve_layout`).
+    """
+    return layout_from_parts(as_parts(src, "src"), as_parts(dst, "dst"))
+
+
+def layout_from_parts(src_parts: list[Part], dst_parts: list[Part]) -> Layout:
+    """:func:`check_layout` for parts already described."""
+    _pair_parts(src_parts, dst_parts)
+    direction = _DIRECTIONS.get((_side_location(src_parts, "src"), _side_location(dst_parts, "dst")))
+    if direction is None:
+        raise ValueError(
+            "src, dst: expected at least one side in GPU memory, got host memory on both sides "
+            "(host->host copies are not a swap; use numpy.copyto)"
+        )
+    smin = min(src_parts, key=lambda p: p.num_blocks)
+    dmin = min(dst_parts, key=lambda p: p.num_blocks)
+    return Layout(
+        src=src_parts,
+        dst=dst_parts,
+        direction=direction,
+        src_limit=smin.num_blocks,
+        dst_limit=dmin.num_blocks,
+        src_limit_name=smin.name,
+        dst_limit_name=dmin.name,
+        may_overlap=bool(_meeting_spans(src_parts, dst_parts)),
+    )
+
+
+def check_mapping_for(layout: Layout, block_mapping, max_blocks: int | None = None) -> np.ndarray:
+    """Normalize ``block_mapping`` and check it against ``layout``.
+
+    Returns
+    -------
+    numpy.ndarray of shape (N, 2), int64
+    """
+    m = normalize_mapping(block_mapping, max_blocks)
+    if m.shape[0]:
+        check_mapping(m, layout.src_limit, layout.dst_limit, layout.src_limit_name, layout.dst_limit_name)
+        if layout.may_overlap:
+            for di, oi in _meeting_spans(layout.src, layout.dst):
+                _check_part_overlap(layout, m, di, oi)
+    return m
 
 
 def _block_intervals(part: Part, blocks: np.ndarray) -> np.ndarray:
@@ -116,74 +218,41 @@ def _block_intervals(part: Part, blocks: np.ndarray) -> np.ndarray:
     return np.column_stack((starts, starts + part.block_bytes))
 
 
-def _check_part_overlap(plan: SwapPlan, di: int, oi: int) -> None:
-    n_src = len(plan.src)
-    d = plan.dst[di]
-    written = _block_intervals(d, plan.mapping[:, 1])
+def _check_part_overlap(layout: Layout, m: np.ndarray, di: int, oi: int) -> None:
+    """Reject a mapping where bytes written to ``dst[di]`` are also read (or
+    written) through part ``oi`` in the same launch: blocks are copied in
+    parallel, so the result would depend on timing."""
+    n_src = len(layout.src)
+    d = layout.dst[di]
+    written = _block_intervals(d, m[:, 1])
     if oi < n_src:
-        other, other_rows, verb = plan.src[oi], plan.mapping[:, 0], "read"
+        other, other_rows, verb = layout.src[oi], m[:, 0], "read"
     else:
-        other, other_rows, verb = plan.dst[oi - n_src], plan.mapping[:, 1], "written"
+        other, other_rows, verb = layout.dst[oi - n_src], m[:, 1], "written"
     touched = _block_intervals(other, other_rows)
-    # Sort both interval sets and test each written interval against its
-    # neighbours in the other set: O(N log N).
+    # All touched intervals have one size, so sorted by start they are sorted
+    # by end too: the last one starting before a write ends is the only
+    # candidate that can still reach into it.  O(N log N).
     order = np.argsort(touched[:, 0], kind="stable")
     t_start, t_end = touched[order, 0], touched[order, 1]
-    pos = np.searchsorted(t_start, written[:, 1], side="left")  # first start >= write end
-    # The touched interval just before `pos` is the only candidate that starts
-    # before this write ends and may still end after it starts.
-    cand = pos - 1
+    cand = np.searchsorted(t_start, written[:, 1], side="left") - 1
     valid = cand >= 0
     hit = np.zeros(len(written), dtype=bool)
     hit[valid] = t_end[cand[valid]] > written[valid, 0]
-    # Wider touched intervals may hide behind narrower ones only when sizes
-    # differ; block sizes match per part, so the neighbour test is exact.
     if hit.any():
         row = int(np.argmax(hit))
         other_row = int(order[cand[row]])
         raise ValueError(
-            f"block_mapping: row {row} writes {d.name} block {int(plan.mapping[row, 1])}, whose bytes "
+            f"block_mapping: row {row} writes {d.name} block {int(m[row, 1])}, whose bytes "
             f"are also {verb} by row {other_row} ({other.name} block {int(other_rows[other_row])}) "
             f"in the same swap; copy through a separate buffer or split the swap"
         )
 
 
 def check_swap(src, dst, block_mapping, *, max_blocks: int | None = None) -> SwapPlan:
-    """Run every check that needs no GPU and return an unresolved plan.
-
-    Parameters
-    ----------
-    src, dst : array or sequence of arrays
-        Parts; each of shape ``(num_blocks, *block_shape)``.
-    block_mapping : array-like of shape (N, 2)
-        ``(src_block, dst_block)`` rows.
-    max_blocks : int, optional
-        Largest N accepted.
-
-    Returns
-    -------
-    SwapPlan
-        With ``src_addrs``, ``dst_addrs`` and ``width`` still unset.
-    """
-    src_parts = as_parts(src, "src")
-    dst_parts = as_parts(dst, "dst")
-    _pair_parts(src_parts, dst_parts)
-    src_loc = _side_location(src_parts, "src")
-    dst_loc = _side_location(dst_parts, "dst")
-    direction = _DIRECTIONS.get((src_loc, dst_loc))
-    if direction is None:
-        raise ValueError(
-            "src, dst: expected at least one side in GPU memory, got host memory on both sides "
-            "(host->host copies are not a swap; use numpy.copyto)"
-        )
-    mapping = normalize_mapping(block_mapping, max_blocks)
-    plan = SwapPlan(src_parts, dst_parts, mapping, direction)
-    if plan.num_pairs:
-        smin = min(src_parts, key=lambda p: p.num_blocks)
-        dmin = min(dst_parts, key=lambda p: p.num_blocks)
-        check_mapping(mapping, smin.num_blocks, dmin.num_blocks, smin.name, dmin.name)
-        _check_overlap(plan)
-    return plan
+    """Every check that needs no GPU, for one call: layout and mapping."""
+    layout = check_layout(src, dst)
+    return SwapPlan(layout, check_mapping_for(layout, block_mapping, max_blocks))
 
 
 def vector_width(values) -> int:
@@ -192,7 +261,7 @@ def vector_width(values) -> int:
     acc = 16
     for v in values:
         acc |= int(v)
-    return acc & -acc if acc & 15 else 16
+    return acc & -acc
 
 
 def _resolve_part(part: Part, device: int) -> int:
@@ -214,13 +283,22 @@ def _resolve_part(part: Part, device: int) -> int:
     return part.ptr + (alias - lo)
 
 
-def resolve_plan(plan: SwapPlan, device: int) -> SwapPlan:
-    """Fill in device-visible addresses and the vector width (asks the driver
-    about host memory, so it needs a GPU)."""
-    plan.src_addrs = [_resolve_part(p, device) for p in plan.src]
-    plan.dst_addrs = [_resolve_part(p, device) for p in plan.dst]
-    values = plan.src_addrs + plan.dst_addrs
-    values += [p.block_stride for p in plan.src] + [p.block_stride for p in plan.dst]
-    values += [p.block_bytes for p in plan.src]
-    plan.width = vector_width(values)
-    return plan
+def resolve_layout(layout: Layout, device: int) -> Layout:
+    """Fill in device-visible addresses, the vector width and the part table
+    (asks the driver about host memory, so it needs a GPU)."""
+    layout.src_addrs = [_resolve_part(p, device) for p in layout.src]
+    layout.dst_addrs = [_resolve_part(p, device) for p in layout.dst]
+    values = layout.src_addrs + layout.dst_addrs
+    values += [p.block_stride for p in layout.src] + [p.block_stride for p in layout.dst]
+    values += [p.block_bytes for p in layout.src]
+    width = vector_width(values)
+    units = [p.block_bytes // width for p in layout.src]
+    table = np.empty((len(units), PART_WORDS), dtype=np.int64)
+    first = 0
+    for i, (s, d) in enumerate(zip(layout.src, layout.dst)):
+        table[i] = (layout.src_addrs[i], layout.dst_addrs[i], s.block_stride, d.block_stride, units[i], first)
+        first += units[i]
+    layout.width = width
+    layout.table = table.reshape(-1)
+    layout.units_per_pair = first
+    return layout

@@ -1,12 +1,14 @@
 """``BlockSwapper``: one kernel launch moves every block of every part.
 
 Each swap writes a descriptor (header, part table, mapping; see
-``descriptor.py``) into a slot of a ring of pinned staging buffers, copies it
-to the slot's fixed device buffer with one ``cudaMemcpyAsync`` and launches
-one kernel that reads it.  Buffers are allocated once, so their addresses
-never move.  The host only rewrites a slot after the event recorded behind
-the slot's last launch has completed; with ``ring_size`` slots that is only a
-wait when more than ``ring_size`` swaps are still queued on the GPU.
+``descriptor.py``) into a slot of a ring of pinned staging buffers.  Small
+mappings are read by the kernel straight from there through the buffer's
+device alias; large ones are first copied to the slot's fixed device buffer
+with one ``cudaMemcpyAsync`` (each pair is read by many threads, and device
+memory serves that better than PCIe).  Buffers are allocated once, so their
+addresses never move.  The host only rewrites a slot after the event
+recorded behind the slot's last launch has completed; with ``ring_size``
+slots that is only a wait when more than ``ring_size`` swaps are queued.
 """
 
 from __future__ import annotations
@@ -18,26 +20,29 @@ import numpy as np
 from . import kernels, memory
 from .descriptor import MAX_PARTS, descriptor_words, write_descriptor
 from .interop import stream_handle
-from .plan import GPU_TO_GPU, IN, OUT, check_swap, resolve_plan
+from .plan import DIRECTION_TEXT, IN, OUT, Layout, SwapPlan, check_layout, check_mapping_for, resolve_layout
 
 __all__ = ["BlockSwapper", "DEFAULT_MAX_CTAS", "DEFAULT_UNROLL"]
 
 DEFAULT_MAX_CTAS = 16
 DEFAULT_UNROLL = 4
+# Mappings up to this many rows are read from pinned memory by the kernel
+# (saves a cudaMemcpyAsync call, ~3 us of host time); see benchmarks/NOTES.md.
+DESCRIPTOR_FROM_HOST_MAX_PAIRS = 64
+_LAYOUT_CACHE_SIZE = 64
 _H2D = 1  # cudaMemcpyHostToDevice
 
 
 class _Slot:
     """One ring entry: pinned staging words, their device copy, the packed
-    kernel argument, and the event behind the last launch that read them."""
+    kernel arguments for both, and the event behind the last launch."""
 
     def __init__(self, host_words: np.ndarray, device_ptr: int):
-        self.host_words = host_words
+        self.host_words = host_words.view(np.int64)
         self.host_ptr = host_words.ctypes.data
         self.device_ptr = device_ptr
         self.params_ptr, self._keep = _pack_pointer_arg(device_ptr)
         alias = memory.host_alias(self.host_ptr, host_words.nbytes)
-        # Kernel argument that reads the descriptor straight from pinned memory.
         self.alias_params_ptr, self._keep_alias = _pack_pointer_arg(alias)
         self.event = None
 
@@ -48,6 +53,14 @@ def _pack_pointer_arg(ptr: int):
     arg = ctypes.c_uint64(ptr)
     params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
     return ctypes.addressof(params), (arg, params)
+
+
+def _identity(obj) -> tuple:
+    """Cache key of a ``src``/``dst`` argument: the identity of the objects
+    (the cache holds them, so an id cannot be reused while cached)."""
+    if isinstance(obj, (list, tuple)):
+        return tuple(map(id, obj))
+    return (id(obj),)
 
 
 class BlockSwapper:
@@ -68,6 +81,13 @@ class BlockSwapper:
     ring_size : int, optional
         Descriptor slots; swaps beyond this many still queued make ``swap``
         wait for the oldest. Default 16.
+
+    Notes
+    -----
+    The checked layout of a ``(src, dst)`` argument pair is cached by object
+    identity, so calls that pass the same arrays (or the same list objects)
+    again only check the mapping.  Do not change an array's ``shape`` or
+    ``strides`` in place between calls.
 
     Examples
     --------
@@ -98,20 +118,21 @@ class BlockSwapper:
         if device is None:
             device = cupy.cuda.runtime.getDevice()
         self.device = int(device)
+        self.ring_waits = 0  # times swap() had to wait for a slot (ring full)
+        # Tuning knobs (benchmarks/tune.py); defaults are the measured best.
         self.unroll = DEFAULT_UNROLL
         self.max_threads = kernels.max_threads(self.unroll)
-        # Where the kernel reads the descriptor: a device copy made by one
-        # small cudaMemcpyAsync (False) or pinned host memory via its alias.
-        self.descriptor_from_host = False
-        self.ring_waits = 0  # times swap() had to wait for a slot (ring full)
+        self.descriptor_from_host_max_pairs = DESCRIPTOR_FROM_HOST_MAX_PAIRS
+        self.kernel_defines: tuple[str, ...] = ()
 
         self.slot_words = descriptor_words(self.max_parts, self.max_blocks)
         with cupy.cuda.Device(self.device):
-            self._host = memory.empty_pinned((ring_size, self.slot_words), np.uint64)
-            self._dev = cupy.empty((ring_size, self.slot_words), dtype=np.uint64)
+            self._host = memory.zeros_pinned((ring_size, self.slot_words), np.int64)
+            self._dev = cupy.zeros((ring_size, self.slot_words), dtype=np.int64)
         row_bytes = self.slot_words * 8
         self._slots = [_Slot(self._host[i], self._dev.data.ptr + i * row_bytes) for i in range(ring_size)]
         self._next = 0
+        self._layouts: dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------ API
     def swap(self, src, dst, block_mapping, *, stream=None):
@@ -151,42 +172,60 @@ class BlockSwapper:
         """:meth:`swap` that only accepts GPU -> host."""
         return self._swap(gpu_src, host_dst, block_mapping, stream, OUT)
 
-    # ------------------------------------------------------------ internals
-    def plan(self, src, dst, block_mapping):
-        """Check a swap and return its resolved :class:`~cupy_swap.plan.SwapPlan`
+    def plan(self, src, dst, block_mapping) -> SwapPlan:
+        """Check a swap and return its :class:`~cupy_swap.plan.SwapPlan`
         without launching anything."""
-        plan = check_swap(src, dst, block_mapping, max_blocks=self.max_blocks)
-        if len(plan.src) > self.max_parts:
-            raise ValueError(f"src: expected at most max_parts={self.max_parts} parts, got {len(plan.src)}")
-        return resolve_plan(plan, self.device)
+        layout = self._layout(src, dst)
+        return SwapPlan(layout, check_mapping_for(layout, block_mapping, self.max_blocks))
+
+    # ------------------------------------------------------------ internals
+    def _layout(self, src, dst) -> Layout:
+        key = (_identity(src), _identity(dst))
+        entry = self._layouts.get(key)
+        if entry is not None and entry[2] == memory.generation():
+            return entry[3]
+        layout = check_layout(src, dst)
+        if len(layout.src) > self.max_parts:
+            raise ValueError(f"src: expected at most max_parts={self.max_parts} parts, got {len(layout.src)}")
+        resolve_layout(layout, self.device)
+        if len(self._layouts) >= _LAYOUT_CACHE_SIZE:
+            self._layouts.pop(next(iter(self._layouts)))
+        # Hold the objects themselves (a list's items, not the mutable list) so
+        # their ids stay unique while the entry lives.
+        held = tuple(src) if isinstance(src, list) else src, tuple(dst) if isinstance(dst, list) else dst
+        self._layouts[key] = (*held, memory.generation(), layout)
+        return layout
 
     def _swap(self, src, dst, block_mapping, stream, want):
         import cupy
         from cupy.cuda import driver, runtime
 
-        plan = self.plan(src, dst, block_mapping)
-        if want is not None and plan.direction != want:
+        layout = self._layout(src, dst)
+        if want is not None and layout.direction != want:
             method = "swap_in" if want == IN else "swap_out"
-            expected = "host -> GPU" if want == IN else "GPU -> host"
-            got = {IN: "host -> GPU", OUT: "GPU -> host", GPU_TO_GPU: "GPU -> GPU"}[plan.direction]
-            raise ValueError(f"{method}: expected {expected} arrays, got {got}; use swap() for that")
+            raise ValueError(
+                f"{method}: expected {DIRECTION_TEXT[want]} arrays, got "
+                f"{DIRECTION_TEXT[layout.direction]}; use swap() for that"
+            )
+        mapping = check_mapping_for(layout, block_mapping, self.max_blocks)
         handle = stream_handle(stream)
         event = cupy.cuda.Event(disable_timing=True)
         prev = runtime.getDevice()
         if prev != self.device:
             runtime.setDevice(self.device)
         try:
-            if plan.num_pairs:
+            n = mapping.shape[0]
+            if n:
                 slot = self._acquire()
-                words = write_descriptor(slot.host_words, plan, plan.width)
-                if self.descriptor_from_host:
+                words = write_descriptor(slot.host_words, layout, mapping)
+                if n <= self.descriptor_from_host_max_pairs:
                     params = slot.alias_params_ptr
                 else:
                     runtime.memcpyAsync(slot.device_ptr, slot.host_ptr, words * 8, _H2D, handle)
                     params = slot.params_ptr
-                grid, threads = self._launch_shape(plan)
-                fn = kernels.get_kernel(self.device, plan.width, self.unroll)
-                driver.launchKernel(fn.kernel.ptr, grid, 1, 1, threads, 1, 1, 0, handle, params, 0)
+                grid, threads = self._launch_shape(n * layout.units_per_pair)
+                fn = kernels.get_function(self.device, layout.width, self.unroll, self.kernel_defines)
+                driver.launchKernel(fn, grid, 1, 1, threads, 1, 1, 0, handle, params, 0)
                 slot.event = event
             runtime.eventRecord(event.ptr, handle)
         finally:
@@ -202,11 +241,10 @@ class BlockSwapper:
             slot.event.synchronize()
         return slot
 
-    def _launch_shape(self, plan) -> tuple[int, int]:
-        """Grid and CTA size: at most ``max_ctas`` CTAs; small swaps spread
-        their threads over as many CTAs as the budget allows (more SMs issue
-        loads), large ones use full CTAs and grid-stride."""
-        units = plan.num_pairs * (plan.bytes_per_pair // plan.width)
+    def _launch_shape(self, units: int) -> tuple[int, int]:
+        """Grid and CTA size for ``units`` vectors: at most ``max_ctas`` CTAs;
+        small swaps spread their threads over as many CTAs as the budget
+        allows (more SMs issue loads), large ones use full CTAs and stride."""
         cap = min(self.max_threads, kernels.max_threads(self.unroll))
         per_cta = -(-units // (self.unroll * self.max_ctas))
         threads = min(cap, max(32, -(-per_cta // 32) * 32))

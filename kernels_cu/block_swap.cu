@@ -1,11 +1,11 @@
 // One launch copies every block of every part named by a swap descriptor.
 //
 // The work is a flat range of `units`: vectors of T (16, 8, 4, 2 or 1
-// bytes), see swap_desc.cuh.  Each thread takes UNROLL units that are one grid
-// stride apart, issues all their loads before any store (so UNROLL loads per
-// thread are in flight across PCIe at once), then stores them.  Consecutive
-// threads take consecutive units, so every warp reads and writes contiguous
-// runs inside a block.  The grid is a CTA budget chosen by the host; it
+// bytes), see swap_desc.cuh.  Each thread takes UNROLL units, issues all
+// their loads before any store (so UNROLL loads per thread are in flight
+// across PCIe at once), then stores them.  Each load instruction of a warp
+// covers 32 consecutive units, so warps read and write contiguous runs
+// inside a block.  The grid is a CTA budget chosen by the host; it
 // strides over the whole range, so a 2 MiB block spreads over every CTA and
 // many small blocks pack into one CTA's iteration.
 #include "swap_desc.cuh"
@@ -22,12 +22,43 @@ struct SwapPart {
     u64 first_unit;
 };
 
-// Streaming hints: each byte is read once and written once, so neither side
-// should displace the cache lines of the model running beside the swap.
+// Cache policy of the copy.  Each byte is read once and written once.  The
+// variants exist so benchmarks can compare them (see benchmarks/NOTES.md);
+// the defaults are the measured best.
+//   CUPY_SWAP_LOAD : 0 plain ld.global, 1 ld.global.cs (evict first),
+//                    2 ld.global.nc (read-only path)
+//   CUPY_SWAP_STORE: 0 plain st.global, 1 st.global.cs (evict first)
+#ifndef CUPY_SWAP_LOAD
+#define CUPY_SWAP_LOAD 0
+#endif
+#ifndef CUPY_SWAP_STORE
+#define CUPY_SWAP_STORE 0
+#endif
+// Work order: 0 = unit k of a thread is one grid stride after unit k-1;
+// 1 = each warp copies 32 x UNROLL consecutive units (one contiguous run
+// per CTA iteration, fewer distinct pages in flight).
+#ifndef CUPY_SWAP_WARP_RUNS
+#define CUPY_SWAP_WARP_RUNS 1
+#endif
+
 template <typename T>
-__device__ __forceinline__ T load_stream(const T* p) { return __ldcs(p); }
+__device__ __forceinline__ T load_unit(const T* p) {
+#if CUPY_SWAP_LOAD == 1
+    return __ldcs(p);
+#elif CUPY_SWAP_LOAD == 2
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
 template <typename T>
-__device__ __forceinline__ void store_stream(T* p, T v) { __stcs(p, v); }
+__device__ __forceinline__ void store_unit(T* p, T v) {
+#if CUPY_SWAP_STORE == 1
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
 
 // Index of the part that owns `unit` (0 <= unit < units_per_pair): the last
 // part whose first_unit <= unit.  Parts are few (layers x K/V), so a binary
@@ -64,13 +95,26 @@ __device__ __forceinline__ void swap_blocks(const u64* __restrict__ desc) {
     // the whole range fits (every realistic swap below 64 GiB of 16 B units).
     const bool narrow = total <= 0xffffffffull;
 
+#if CUPY_SWAP_WARP_RUNS
+    // Warp w of the grid copies runs of 32 x UNROLL units; lane l takes
+    // units l, l + 32, ... of the run, so each load instruction of a warp
+    // covers 32 consecutive units.
+    const u64 lane = threadIdx.x & 31;
+    const u64 warps = stride >> 5;
+    const u64 run = 32ull * UNROLL;
+    const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    for (u64 base = first * run + lane; base < total; base += warps * run) {
+        const u64 step = 32;
+#else
+    const u64 step = stride;
     for (u64 base = (u64)blockIdx.x * blockDim.x + threadIdx.x; base < total; base += stride * UNROLL) {
+#endif
         const T* src[UNROLL];
         T* dst[UNROLL];
         T val[UNROLL];
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
-            const u64 unit = base + (u64)k * stride;
+            const u64 unit = base + (u64)k * step;
             src[k] = nullptr;
             dst[k] = nullptr;
             if (unit < total) {
@@ -85,19 +129,19 @@ __device__ __forceinline__ void swap_blocks(const u64* __restrict__ desc) {
                 }
                 const SwapPart& part = parts[find_part(parts, n_parts, rest)];
                 const u64 in_block = rest - part.first_unit;
-                const i64 s = __ldg(&pairs[2 * pair]);
-                const i64 d = __ldg(&pairs[2 * pair + 1]);
+                const i64 s = pairs[2 * pair];
+                const i64 d = pairs[2 * pair + 1];
                 src[k] = reinterpret_cast<const T*>(part.src + s * part.src_stride) + in_block;
                 dst[k] = reinterpret_cast<T*>(part.dst + d * part.dst_stride) + in_block;
             }
         }
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
-            if (src[k]) val[k] = load_stream(src[k]);
+            if (src[k]) val[k] = load_unit(src[k]);
         }
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
-            if (dst[k]) store_stream(dst[k], val[k]);
+            if (dst[k]) store_unit(dst[k], val[k]);
         }
     }
 }

@@ -7,8 +7,7 @@ import pytest
 
 from cupy_swap.blocks import DEVICE, HOST, Part, as_parts
 from cupy_swap.descriptor import HEADER_WORDS, PART_WORDS, descriptor_words, write_descriptor
-from cupy_swap.mapping import normalize_mapping
-from cupy_swap.plan import SwapPlan, _check_overlap, check_swap, vector_width
+from cupy_swap.plan import check_mapping_for, check_swap, layout_from_parts, resolve_layout, vector_width
 
 
 def test_part_of_plain_array():
@@ -70,8 +69,8 @@ def _fake_device(array: np.ndarray, name: str) -> Part:
     return dataclasses.replace(p, location=DEVICE, device=0)
 
 
-def _plan(src, dst, mapping) -> SwapPlan:
-    return SwapPlan(src, dst, normalize_mapping(mapping), "gpu->gpu")
+def _check_overlap(src, dst, mapping):
+    return check_mapping_for(layout_from_parts(src, dst), mapping)
 
 
 def test_pairing_checks(monkeypatch):
@@ -128,23 +127,23 @@ def test_overlapping_destination_blocks_rejected():
 def test_same_buffer_gpu_to_gpu_overlap_rejected():
     buf = np.zeros((8, 32), dtype=np.uint8)
     s, d = _fake_device(buf, "src"), _fake_device(buf, "dst")
-    _check_overlap(_plan([s], [d], [(0, 1), (2, 3)]))  # disjoint blocks: fine
+    _check_overlap([s], [d], [(0, 1), (2, 3)])  # disjoint blocks: fine
     with pytest.raises(ValueError, match=r"row 1 writes dst block 2, whose bytes are also read by row 1"):
-        _check_overlap(_plan([s], [d], [(0, 1), (2, 2)]))
+        _check_overlap([s], [d], [(0, 1), (2, 2)])
     with pytest.raises(ValueError, match=r"row 0 writes dst block 3.*read by row 1 \(src block 3\)"):
-        _check_overlap(_plan([s], [d], [(0, 3), (3, 4)]))
+        _check_overlap([s], [d], [(0, 3), (3, 4)])
 
 
 def test_overlap_between_different_views():
     cache = np.zeros((8, 2, 16), dtype=np.uint8)  # K and V of one buffer
     k_src, v_src = _fake_device(cache[:, 0], "src[0]"), _fake_device(cache[:, 1], "src[1]")
     k_dst, v_dst = _fake_device(cache[:, 0], "dst[0]"), _fake_device(cache[:, 1], "dst[1]")
-    _check_overlap(_plan([k_src, v_src], [k_dst, v_dst], [(0, 4), (1, 5)]))
+    _check_overlap([k_src, v_src], [k_dst, v_dst], [(0, 4), (1, 5)])
     with pytest.raises(ValueError, match="also read"):
-        _check_overlap(_plan([k_src, v_src], [k_dst, v_dst], [(0, 4), (4, 5)]))
+        _check_overlap([k_src, v_src], [k_dst, v_dst], [(0, 4), (4, 5)])
     # Two destination parts that are the same memory: write/write.
     with pytest.raises(ValueError, match="also written"):
-        _check_overlap(_plan([k_src, v_src], [k_dst, k_dst], [(0, 4)]))
+        _check_overlap([k_src, v_src], [k_dst, k_dst], [(0, 4)])
 
 
 def test_overlap_with_partial_byte_overlap():
@@ -152,8 +151,8 @@ def test_overlap_with_partial_byte_overlap():
     src = _fake_device(np.lib.stride_tricks.as_strided(raw, shape=(8, 16), strides=(16, 1)), "src")
     dst = _fake_device(np.lib.stride_tricks.as_strided(raw[8:], shape=(8, 16), strides=(16, 1)), "dst")
     with pytest.raises(ValueError, match="also read"):
-        _check_overlap(_plan([src], [dst], [(1, 0)]))  # dst block 0 = bytes 8..24, src 1 = 16..32
-    _check_overlap(_plan([src], [dst], [(5, 0)]))
+        _check_overlap([src], [dst], [(1, 0)])  # dst block 0 = bytes 8..24, src 1 = 16..32
+    _check_overlap([src], [dst], [(5, 0)])
 
 
 @pytest.mark.parametrize(
@@ -180,19 +179,29 @@ def test_descriptor_layout():
         _fake_device(np.zeros((6, 32), np.uint8), "dst[0]"),
         _fake_device(np.zeros((6, 64), np.uint8), "dst[1]"),
     ]
-    plan = _plan(src, dst, [(1, 2), (3, 0)])
-    plan.src_addrs = [p.ptr for p in src]
-    plan.dst_addrs = [p.ptr for p in dst]
-    out = np.full(descriptor_words(2, 5), 0xDEAD, dtype=np.uint64)
-    n = write_descriptor(out, plan, 16)
+    layout = resolve_layout(layout_from_parts(src, dst), device=0)  # device parts: no driver call
+    mapping = check_mapping_for(layout, [(1, 2), (3, 0)])
+    out = np.full(descriptor_words(2, 5), 0xDEAD, dtype=np.int64)
+    out[:HEADER_WORDS] = 0
+    n = write_descriptor(out, layout, mapping)
     assert n == descriptor_words(2, 2) == HEADER_WORDS + 2 * PART_WORDS + 4
-    w = out.view(np.int64)
-    assert w[:3].tolist() == [2, 2, 2 + 4]
-    t = w[HEADER_WORDS : HEADER_WORDS + 2 * PART_WORDS].reshape(2, PART_WORDS)
-    assert t[0].tolist() == [src[0].ptr, dst[0].ptr, 32, 32, 2, 0]
-    assert t[1].tolist() == [src[1].ptr, dst[1].ptr, 64, 64, 4, 2]
-    assert w[HEADER_WORDS + 2 * PART_WORDS : n].tolist() == [1, 2, 3, 0]
+    width = layout.width
+    assert width == vector_width([p.ptr for p in src + dst] + [32, 64])
+    assert out[:HEADER_WORDS].tolist() == [2, 2, (32 + 64) // width, 0, 0, 0, 0, 0]
+    t = out[HEADER_WORDS : HEADER_WORDS + 2 * PART_WORDS].reshape(2, PART_WORDS)
+    assert t[0].tolist() == [src[0].ptr, dst[0].ptr, 32, 32, 32 // width, 0]
+    assert t[1].tolist() == [src[1].ptr, dst[1].ptr, 64, 64, 64 // width, 32 // width]
+    assert out[HEADER_WORDS + 2 * PART_WORDS : n].tolist() == [1, 2, 3, 0]
     assert out[n] == 0xDEAD  # nothing past the descriptor is touched
+
+
+def test_device_part_on_other_gpu_rejected():
+    src = [_fake_device(np.zeros((4, 32), np.uint8), "src")]
+    dst = [dataclasses.replace(_fake_device(np.zeros((4, 32), np.uint8), "dst"), device=1)]
+    with pytest.raises(
+        ValueError, match=r"dst: expected an array on GPU 0 \(the swapper's device\), got one on GPU 1"
+    ):
+        resolve_layout(layout_from_parts(src, dst), device=0)
 
 
 def test_part_span_negative_stride():

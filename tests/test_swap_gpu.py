@@ -40,11 +40,13 @@ def make(kind, shape, dtype):
     return cp.empty(shape, dtype=dtype)
 
 
-def check_swap(sw, srcs, dsts, mapping, **kw):
+def check_swap(sw, src, dst, mapping, **kw):
     """Run one swap and compare every destination with the NumPy reference;
     blocks not named in the mapping must keep their poison."""
+    srcs = src if isinstance(src, (list, tuple)) else [src]
+    dsts = dst if isinstance(dst, (list, tuple)) else [dst]
     before = [to_host(d) for d in dsts]
-    ev = sw.swap(srcs, dsts, mapping, **kw)
+    ev = sw.swap(src, dst, mapping, **kw)
     ev.synchronize()
     m = np.asarray(mapping, dtype=np.int64).reshape(-1, 2)
     for s, d, b in zip(srcs, dsts, before):
