@@ -17,7 +17,7 @@ def descriptor_words(num_parts: int, num_pairs: int) -> int:
     return HEADER_WORDS + num_parts * PART_WORDS + 2 * num_pairs
 
 
-def write_descriptor(out: np.ndarray, layout, mapping: np.ndarray) -> int:
+def write_descriptor(out: np.ndarray, layout, mapping: np.ndarray, include_table: bool = True) -> int:
     """Write a resolved layout and a mapping into ``out``.
 
     Parameters
@@ -27,6 +27,9 @@ def write_descriptor(out: np.ndarray, layout, mapping: np.ndarray) -> int:
     layout : Layout
         Resolved (``table`` and ``units_per_pair`` set).
     mapping : numpy.ndarray of shape (N, 2), int64
+    include_table : bool
+        False when ``out`` already holds this layout's header words 1-2 and
+        part table (a ring slot reused by the same layout).
 
     Returns
     -------
@@ -37,8 +40,9 @@ def write_descriptor(out: np.ndarray, layout, mapping: np.ndarray) -> int:
     t1 = HEADER_WORDS + table.shape[0]
     words = t1 + 2 * mapping.shape[0]
     out[0] = mapping.shape[0]
-    out[1] = table.shape[0] // PART_WORDS
-    out[2] = layout.units_per_pair
-    out[HEADER_WORDS:t1] = table
+    if include_table:
+        out[1] = table.shape[0] // PART_WORDS
+        out[2] = layout.units_per_pair
+        out[HEADER_WORDS:t1] = table
     out[t1:words] = mapping.reshape(-1)
     return words

@@ -81,6 +81,7 @@ class Layout:
     width: int = 0
     table: np.ndarray | None = None
     units_per_pair: int = 0
+    serial: int = -1  # set by the swapper that caches this layout
 
     @property
     def bytes_per_pair(self) -> int:

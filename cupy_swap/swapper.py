@@ -14,11 +14,13 @@ slots that is only a wait when more than ``ring_size`` swaps are queued.
 from __future__ import annotations
 
 import ctypes
+import itertools
 
 import numpy as np
 
 from . import kernels, memory
 from .descriptor import MAX_PARTS, descriptor_words, write_descriptor
+from .dma import DmaCopier, copy_count
 from .interop import stream_handle
 from .plan import DIRECTION_TEXT, IN, OUT, Layout, SwapPlan, check_layout, check_mapping_for, resolve_layout
 
@@ -26,6 +28,11 @@ __all__ = ["BlockSwapper", "DEFAULT_MAX_CTAS", "DEFAULT_UNROLL"]
 
 DEFAULT_MAX_CTAS = 16
 DEFAULT_UNROLL = 4
+MODES = ("auto", "kernel", "dma")
+# auto: copies this large or larger go to the copy engines (see NOTES.md).
+DMA_MIN_COPY_BYTES = 1 << 20
+# auto: a swap of at most this many copies goes to the copy engines.
+DMA_MAX_COPIES = 1
 # Mappings up to this many rows are read from pinned memory by the kernel
 # (saves a cudaMemcpyAsync call, ~3 us of host time); see benchmarks/NOTES.md.
 DESCRIPTOR_FROM_HOST_MAX_PAIRS = 64
@@ -39,6 +46,7 @@ class _Slot:
 
     def __init__(self, host_words: np.ndarray, device_ptr: int):
         self.host_words = host_words.view(np.int64)
+        self.table_serial = -1  # which layout's part table the slot holds
         self.host_ptr = host_words.ctypes.data
         self.device_ptr = device_ptr
         self.params_ptr, self._keep = _pack_pointer_arg(device_ptr)
@@ -106,9 +114,13 @@ class BlockSwapper:
         max_ctas: int | None = None,
         max_parts: int = MAX_PARTS,
         ring_size: int = 16,
+        mode: str = "auto",
     ):
         import cupy
+        from cupy.cuda import driver, runtime
 
+        self._cupy_event, self._runtime, self._driver = cupy.cuda.Event, runtime, driver
+        self.mode = _check_mode(mode)
         self.max_blocks = _positive_int(max_blocks, "max_blocks")
         self.max_ctas = DEFAULT_MAX_CTAS if max_ctas is None else _positive_int(max_ctas, "max_ctas")
         self.max_parts = _positive_int(max_parts, "max_parts")
@@ -124,6 +136,11 @@ class BlockSwapper:
         self.max_threads = kernels.max_threads(self.unroll)
         self.descriptor_from_host_max_pairs = DESCRIPTOR_FROM_HOST_MAX_PAIRS
         self.kernel_defines: tuple[str, ...] = ()
+        self.dma_min_copy_bytes = DMA_MIN_COPY_BYTES
+        self.dma_max_copies = DMA_MAX_COPIES
+        self.last_path = None  # "kernel" or "dma": what served the last swap
+        self._dma = DmaCopier()
+        self._serial = itertools.count()
 
         self.slot_words = descriptor_words(self.max_parts, self.max_blocks)
         with cupy.cuda.Device(self.device):
@@ -135,7 +152,7 @@ class BlockSwapper:
         self._layouts: dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------ API
-    def swap(self, src, dst, block_mapping, *, stream=None):
+    def swap(self, src, dst, block_mapping, *, stream=None, mode=None):
         """Copy block ``s`` of each ``src`` part to block ``d`` of the matching
         ``dst`` part for every row ``(s, d)`` of ``block_mapping``, in one
         kernel launch on ``stream``.
@@ -151,6 +168,10 @@ class BlockSwapper:
             Integer rows ``(src_block, dst_block)``; ``N <= max_blocks``.
         stream : cupy.cuda.Stream, torch.cuda.Stream or int, optional
             Stream to launch on; CuPy's current stream by default.
+        mode : {"auto", "kernel", "dma"}, optional
+            ``"kernel"``: one kernel launch; ``"dma"``: copy engines, one copy
+            per run of consecutive blocks; ``"auto"`` (the swapper's default)
+            picks per call.  ``last_path`` tells which one served.
 
         Returns
         -------
@@ -162,15 +183,15 @@ class BlockSwapper:
         TypeError, ValueError, IndexError
             For any bad input, before anything is launched.
         """
-        return self._swap(src, dst, block_mapping, stream, None)
+        return self._swap(src, dst, block_mapping, stream, None, mode)
 
-    def swap_in(self, host_src, gpu_dst, block_mapping, *, stream=None):
+    def swap_in(self, host_src, gpu_dst, block_mapping, *, stream=None, mode=None):
         """:meth:`swap` that only accepts host -> GPU."""
-        return self._swap(host_src, gpu_dst, block_mapping, stream, IN)
+        return self._swap(host_src, gpu_dst, block_mapping, stream, IN, mode)
 
-    def swap_out(self, gpu_src, host_dst, block_mapping, *, stream=None):
+    def swap_out(self, gpu_src, host_dst, block_mapping, *, stream=None, mode=None):
         """:meth:`swap` that only accepts GPU -> host."""
-        return self._swap(gpu_src, host_dst, block_mapping, stream, OUT)
+        return self._swap(gpu_src, host_dst, block_mapping, stream, OUT, mode)
 
     def plan(self, src, dst, block_mapping) -> SwapPlan:
         """Check a swap and return its :class:`~cupy_swap.plan.SwapPlan`
@@ -188,6 +209,7 @@ class BlockSwapper:
         if len(layout.src) > self.max_parts:
             raise ValueError(f"src: expected at most max_parts={self.max_parts} parts, got {len(layout.src)}")
         resolve_layout(layout, self.device)
+        layout.serial = next(self._serial)
         if len(self._layouts) >= _LAYOUT_CACHE_SIZE:
             self._layouts.pop(next(iter(self._layouts)))
         # Hold the objects themselves (a list's items, not the mutable list) so
@@ -196,10 +218,16 @@ class BlockSwapper:
         self._layouts[key] = (*held, memory.generation(), layout)
         return layout
 
-    def _swap(self, src, dst, block_mapping, stream, want):
-        import cupy
-        from cupy.cuda import driver, runtime
+    def choose_path(self, layout: Layout, mapping: np.ndarray, mode: str) -> str:
+        """``"kernel"`` or ``"dma"`` for this swap under ``mode``."""
+        if mode != "auto":
+            return mode
+        copies, largest = copy_count(layout, mapping)
+        if copies <= self.dma_max_copies or largest >= self.dma_min_copy_bytes:
+            return "dma"
+        return "kernel"
 
+    def _swap(self, src, dst, block_mapping, stream, want, mode):
         layout = self._layout(src, dst)
         if want is not None and layout.direction != want:
             method = "swap_in" if want == IN else "swap_out"
@@ -208,30 +236,42 @@ class BlockSwapper:
                 f"{DIRECTION_TEXT[layout.direction]}; use swap() for that"
             )
         mapping = check_mapping_for(layout, block_mapping, self.max_blocks)
+        mode = self.mode if mode is None else _check_mode(mode)
         handle = stream_handle(stream)
-        event = cupy.cuda.Event(disable_timing=True)
+        n = mapping.shape[0]
+        path = self.choose_path(layout, mapping, mode) if n else "none"
+        event = self._cupy_event(disable_timing=True)
+        runtime = self._runtime
         prev = runtime.getDevice()
         if prev != self.device:
             runtime.setDevice(self.device)
         try:
-            n = mapping.shape[0]
-            if n:
-                slot = self._acquire()
-                words = write_descriptor(slot.host_words, layout, mapping)
-                if n <= self.descriptor_from_host_max_pairs:
-                    params = slot.alias_params_ptr
-                else:
-                    runtime.memcpyAsync(slot.device_ptr, slot.host_ptr, words * 8, _H2D, handle)
-                    params = slot.params_ptr
-                grid, threads = self._launch_shape(n * layout.units_per_pair)
-                fn = kernels.get_function(self.device, layout.width, self.unroll, self.kernel_defines)
-                driver.launchKernel(fn, grid, 1, 1, threads, 1, 1, 0, handle, params, 0)
-                slot.event = event
+            if path == "kernel":
+                self._launch(layout, mapping, handle, event)
+            elif path == "dma":
+                self._dma.copy(layout, mapping, handle)
             runtime.eventRecord(event.ptr, handle)
         finally:
             if prev != self.device:
                 runtime.setDevice(prev)
+        self.last_path = path
         return event
+
+    def _launch(self, layout: Layout, mapping: np.ndarray, handle: int, event) -> None:
+        """Write the descriptor into a ring slot and launch the kernel."""
+        n = mapping.shape[0]
+        slot = self._acquire()
+        end = write_descriptor(slot.host_words, layout, mapping, slot.table_serial != layout.serial)
+        slot.table_serial = layout.serial
+        if n <= self.descriptor_from_host_max_pairs:
+            params = slot.alias_params_ptr
+        else:
+            self._runtime.memcpyAsync(slot.device_ptr, slot.host_ptr, end * 8, _H2D, handle)
+            params = slot.params_ptr
+        grid, threads = self._launch_shape(n * layout.units_per_pair)
+        fn = kernels.get_function(self.device, layout.width, self.unroll, self.kernel_defines)
+        self._driver.launchKernel(fn, grid, 1, 1, threads, 1, 1, 0, handle, params, 0)
+        slot.event = event
 
     def _acquire(self) -> _Slot:
         slot = self._slots[self._next]
@@ -250,6 +290,12 @@ class BlockSwapper:
         threads = min(cap, max(32, -(-per_cta // 32) * 32))
         grid = min(self.max_ctas, -(-units // (threads * self.unroll)))
         return max(grid, 1), threads
+
+
+def _check_mode(mode) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    return mode
 
 
 def _positive_int(value, name: str) -> int:

@@ -209,3 +209,22 @@ def test_part_span_negative_stride():
     (p,) = as_parts(a, "src")
     lo, hi = p.span()
     assert hi - lo == 40 and p.block_stride == -8
+
+
+def test_copy_list_and_count():
+    from cupy_swap.dma import copy_count, copy_list
+
+    src = [_fake_device(np.zeros((10, 64), np.uint8), "src")]
+    dst = [_fake_device(np.zeros((10, 64), np.uint8), "dst")]
+    layout = resolve_layout(layout_from_parts(src, dst), device=0)
+    m = check_mapping_for(layout, [(0, 5), (1, 6), (2, 7), (9, 0)])
+    assert copy_count(layout, m) == (2, 3 * 64)
+    dsts, srcs, sizes = copy_list(layout, m)
+    assert sizes.tolist() == [192, 64]
+    assert (srcs - src[0].ptr).tolist() == [0, 9 * 64] and (dsts - dst[0].ptr).tolist() == [5 * 64, 0]
+    # A strided (block-first) view copies block by block.
+    cache = np.zeros((10, 2, 64), np.uint8)
+    layout2 = resolve_layout(layout_from_parts([_fake_device(cache[:, 1], "src")], dst), device=0)
+    assert copy_count(layout2, m) == (4, 64)
+    d2, s2, z2 = copy_list(layout2, m)
+    assert z2.tolist() == [64] * 4 and (s2 - layout2.src[0].ptr).tolist() == [0, 128, 256, 9 * 128]

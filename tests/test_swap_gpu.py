@@ -326,3 +326,40 @@ def test_cli_demo_runs():
     )
     assert r.returncode == 0, r.stderr
     assert "bit-exact: yes" in r.stdout and "GB/s" in r.stdout
+
+
+@pytest.mark.parametrize("mode", ["kernel", "dma", "auto"])
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("contiguous", [False, True])
+@pytest.mark.parametrize("block_bytes, n", [(48, 17), (4096, 1), (32768, 300), (1 << 20, 5)])
+def test_modes(swapper, rng, mode, direction, contiguous, block_bytes, n):
+    skind, dkind = DIRECTIONS[direction]
+    src = make(skind, (n + 9, block_bytes), np.uint8)
+    dst = make(dkind, (n + 11, block_bytes), np.uint8)
+    rand_fill(src, rng)
+    poison(dst)
+    mapping = random_mapping(n, n + 9, n + 11, rng, contiguous=contiguous)
+    stream = cp.cuda.Stream(non_blocking=True)
+    check_swap(swapper, src, dst, mapping, mode=mode, stream=stream)
+    assert swapper.last_path == (mode if mode != "auto" else swapper.last_path)
+    assert swapper.last_path in ("kernel", "dma")
+
+
+@pytest.mark.parametrize("stream_kind", ["legacy", "non_blocking"])
+def test_dma_strided_views_and_streams(swapper, rng, stream_kind):
+    """Copy-engine path with block-first host views (one copy per block),
+    on the legacy stream (per-copy loop) and a created stream (batch call)."""
+    host = cs.empty_pinned((50, 3, 2, 512), np.uint16)
+    gpu = [cp.empty((40, 512), dtype=cp.uint16) for _ in range(6)]
+    rand_fill(host, rng)
+    for g in gpu:
+        poison(g)
+    views = [host[:, layer, kv] for layer in range(3) for kv in range(2)]
+    stream = cp.cuda.Stream.null if stream_kind == "legacy" else cp.cuda.Stream(non_blocking=True)
+    check_swap(swapper, views, gpu, random_mapping(30, 50, 40, rng), mode="dma", stream=stream)
+    assert swapper.last_path == "dma"
+
+
+def test_mode_argument_checked(swapper):
+    with pytest.raises(ValueError, match="mode: expected one of 'auto', 'kernel', 'dma', got 'fast'"):
+        swapper.swap(cs.empty_pinned((2, 16), np.uint8), cp.empty((2, 16), cp.uint8), [(0, 0)], mode="fast")

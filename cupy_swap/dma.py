@@ -1,0 +1,169 @@
+"""Copy-engine path: one copy per run of blocks that are consecutive in both
+source and destination, per part.  Uses no SMs.
+
+Copies go out as one ``cuMemcpyBatchAsync`` call where the driver has it
+(CUDA 12.8+; called through ctypes with NumPy pointer arrays, so a batch of
+thousands costs microseconds, not a Python loop), else as one
+``cudaMemcpyAsync`` per copy.  The batch call rejects the legacy default
+stream, so swaps on stream 0 use the loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from .mapping import contiguous_runs
+
+__all__ = ["copy_list", "copy_count", "DmaCopier", "batch_available"]
+
+_DEFAULT_KIND = 4  # cudaMemcpyDefault: direction from the (unified) addresses
+
+
+def copy_list(layout, mapping: np.ndarray, use_alias: bool = False):
+    """Destination, source and size arrays of every copy of a swap.
+
+    Parameters
+    ----------
+    layout : Layout
+        Resolved layout.
+    mapping : numpy.ndarray of shape (N, 2), int64
+    use_alias : bool
+        Address host parts by their device alias instead of their host
+        address (both work for UVA copies; the host address also works where
+        host memory is not mapped).
+
+    Returns
+    -------
+    dsts, srcs, sizes : numpy.ndarray of uint64, each of shape (P * R,)
+        ``P`` parts times ``R`` runs, part-major.
+    """
+    runs = contiguous_runs(mapping)
+    dsts, srcs, sizes = [], [], []
+    for i, (s, d) in enumerate(zip(layout.src, layout.dst)):
+        s_base = layout.src_addrs[i] if use_alias else s.ptr
+        d_base = layout.dst_addrs[i] if use_alias else d.ptr
+        if _packed(s) and _packed(d):
+            # Packed blocks: a whole run is one contiguous range.
+            srcs.append(s_base + runs[:, 0] * s.block_stride)
+            dsts.append(d_base + runs[:, 1] * d.block_stride)
+            sizes.append(runs[:, 2] * s.block_bytes)
+        else:
+            # Strided blocks (views of a block-first cache): one copy a block.
+            srcs.append(s_base + mapping[:, 0] * s.block_stride)
+            dsts.append(d_base + mapping[:, 1] * d.block_stride)
+            sizes.append(np.full(mapping.shape[0], s.block_bytes, dtype=np.int64))
+    return (
+        np.concatenate(dsts).astype(np.uint64),
+        np.concatenate(srcs).astype(np.uint64),
+        np.concatenate(sizes).astype(np.uint64),
+    )
+
+
+def _packed(part) -> bool:
+    return part.block_stride == part.block_bytes
+
+
+def copy_count(layout, mapping: np.ndarray) -> tuple[int, int]:
+    """How many copies the copy-engine path would issue, and the size in
+    bytes of the largest, without building the copy list."""
+    n = mapping.shape[0]
+    if all(_packed(s) and _packed(d) for s, d in zip(layout.src, layout.dst)):
+        if n == 1:
+            runs, longest = 1, 1
+        else:
+            step = np.diff(mapping, axis=0)
+            cont = (step[:, 0] == 1) & (step[:, 1] == 1)
+            runs = n - int(np.count_nonzero(cont))
+            longest = _longest_true_run(cont) + 1
+    else:
+        runs, longest = n, 1
+    return runs * len(layout.src), longest * max(p.block_bytes for p in layout.src)
+
+
+def _longest_true_run(flags: np.ndarray) -> int:
+    if not flags.any():
+        return 0
+    padded = np.concatenate(([False], flags, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return int((edges[1::2] - edges[::2]).max())
+
+
+class _MemcpyAttributes(ctypes.Structure):
+    """CUmemcpyAttributes (CUDA 12.8+)."""
+
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_int),
+        ("srcLocHint_type", ctypes.c_int),
+        ("srcLocHint_id", ctypes.c_int),
+        ("dstLocHint_type", ctypes.c_int),
+        ("dstLocHint_id", ctypes.c_int),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
+_batch_lock = threading.Lock()
+_batch_fn: list = []  # [callable or None, takes_fail_index]
+
+
+def _load_batch():
+    """``cuMemcpyBatchAsync`` from libcuda, in its CUDA 13 form (``_v2``, no
+    failure index) or its CUDA 12.8 form (with one); None if absent."""
+    with _batch_lock:
+        if _batch_fn:
+            return _batch_fn[0], _batch_fn[1]
+        fn, takes_fail = None, False
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            ptr, size = ctypes.c_void_p, ctypes.c_size_t
+            for name, fail in (("cuMemcpyBatchAsync_v2", False), ("cuMemcpyBatchAsync", True)):
+                f = getattr(lib, name, None)
+                if f is None:
+                    continue
+                args = [ptr, ptr, ptr, size, ptr, ptr, size]
+                f.argtypes = args + ([ptr] if fail else []) + [ptr]
+                f.restype = ctypes.c_int
+                fn, takes_fail = f, fail
+                break
+        except OSError:
+            fn = None
+        _batch_fn[:] = [fn, takes_fail]
+        return fn, takes_fail
+
+
+def batch_available() -> bool:
+    """True when the driver exports ``cuMemcpyBatchAsync``."""
+    return _load_batch()[0] is not None
+
+
+class DmaCopier:
+    """Issues a swap's copies on the copy engines."""
+
+    def __init__(self):
+        self._attrs = _MemcpyAttributes(srcAccessOrder=_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM)
+        self._attr_idx = (ctypes.c_size_t * 1)(0)
+        self._fail = ctypes.c_size_t(0)
+        self.use_batch = True
+
+    def copy(self, layout, mapping: np.ndarray, stream: int) -> int:
+        """Enqueue every copy on ``stream``; returns how many were issued."""
+        from cupy.cuda import runtime
+
+        dsts, srcs, sizes = copy_list(layout, mapping)
+        count = int(sizes.shape[0])
+        fn, takes_fail = _load_batch() if self.use_batch else (None, False)
+        if fn is not None and count > 1 and stream != 0:
+            args = [dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, count]
+            args += [ctypes.addressof(self._attrs), ctypes.addressof(self._attr_idx), 1]
+            if takes_fail:
+                args.append(ctypes.addressof(self._fail))
+            status = fn(*args, stream)
+            if status != 0:
+                raise RuntimeError(f"cuMemcpyBatchAsync failed with CUresult {status}")
+            return count
+        for dst, src, size in zip(dsts.tolist(), srcs.tolist(), sizes.tolist()):
+            runtime.memcpyAsync(dst, src, size, _DEFAULT_KIND, stream)
+        return count
