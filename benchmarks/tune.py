@@ -102,6 +102,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", choices=("paths", "shape"), default="paths")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--profile", action="store_true", help="cProfile 3000 one-block swaps and stop")
     args = ap.parse_args()
@@ -109,35 +110,40 @@ def main():
         return profile_small_swap()
     rng = np.random.default_rng(0)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    ctas = [4, 8, 16, 32, sms]
-    shape_configs = [{"ctas": c, "unroll": 4} for c in ctas]
-    shape_configs += [{"ctas": 16, "unroll": u} for u in (2, 8)]
-    shape_configs += [{"ctas": 16, "unroll": 4, "threads": 256}, {"ctas": 16, "unroll": 4, "threads": 512}]
-    variants = [
-        ["CUPY_SWAP_WARP_RUNS=0"],
-        ["CUPY_SWAP_LOAD=1", "CUPY_SWAP_STORE=1"],
-        ["CUPY_SWAP_LOAD=2"],
-        ["CUPY_SWAP_WARP_RUNS=0", "CUPY_SWAP_LOAD=1", "CUPY_SWAP_STORE=1"],
-    ]
-    shape_configs += [{"ctas": 16, "unroll": 4, "defines": v} for v in variants[:3]]
-    shape_configs += [{"ctas": 16, "unroll": 4, "mode": m} for m in ("dma", "auto")]
-    big_configs = [{"ctas": c, "unroll": 4} for c in (8, 16, 32)] + [{"ctas": 16, "unroll": 4, "mode": "dma"}]
-    small_configs = [
-        {"ctas": c, "unroll": 4, "desc_host": h, "host_time": True}
-        for c in (4, 16, 32)
-        for h in (False, True)
-    ]
+    if args.sweep == "shape":
+        # Launch-shape and cache-policy sweep (experiments 1-3 in NOTES.md).
+        ctas = [4, 8, 16, 32, sms]
+        large = [{"ctas": c, "unroll": 4} for c in ctas]
+        large += [{"ctas": 16, "unroll": u} for u in (2, 8)]
+        large += [{"ctas": 16, "unroll": 4, "threads": t} for t in (256, 512)]
+        variants = [
+            ["CUPY_SWAP_WARP_RUNS=0"],
+            ["CUPY_SWAP_LOAD=1", "CUPY_SWAP_STORE=1"],
+            ["CUPY_SWAP_LOAD=2"],
+        ]
+        large += [{"ctas": 16, "unroll": 4, "defines": v} for v in variants]
+    else:
+        # Paths: kernel against copy engines against auto.
+        large = [{"ctas": c, "unroll": 4} for c in (8, 16, 32)]
+        large += [{"ctas": 16, "unroll": 4, "mode": m} for m in ("dma", "auto")]
+    small = [{"ctas": 16, "unroll": 4, "desc_host": h, "host_time": True} for h in (False, True)]
+    small += [{"ctas": 16, "unroll": 4, "mode": m, "host_time": True} for m in ("dma", "auto")]
+    big = [{"ctas": 16, "unroll": 4}, {"ctas": 16, "unroll": 4, "mode": "auto"}]
     cases = []
+    for d in ("out", "in"):
+        cases.append((SwapCase(d, 32 * KIB, 1250, parts=64), big))
     for d in ("in", "out"):
         for b in (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB):
-            cases.append((SwapCase(d, b, 1250), shape_configs))
-            cases.append((SwapCase(d, b, 16), small_configs))
-            cases.append((SwapCase(d, b, 1), small_configs))
+            cases.append((SwapCase(d, b, 1250), large))
+            cases.append((SwapCase(d, b, 16), small))
+            cases.append((SwapCase(d, b, 1), small))
         for b in (4 * KIB, 32 * KIB):
-            cases.append((SwapCase(d, b, 10000), big_configs))
-        cases.append((SwapCase(d, 32 * KIB, 1250, parts=64), big_configs))
+            cases.append((SwapCase(d, b, 10000), big))
+        cases.append((SwapCase(d, 32 * KIB, 1250, contiguous=True), large[-3:]))
     if args.quick:
-        cases = [c for c in cases if c[0].block_bytes == 32 * KIB and c[0].parts == 1]
+        cases = [
+            c for c in cases if c[0].block_bytes == 32 * KIB and c[0].parts == 1 and c[0].num_blocks <= 1250
+        ]
     results = []
     for case, configs in cases:
         reps = args.reps if case.total_bytes < (1 << 30) else 8

@@ -17,7 +17,7 @@ def descriptor_words(num_parts: int, num_pairs: int) -> int:
     return HEADER_WORDS + num_parts * PART_WORDS + 2 * num_pairs
 
 
-def write_descriptor(out: np.ndarray, layout, mapping: np.ndarray, include_table: bool = True) -> int:
+def write_descriptor(out: np.ndarray, layout, mapping, include_table: bool = True) -> int:
     """Write a resolved layout and a mapping into ``out``.
 
     Parameters
@@ -26,7 +26,7 @@ def write_descriptor(out: np.ndarray, layout, mapping: np.ndarray, include_table
         Destination, at least :func:`descriptor_words` long.
     layout : Layout
         Resolved (``table`` and ``units_per_pair`` set).
-    mapping : numpy.ndarray of shape (N, 2), int64
+    mapping : numpy.ndarray of shape (N, 2), int64, or list of (int, int)
     include_table : bool
         False when ``out`` already holds this layout's header words 1-2 and
         part table (a ring slot reused by the same layout).
@@ -38,11 +38,17 @@ def write_descriptor(out: np.ndarray, layout, mapping: np.ndarray, include_table
     """
     table = layout.table
     t1 = HEADER_WORDS + table.shape[0]
-    words = t1 + 2 * mapping.shape[0]
-    out[0] = mapping.shape[0]
+    n = len(mapping)
+    words = t1 + 2 * n
+    out[0] = n
     if include_table:
         out[1] = table.shape[0] // PART_WORDS
         out[2] = layout.units_per_pair
         out[HEADER_WORDS:t1] = table
-    out[t1:words] = mapping.reshape(-1)
+    if isinstance(mapping, list):
+        for i, (s, d) in enumerate(mapping, start=t1 // 2):  # t1 is even: 8 + 6 * P
+            out[2 * i] = s
+            out[2 * i + 1] = d
+    else:
+        out[t1:words] = mapping.reshape(-1)
     return words

@@ -66,21 +66,52 @@ def _packed(part) -> bool:
     return part.block_stride == part.block_bytes
 
 
-def copy_count(layout, mapping: np.ndarray) -> tuple[int, int]:
-    """How many copies the copy-engine path would issue, and the size in
-    bytes of the largest, without building the copy list."""
-    n = mapping.shape[0]
-    if all(_packed(s) and _packed(d) for s, d in zip(layout.src, layout.dst)):
-        if n == 1:
-            runs, longest = 1, 1
+def _python_runs(pairs: list) -> list:
+    """``[s0, d0, length]`` runs of a short list of pairs (see contiguous_runs)."""
+    runs = []
+    for s, d in pairs:
+        if runs and s == runs[-1][0] + runs[-1][2] and d == runs[-1][1] + runs[-1][2]:
+            runs[-1][2] += 1
         else:
+            runs.append([s, d, 1])
+    return runs
+
+
+def small_copy_list(layout, pairs: list) -> tuple[list, list, list]:
+    """:func:`copy_list` for a short list of ``(s, d)`` pairs, in plain Python."""
+    dsts, srcs, sizes = [], [], []
+    runs = None
+    for s_part, d_part in zip(layout.src, layout.dst):
+        if _packed(s_part) and _packed(d_part):
+            runs = runs if runs is not None else _python_runs(pairs)
+            part_runs = runs
+        else:
+            part_runs = [(s, d, 1) for s, d in pairs]
+        for s, d, length in part_runs:
+            srcs.append(s_part.ptr + s * s_part.block_stride)
+            dsts.append(d_part.ptr + d * d_part.block_stride)
+            sizes.append(length * s_part.block_bytes)
+    return dsts, srcs, sizes
+
+
+def copy_count(layout, mapping) -> tuple[int, int]:
+    """How many copies the copy-engine path would issue, and the size in
+    bytes of the largest, without building the copy list.  ``mapping`` is an
+    ``(N, 2)`` array or a short list of pairs."""
+    packed = [_packed(s) and _packed(d) for s, d in zip(layout.src, layout.dst)]
+    n = len(mapping)
+    runs, longest = n, 1
+    if any(packed):
+        if isinstance(mapping, list):
+            r = _python_runs(mapping)
+            runs, longest = len(r), max(x[2] for x in r)
+        elif n > 1:
             step = np.diff(mapping, axis=0)
             cont = (step[:, 0] == 1) & (step[:, 1] == 1)
-            runs = n - int(np.count_nonzero(cont))
-            longest = _longest_true_run(cont) + 1
-    else:
-        runs, longest = n, 1
-    return runs * len(layout.src), longest * max(p.block_bytes for p in layout.src)
+            runs, longest = n - int(np.count_nonzero(cont)), _longest_true_run(cont) + 1
+    copies = sum(runs if p else n for p in packed)
+    largest = max((longest if p else 1) * part.block_bytes for p, part in zip(packed, layout.src))
+    return copies, largest
 
 
 def _longest_true_run(flags: np.ndarray) -> int:
@@ -148,14 +179,21 @@ class DmaCopier:
         self._fail = ctypes.c_size_t(0)
         self.use_batch = True
 
-    def copy(self, layout, mapping: np.ndarray, stream: int) -> int:
-        """Enqueue every copy on ``stream``; returns how many were issued."""
+    def copy(self, layout, mapping, stream: int) -> int:
+        """Enqueue every copy on ``stream``; returns how many were issued.
+        ``mapping`` is an ``(N, 2)`` array or a short list of pairs."""
         from cupy.cuda import runtime
 
-        dsts, srcs, sizes = copy_list(layout, mapping)
-        count = int(sizes.shape[0])
+        if isinstance(mapping, list):
+            dsts, srcs, sizes = small_copy_list(layout, mapping)
+            count = len(sizes)
+        else:
+            dsts, srcs, sizes = copy_list(layout, mapping)
+            count = int(sizes.shape[0])
         fn, takes_fail = _load_batch() if self.use_batch else (None, False)
         if fn is not None and count > 1 and stream != 0:
+            if isinstance(dsts, list):
+                dsts, srcs, sizes = (np.array(x, dtype=np.uint64) for x in (dsts, srcs, sizes))
             args = [dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, count]
             args += [ctypes.addressof(self._attrs), ctypes.addressof(self._attr_idx), 1]
             if takes_fail:
@@ -164,6 +202,8 @@ class DmaCopier:
             if status != 0:
                 raise RuntimeError(f"cuMemcpyBatchAsync failed with CUresult {status}")
             return count
-        for dst, src, size in zip(dsts.tolist(), srcs.tolist(), sizes.tolist()):
+        if not isinstance(dsts, list):
+            dsts, srcs, sizes = dsts.tolist(), srcs.tolist(), sizes.tolist()
+        for dst, src, size in zip(dsts, srcs, sizes):
             runtime.memcpyAsync(dst, src, size, _DEFAULT_KIND, stream)
         return count

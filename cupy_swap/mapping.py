@@ -7,7 +7,47 @@ import sys
 
 import numpy as np
 
-__all__ = ["normalize_mapping", "check_mapping", "contiguous_runs"]
+__all__ = ["normalize_mapping", "check_mapping", "contiguous_runs", "small_pairs", "SMALL_MAPPING"]
+
+# Mappings up to this many rows take a pure-Python path: building NumPy arrays
+# costs more than the checks themselves at this size.
+SMALL_MAPPING = 16
+
+
+def small_pairs(block_mapping, src_blocks: int, dst_blocks: int, max_blocks: int) -> list | None:
+    """Fast path for short mappings: the rows as a list of ``(s, d)`` int
+    tuples when ``block_mapping`` is a short list/tuple of int pairs or a
+    short integer ``(N, 2)`` array, every index is in range and destinations
+    are distinct; None otherwise (the caller then takes the NumPy path, which
+    also produces the precise error).
+    """
+    kind = type(block_mapping)
+    if kind is np.ndarray:
+        m = block_mapping
+        if m.ndim != 2 or m.shape[1] != 2 or m.shape[0] > SMALL_MAPPING or m.dtype.kind not in "iu":
+            return None
+        rows = m.tolist()
+    elif kind is list or kind is tuple:
+        if len(block_mapping) > SMALL_MAPPING:
+            return None
+        rows = block_mapping
+    else:
+        return None
+    if len(rows) > max_blocks:
+        return None
+    pairs = []
+    seen = set()
+    for row in rows:
+        if (type(row) is not tuple and type(row) is not list) or len(row) != 2:
+            return None
+        s, d = row
+        if type(s) is not int or type(d) is not int:
+            return None
+        if not (0 <= s < src_blocks and 0 <= d < dst_blocks) or d in seen:
+            return None
+        seen.add(d)
+        pairs.append((s, d))
+    return pairs
 
 
 def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarray:
@@ -64,9 +104,6 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
     return np.ascontiguousarray(m, dtype=np.int64)
 
 
-_SMALL = 16
-
-
 def _check_column(col: np.ndarray, limit: int, side: str, part_name: str) -> None:
     lo, hi = int(col.min()), int(col.max())
     if lo < 0:
@@ -99,13 +136,6 @@ def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str
     ValueError
         A destination block appears twice (the result would depend on timing).
     """
-    if m.shape[0] <= _SMALL:
-        # Plain Python is several times faster than NumPy on a handful of rows.
-        rows = m.tolist()
-        if all(0 <= s < src_blocks and 0 <= d < dst_blocks for s, d in rows) and len(
-            {d for _, d in rows}
-        ) == len(rows):
-            return
     _check_column(m[:, 0], src_blocks, "source", src_name)
     _check_column(m[:, 1], dst_blocks, "destination", dst_name)
     if m.shape[0] > 1:

@@ -22,7 +22,7 @@ import numpy as np
 from . import memory
 from .blocks import DEVICE, HOST, Part, as_parts
 from .descriptor import PART_WORDS
-from .mapping import check_mapping, normalize_mapping
+from .mapping import check_mapping, normalize_mapping, small_pairs
 
 __all__ = [
     "Layout",
@@ -212,6 +212,15 @@ def check_mapping_for(layout: Layout, block_mapping, max_blocks: int | None = No
             for di, oi in _meeting_spans(layout.src, layout.dst):
                 _check_part_overlap(layout, m, di, oi)
     return m
+
+
+def fast_pairs(layout: Layout, block_mapping, max_blocks: int) -> list | None:
+    """Short, valid mappings as a list of ``(s, d)`` tuples without NumPy;
+    None when the mapping needs the full path (long, odd type, invalid, or a
+    layout whose parts may overlap)."""
+    if layout.may_overlap:
+        return None
+    return small_pairs(block_mapping, layout.src_limit, layout.dst_limit, max_blocks)
 
 
 def _block_intervals(part: Part, blocks: np.ndarray) -> np.ndarray:

@@ -22,7 +22,18 @@ from . import kernels, memory
 from .descriptor import MAX_PARTS, descriptor_words, write_descriptor
 from .dma import DmaCopier, copy_count
 from .interop import stream_handle
-from .plan import DIRECTION_TEXT, IN, OUT, Layout, SwapPlan, check_layout, check_mapping_for, resolve_layout
+from .mapping import SMALL_MAPPING
+from .plan import (
+    DIRECTION_TEXT,
+    IN,
+    OUT,
+    Layout,
+    SwapPlan,
+    check_layout,
+    check_mapping_for,
+    fast_pairs,
+    resolve_layout,
+)
 
 __all__ = ["BlockSwapper", "DEFAULT_MAX_CTAS", "DEFAULT_UNROLL"]
 
@@ -218,12 +229,21 @@ class BlockSwapper:
         self._layouts[key] = (*held, memory.generation(), layout)
         return layout
 
-    def choose_path(self, layout: Layout, mapping: np.ndarray, mode: str) -> str:
-        """``"kernel"`` or ``"dma"`` for this swap under ``mode``."""
+    def choose_path(self, layout: Layout, mapping, mode: str) -> str:
+        """``"kernel"`` or ``"dma"`` for this swap under ``mode``; ``mapping``
+        is an ``(N, 2)`` array or a short list of pairs."""
         if mode != "auto":
             return mode
+        block = max(p.block_bytes for p in layout.src)
+        if block >= self.dma_min_copy_bytes:
+            return "dma"  # every copy is large: the copy engines win
+        n = len(mapping)
+        if n * len(layout.src) <= self.dma_max_copies:
+            return "dma"
+        if n < SMALL_MAPPING and block * n < self.dma_min_copy_bytes:
+            return "kernel"  # no run of these can be large enough
         copies, largest = copy_count(layout, mapping)
-        if copies <= self.dma_max_copies or largest >= self.dma_min_copy_bytes:
+        if copies <= self.dma_max_copies or layout.bytes_per_pair * n >= copies * self.dma_min_copy_bytes:
             return "dma"
         return "kernel"
 
@@ -235,11 +255,12 @@ class BlockSwapper:
                 f"{method}: expected {DIRECTION_TEXT[want]} arrays, got "
                 f"{DIRECTION_TEXT[layout.direction]}; use swap() for that"
             )
-        mapping = check_mapping_for(layout, block_mapping, self.max_blocks)
+        mapping = fast_pairs(layout, block_mapping, self.max_blocks)
+        if mapping is None:
+            mapping = check_mapping_for(layout, block_mapping, self.max_blocks)
         mode = self.mode if mode is None else _check_mode(mode)
         handle = stream_handle(stream)
-        n = mapping.shape[0]
-        path = self.choose_path(layout, mapping, mode) if n else "none"
+        path = self.choose_path(layout, mapping, mode) if len(mapping) else "none"
         event = self._cupy_event(disable_timing=True)
         runtime = self._runtime
         prev = runtime.getDevice()
@@ -257,17 +278,18 @@ class BlockSwapper:
         self.last_path = path
         return event
 
-    def _launch(self, layout: Layout, mapping: np.ndarray, handle: int, event) -> None:
+    def _launch(self, layout: Layout, mapping, handle: int, event) -> None:
         """Write the descriptor into a ring slot and launch the kernel."""
-        n = mapping.shape[0]
+        n = len(mapping)
         slot = self._acquire()
         end = write_descriptor(slot.host_words, layout, mapping, slot.table_serial != layout.serial)
         slot.table_serial = layout.serial
+        parts = len(layout.src)
         if n <= self.descriptor_from_host_max_pairs:
-            params = slot.alias_params_ptr
+            params = slot.alias_args.set(parts, layout.units_per_pair, n)
         else:
             self._runtime.memcpyAsync(slot.device_ptr, slot.host_ptr, end * 8, _H2D, handle)
-            params = slot.params_ptr
+            params = slot.device_args.set(parts, layout.units_per_pair, n)
         grid, threads = self._launch_shape(n * layout.units_per_pair)
         fn = kernels.get_function(self.device, layout.width, self.unroll, self.kernel_defines)
         self._driver.launchKernel(fn, grid, 1, 1, threads, 1, 1, 0, handle, params, 0)

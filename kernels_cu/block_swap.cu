@@ -72,21 +72,23 @@ __device__ __forceinline__ int find_part(const SwapPart* parts, int n_parts, u64
     return lo;
 }
 
+// n_parts and units_per_pair come as arguments (they are fixed per layout,
+// also across graph replays) so the part table, the pairs and the data can be
+// fetched without first waiting for the header; n_pairs too, except in graph
+// replays, which pass -1 and read the current count from header word 0.
 template <typename T, int UNROLL>
-__device__ __forceinline__ void swap_blocks(const u64* __restrict__ desc) {
+__device__ __forceinline__ void swap_blocks(const u64* __restrict__ desc, int n_parts, u64 units_per_pair,
+                                            i64 n_pairs_arg) {
     __shared__ SwapPart parts[CUPY_SWAP_MAX_PARTS];
-    __shared__ u64 header[3];
+    __shared__ u64 header_pairs;
 
-    if (threadIdx.x < 3) header[threadIdx.x] = desc[threadIdx.x];
-    __syncthreads();
-    const u64 n_pairs = header[0];
-    const int n_parts = (int)header[1];
-    const u64 units_per_pair = header[2];
+    if (n_pairs_arg < 0 && threadIdx.x == 0) header_pairs = desc[0];
     const u64* part_words = desc + CUPY_SWAP_HEADER_WORDS;
     for (int w = threadIdx.x; w < n_parts * CUPY_SWAP_PART_WORDS; w += blockDim.x) {
         reinterpret_cast<u64*>(parts)[w] = part_words[w];
     }
     __syncthreads();
+    const u64 n_pairs = n_pairs_arg < 0 ? header_pairs : (u64)n_pairs_arg;
 
     const i64* pairs = reinterpret_cast<const i64*>(part_words + (u64)n_parts * CUPY_SWAP_PART_WORDS);
     const u64 total = n_pairs * units_per_pair;
@@ -152,8 +154,9 @@ __device__ __forceinline__ void swap_blocks(const u64* __restrict__ desc) {
 // CTAs at 512 threads instead of spilling (the host reads the cap).
 #define CUPY_SWAP_KERNEL(T, WIDTH, UNROLL)                                        \
     extern "C" __global__ void __launch_bounds__((UNROLL) >= 8 ? 512 : 1024)                            \
-    cupy_swap_w##WIDTH##_u##UNROLL(const u64* __restrict__ desc) {                \
-        swap_blocks<T, UNROLL>(desc);                                             \
+    cupy_swap_w##WIDTH##_u##UNROLL(const u64* __restrict__ desc, int n_parts,     \
+                                   u64 units_per_pair, i64 n_pairs) {             \
+        swap_blocks<T, UNROLL>(desc, n_parts, units_per_pair, n_pairs);           \
     }
 
 #define CUPY_SWAP_WIDTH(T, WIDTH)   \

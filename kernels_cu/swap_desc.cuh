@@ -7,8 +7,8 @@
 //
 //   header  : HEADER_WORDS words
 //             [0] number of (src_block, dst_block) pairs N
-//             [1] number of parts P
-//             [2] units per pair: sum over parts of units per block
+//             [1] number of parts P (also a kernel argument)
+//             [2] units per pair: sum over parts of units per block (also an argument)
 //   parts   : P entries of PART_WORDS words
 //             [0] source base address (device address or host alias)
 //             [1] destination base address

@@ -91,3 +91,19 @@ def test_contiguous_runs():
     m = normalize_mapping([(0, 10), (1, 11), (2, 12), (7, 13), (8, 20), (9, 21)])
     assert contiguous_runs(m).tolist() == [[0, 10, 3], [7, 13, 1], [8, 20, 2]]
     assert contiguous_runs(normalize_mapping([])).shape == (0, 3)
+
+
+def test_small_pairs_fast_path():
+    from cupy_swap.mapping import small_pairs
+
+    assert small_pairs([(1, 2), (3, 4)], 10, 10, 100) == [(1, 2), (3, 4)]
+    assert small_pairs(np.array([[1, 2]], dtype=np.int32), 10, 10, 100) == [(1, 2)]
+    # Anything unusual falls back to the NumPy path (which raises precisely).
+    assert small_pairs([(1, 2), (3, 2)], 10, 10, 100) is None  # duplicate destination
+    assert small_pairs([(1, 10)], 10, 10, 100) is None  # out of range
+    assert small_pairs([(-1, 0)], 10, 10, 100) is None
+    assert small_pairs([(1.0, 2)], 10, 10, 100) is None
+    assert small_pairs([(1, 2, 3)], 10, 10, 100) is None
+    assert small_pairs([(1, 2), (3, 4)], 10, 10, 1) is None  # over max_blocks
+    assert small_pairs([(i, i) for i in range(17)], 99, 99, 100) is None  # long: NumPy path
+    assert small_pairs(np.array([[1.0, 2.0]]), 10, 10, 100) is None

@@ -228,3 +228,23 @@ def test_copy_list_and_count():
     assert copy_count(layout2, m) == (4, 64)
     d2, s2, z2 = copy_list(layout2, m)
     assert z2.tolist() == [64] * 4 and (s2 - layout2.src[0].ptr).tolist() == [0, 128, 256, 9 * 128]
+
+
+def test_small_copy_list_matches_numpy_path():
+    from cupy_swap.dma import copy_count, copy_list, small_copy_list
+
+    src = [
+        _fake_device(np.zeros((10, 64), np.uint8), "src"),
+        _fake_device(np.zeros((10, 2, 32), np.uint8)[:, 1], "s1"),
+    ]
+    dst = [
+        _fake_device(np.zeros((10, 64), np.uint8), "dst"),
+        _fake_device(np.zeros((10, 32), np.uint8), "d1"),
+    ]
+    layout = resolve_layout(layout_from_parts(src, dst), device=0)
+    pairs = [(0, 5), (1, 6), (2, 7), (9, 0)]
+    m = check_mapping_for(layout, pairs)
+    a = [x.tolist() for x in copy_list(layout, m)]
+    b = list(small_copy_list(layout, pairs))
+    assert a == b
+    assert copy_count(layout, pairs) == copy_count(layout, m) == (2 + 4, 3 * 64)
