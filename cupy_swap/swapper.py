@@ -60,18 +60,32 @@ class _Slot:
         self.table_serial = -1  # which layout's part table the slot holds
         self.host_ptr = host_words.ctypes.data
         self.device_ptr = device_ptr
-        self.params_ptr, self._keep = _pack_pointer_arg(device_ptr)
-        alias = memory.host_alias(self.host_ptr, host_words.nbytes)
-        self.alias_params_ptr, self._keep_alias = _pack_pointer_arg(alias)
+        self.device_args = _KernelArgs(device_ptr)
+        # Arguments that make the kernel read the descriptor straight from
+        # pinned memory, through the staging buffer's device alias.
+        self.alias_args = _KernelArgs(memory.host_alias(self.host_ptr, host_words.nbytes))
         self.event = None
 
 
-def _pack_pointer_arg(ptr: int):
-    """``void**`` kernel-parameter array holding one pointer argument, and the
-    ctypes objects that must stay alive while it is used."""
-    arg = ctypes.c_uint64(ptr)
-    params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
-    return ctypes.addressof(params), (arg, params)
+class _KernelArgs:
+    """The kernel's arguments ``(desc, n_parts, units_per_pair, n_pairs)`` as
+    the ``void**`` array ``cuLaunchKernel`` takes; ``ptr`` is its address."""
+
+    def __init__(self, desc_ptr: int):
+        self.desc = ctypes.c_uint64(desc_ptr)
+        self.n_parts = ctypes.c_int32(0)
+        self.units_per_pair = ctypes.c_uint64(0)
+        self.n_pairs = ctypes.c_int64(0)
+        fields = (self.desc, self.n_parts, self.units_per_pair, self.n_pairs)
+        self._array = (ctypes.c_void_p * 4)(*(ctypes.addressof(f) for f in fields))
+        self.ptr = ctypes.addressof(self._array)
+
+    def set(self, n_parts: int, units_per_pair: int, n_pairs: int) -> int:
+        """Store this launch's values; returns the ``void**`` address."""
+        self.n_parts.value = n_parts
+        self.units_per_pair.value = units_per_pair
+        self.n_pairs.value = n_pairs
+        return self.ptr
 
 
 def _identity(obj) -> tuple:
