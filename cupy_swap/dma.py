@@ -178,19 +178,24 @@ class DmaCopier:
         self._attr_idx = (ctypes.c_size_t * 1)(0)
         self._fail = ctypes.c_size_t(0)
         self.use_batch = True
+        self._batch = None  # (fn, takes_fail_index), loaded on first use
+        self._memcpy = None
 
     def copy(self, layout, mapping, stream: int) -> int:
         """Enqueue every copy on ``stream``; returns how many were issued.
         ``mapping`` is an ``(N, 2)`` array or a short list of pairs."""
-        from cupy.cuda import runtime
+        if self._memcpy is None:
+            from cupy.cuda import runtime
 
+            self._memcpy = runtime.memcpyAsync
+            self._batch = _load_batch()
         if isinstance(mapping, list):
             dsts, srcs, sizes = small_copy_list(layout, mapping)
             count = len(sizes)
         else:
             dsts, srcs, sizes = copy_list(layout, mapping)
             count = int(sizes.shape[0])
-        fn, takes_fail = _load_batch() if self.use_batch else (None, False)
+        fn, takes_fail = self._batch if self.use_batch else (None, False)
         if fn is not None and count > 1 and stream != 0:
             if isinstance(dsts, list):
                 dsts, srcs, sizes = (np.array(x, dtype=np.uint64) for x in (dsts, srcs, sizes))
@@ -205,5 +210,5 @@ class DmaCopier:
         if not isinstance(dsts, list):
             dsts, srcs, sizes = dsts.tolist(), srcs.tolist(), sizes.tolist()
         for dst, src, size in zip(dsts, srcs, sizes):
-            runtime.memcpyAsync(dst, src, size, _DEFAULT_KIND, stream)
+            self._memcpy(dst, src, size, _DEFAULT_KIND, stream)
         return count
