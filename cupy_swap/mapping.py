@@ -7,7 +7,14 @@ import sys
 
 import numpy as np
 
-__all__ = ["normalize_mapping", "check_mapping", "contiguous_runs", "small_pairs", "SMALL_MAPPING"]
+__all__ = [
+    "normalize_mapping",
+    "check_mapping",
+    "contiguous_runs",
+    "may_have_runs",
+    "small_pairs",
+    "SMALL_MAPPING",
+]
 
 # Mappings up to this many rows take a pure-Python path: building NumPy arrays
 # costs more than the checks themselves at this size.
@@ -99,6 +106,8 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
             f"block_mapping: expected at most max_blocks={max_blocks} rows, got {m.shape[0]}; "
             f"create the BlockSwapper with a larger max_blocks or split the swap"
         )
+    if m.dtype == np.int64 and m.flags.c_contiguous:
+        return m
     if m.dtype == np.uint64 and m.size and int(m.max()) > np.iinfo(np.int64).max:
         raise IndexError(f"block_mapping: block index {int(m.max())} does not fit in int64")
     return np.ascontiguousarray(m, dtype=np.int64)
@@ -136,18 +145,34 @@ def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str
     ValueError
         A destination block appears twice (the result would depend on timing).
     """
-    _check_column(m[:, 0], src_blocks, "source", src_name)
-    _check_column(m[:, 1], dst_blocks, "destination", dst_name)
-    if m.shape[0] > 1:
+    # Few NumPy calls on the common, valid path (each costs microseconds);
+    # the precise error is searched for only once something is wrong.
+    hi = m.max(axis=0)
+    if m.min() < 0 or hi[0] >= src_blocks or hi[1] >= dst_blocks:
+        _check_column(m[:, 0], src_blocks, "source", src_name)
+        _check_column(m[:, 1], dst_blocks, "destination", dst_name)
+    if m.shape[0] > 1 and np.bincount(m[:, 1]).max() > 1:
         d = np.sort(m[:, 1])
         dup = np.flatnonzero(d[1:] == d[:-1])
-        if dup.size:
-            block = int(d[dup[0]])
-            rows = np.flatnonzero(m[:, 1] == block)[:2].tolist()
-            raise ValueError(
-                f"block_mapping: expected distinct destination blocks, got block {block} "
-                f"twice (rows {rows[0]} and {rows[1]})"
-            )
+        block = int(d[dup[0]])
+        rows = np.flatnonzero(m[:, 1] == block)[:2].tolist()
+        raise ValueError(
+            f"block_mapping: expected distinct destination blocks, got block {block} "
+            f"twice (rows {rows[0]} and {rows[1]})"
+        )
+
+
+def may_have_runs(m: np.ndarray) -> bool:
+    """Cheap guess whether a mapping holds runs consecutive in both source
+    and destination: looks at a few sampled row pairs only.  A random
+    mapping answers False at once; anything else is worth the exact count."""
+    n = m.shape[0]
+    if n < 2:
+        return False
+    for i in (0, n // 3, (2 * n) // 3, n - 2):
+        if m.item(i + 1, 0) - m.item(i, 0) == 1 and m.item(i + 1, 1) - m.item(i, 1) == 1:
+            return True
+    return False
 
 
 def contiguous_runs(m: np.ndarray) -> np.ndarray:

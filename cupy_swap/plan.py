@@ -54,9 +54,10 @@ class Layout:
         Fewest blocks among the source / destination parts (index bound).
     src_limit_name, dst_limit_name : str
         The parts with those fewest blocks, for error messages.
-    may_overlap : bool
-        Some destination part's address span meets another part's span, so
-        each mapping must be checked for bytes both read and written.
+    meeting : list of (int, int)
+        ``(dst index, other index)`` part pairs whose bytes may meet
+        (``other`` indexes ``src + dst``); each mapping is checked against
+        them for bytes both read and written.  Usually empty.
     src_addrs, dst_addrs : list of int
         Device-visible base address of each part (host parts: their alias);
         set by :func:`resolve_layout`.
@@ -75,7 +76,7 @@ class Layout:
     dst_limit: int
     src_limit_name: str
     dst_limit_name: str
-    may_overlap: bool
+    meeting: list
     src_addrs: list = field(default_factory=list)
     dst_addrs: list = field(default_factory=list)
     width: int = 0
@@ -194,7 +195,7 @@ def layout_from_parts(src_parts: list[Part], dst_parts: list[Part]) -> Layout:
         dst_limit=dmin.num_blocks,
         src_limit_name=smin.name,
         dst_limit_name=dmin.name,
-        may_overlap=bool(_meeting_spans(src_parts, dst_parts)),
+        meeting=_meeting_spans(src_parts, dst_parts),
     )
 
 
@@ -208,9 +209,8 @@ def check_mapping_for(layout: Layout, block_mapping, max_blocks: int | None = No
     m = normalize_mapping(block_mapping, max_blocks)
     if m.shape[0]:
         check_mapping(m, layout.src_limit, layout.dst_limit, layout.src_limit_name, layout.dst_limit_name)
-        if layout.may_overlap:
-            for di, oi in _meeting_spans(layout.src, layout.dst):
-                _check_part_overlap(layout, m, di, oi)
+        for di, oi in layout.meeting:
+            _check_part_overlap(layout, m, di, oi)
     return m
 
 
@@ -218,7 +218,7 @@ def fast_pairs(layout: Layout, block_mapping, max_blocks: int) -> list | None:
     """Short, valid mappings as a list of ``(s, d)`` tuples without NumPy;
     None when the mapping needs the full path (long, odd type, invalid, or a
     layout whose parts may overlap)."""
-    if layout.may_overlap:
+    if layout.meeting:
         return None
     return small_pairs(block_mapping, layout.src_limit, layout.dst_limit, max_blocks)
 

@@ -22,7 +22,7 @@ from . import kernels, memory
 from .descriptor import MAX_PARTS, descriptor_words, write_descriptor
 from .dma import DmaCopier, copy_count
 from .interop import stream_handle
-from .mapping import SMALL_MAPPING
+from .mapping import may_have_runs
 from .plan import (
     DIRECTION_TEXT,
     IN,
@@ -254,8 +254,10 @@ class BlockSwapper:
         n = len(mapping)
         if n * len(layout.src) <= self.dma_max_copies:
             return "dma"
-        if n < SMALL_MAPPING and block * n < self.dma_min_copy_bytes:
+        if block * n < self.dma_min_copy_bytes:
             return "kernel"  # no run of these can be large enough
+        if not isinstance(mapping, list) and not may_have_runs(mapping):
+            return "kernel"  # random blocks: skip the exact run count
         copies, largest = copy_count(layout, mapping)
         if copies <= self.dma_max_copies or layout.bytes_per_pair * n >= copies * self.dma_min_copy_bytes:
             return "dma"

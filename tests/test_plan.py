@@ -248,3 +248,27 @@ def test_small_copy_list_matches_numpy_path():
     b = list(small_copy_list(layout, pairs))
     assert a == b
     assert copy_count(layout, pairs) == copy_count(layout, m) == (2 + 4, 3 * 64)
+
+
+def test_interleaved_views_never_meet():
+    """K and V views of one block-first buffer never share bytes: the layout
+    records no part pairs to check, so mappings skip the overlap search."""
+    cache = np.zeros((8, 4, 2, 16), dtype=np.uint8)  # [blocks, layers, K/V, bytes]
+    gpu = [_fake_device(np.zeros((8, 16), np.uint8), f"src[{i}]") for i in range(8)]
+    views = [
+        _fake_device(cache[:, layer, kv], f"dst[{2 * layer + kv}]") for layer in range(4) for kv in range(2)
+    ]
+    assert layout_from_parts(gpu, views).meeting == []
+    # The same view twice is a real write/write conflict.
+    assert layout_from_parts(gpu[:2], [views[0], views[0]]).meeting == [(0, 3)]
+
+
+def test_may_have_runs():
+    from cupy_swap.mapping import may_have_runs
+
+    rng = np.random.default_rng(0)
+    random = np.column_stack((rng.permutation(1000), rng.permutation(1000)))
+    assert not may_have_runs(random)
+    run = np.column_stack((np.arange(100, 1100), np.arange(1000)))
+    assert may_have_runs(run)
+    assert not may_have_runs(run[:1])
