@@ -157,7 +157,25 @@ def _meeting_spans(src: list[Part], dst: list[Part]) -> list[tuple[int, int]]:
     meets = (dst_spans[:, None, 0] < spans[None, :, 1]) & (spans[None, :, 0] < dst_spans[:, None, 1])
     n_src = len(src)
     meets[np.arange(len(dst)), n_src + np.arange(len(dst))] = False  # a part vs itself
-    return [(int(di), int(oi)) for di, oi in zip(*np.nonzero(meets)) if not (oi >= n_src and oi - n_src < di)]
+    parts = src + dst
+    return [
+        (int(di), int(oi))
+        for di, oi in zip(*np.nonzero(meets))
+        if not (oi >= n_src and oi - n_src < di) and not _interleaved(dst[di], parts[oi])
+    ]
+
+
+def _interleaved(a: Part, b: Part) -> bool:
+    """True when two parts with one block stride occupy disjoint byte ranges
+    of every stride period (e.g. ``cache[:, 0]`` and ``cache[:, 1]`` of a
+    block-first cache): no block of one can overlap a block of the other,
+    whatever the mapping."""
+    stride = a.block_stride
+    if stride != b.block_stride or stride <= 0 or stride < max(a.block_bytes, b.block_bytes):
+        return False
+    gap_ab = (b.ptr - a.ptr) % stride  # where b starts, seen from a's start
+    gap_ba = (a.ptr - b.ptr) % stride
+    return gap_ab >= a.block_bytes and gap_ba >= b.block_bytes
 
 
 def check_layout(src, dst) -> Layout:
