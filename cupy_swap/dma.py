@@ -11,10 +11,10 @@ stream, so swaps on stream 0 use the loop.
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import numpy as np
 
+from .driver import MemcpyAttributes, memcpy_batch
 from .mapping import contiguous_runs
 
 __all__ = ["copy_list", "copy_count", "DmaCopier", "batch_available"]
@@ -122,73 +122,35 @@ def _longest_true_run(flags: np.ndarray) -> int:
     return int((edges[1::2] - edges[::2]).max())
 
 
-class _MemcpyAttributes(ctypes.Structure):
-    """CUmemcpyAttributes (CUDA 12.8+)."""
-
-    _fields_ = [
-        ("srcAccessOrder", ctypes.c_int),
-        ("srcLocHint_type", ctypes.c_int),
-        ("srcLocHint_id", ctypes.c_int),
-        ("dstLocHint_type", ctypes.c_int),
-        ("dstLocHint_id", ctypes.c_int),
-        ("flags", ctypes.c_uint),
-    ]
-
-
 _CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
-_batch_lock = threading.Lock()
-_batch_fn: list = []  # [callable or None, takes_fail_index]
-
-
-def _load_batch():
-    """``cuMemcpyBatchAsync`` from libcuda, in its CUDA 13 form (``_v2``, no
-    failure index) or its CUDA 12.8 form (with one); None if absent."""
-    with _batch_lock:
-        if _batch_fn:
-            return _batch_fn[0], _batch_fn[1]
-        fn, takes_fail = None, False
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            ptr, size = ctypes.c_void_p, ctypes.c_size_t
-            for name, fail in (("cuMemcpyBatchAsync_v2", False), ("cuMemcpyBatchAsync", True)):
-                f = getattr(lib, name, None)
-                if f is None:
-                    continue
-                args = [ptr, ptr, ptr, size, ptr, ptr, size]
-                f.argtypes = args + ([ptr] if fail else []) + [ptr]
-                f.restype = ctypes.c_int
-                fn, takes_fail = f, fail
-                break
-        except OSError:
-            fn = None
-        _batch_fn[:] = [fn, takes_fail]
-        return fn, takes_fail
 
 
 def batch_available() -> bool:
     """True when the driver exports ``cuMemcpyBatchAsync``."""
-    return _load_batch()[0] is not None
+    return memcpy_batch()[0] is not None
 
 
 class DmaCopier:
     """Issues a swap's copies on the copy engines."""
 
     def __init__(self):
-        self._attrs = _MemcpyAttributes(srcAccessOrder=_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM)
+        self._attrs = MemcpyAttributes(srcAccessOrder=_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM)
         self._attr_idx = (ctypes.c_size_t * 1)(0)
         self._fail = ctypes.c_size_t(0)
         self.use_batch = True
         self._batch = None  # (fn, takes_fail_index), loaded on first use
         self._memcpy = None
 
-    def copy(self, layout, mapping, stream: int) -> int:
+    def copy(self, layout, mapping, stream: int, capturing: bool = False) -> int:
         """Enqueue every copy on ``stream``; returns how many were issued.
-        ``mapping`` is an ``(N, 2)`` array or a short list of pairs."""
+        ``mapping`` is an ``(N, 2)`` array or a short list of pairs.  While
+        ``stream`` captures a graph, copies go one by one (plain memcpy
+        nodes)."""
         if self._memcpy is None:
             from cupy.cuda import runtime
 
             self._memcpy = runtime.memcpyAsync
-            self._batch = _load_batch()
+            self._batch = memcpy_batch()
         if isinstance(mapping, list):
             dsts, srcs, sizes = small_copy_list(layout, mapping)
             count = len(sizes)
@@ -196,7 +158,7 @@ class DmaCopier:
             dsts, srcs, sizes = copy_list(layout, mapping)
             count = int(sizes.shape[0])
         fn, takes_fail = self._batch if self.use_batch else (None, False)
-        if fn is not None and count > 1 and stream != 0:
+        if fn is not None and count > 1 and stream != 0 and not capturing:
             if isinstance(dsts, list):
                 dsts, srcs, sizes = (np.array(x, dtype=np.uint64) for x in (dsts, srcs, sizes))
             args = [dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, count]

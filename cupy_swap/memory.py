@@ -19,6 +19,7 @@ import weakref
 import numpy as np
 
 __all__ = [
+    "host_mapping_status",
     "empty_pinned",
     "zeros_pinned",
     "register_host",
@@ -38,6 +39,39 @@ def uva_disabled_by_env() -> bool:
     """True when ``CUPY_SWAP_DISABLE_UVA=1`` asks the library to act as if host
     memory could not be mapped (used to test the copy-engine fallback)."""
     return os.environ.get("CUPY_SWAP_DISABLE_UVA", "") not in ("", "0")
+
+
+_mapping_status: dict[int, tuple[bool, str]] = {}
+
+
+def host_mapping_status(device: int) -> tuple[bool, str]:
+    """Whether kernels on ``device`` can reach pinned host memory through a
+    device alias, and why not when they cannot.
+
+    Needs unified addressing and ``canMapHostMemory``; ``CUPY_SWAP_DISABLE_UVA=1``
+    forces "no" (to exercise the copy-engine fallback).  Cached per device;
+    the environment variable is read every time.
+    """
+    if uva_disabled_by_env():
+        return False, "CUPY_SWAP_DISABLE_UVA is set"
+    status = _mapping_status.get(device)
+    if status is None:
+        runtime = _runtime()
+        if not runtime.deviceGetAttribute(runtime.cudaDevAttrUnifiedAddressing, device):
+            status = (False, f"GPU {device} has no unified addressing")
+        elif not runtime.deviceGetAttribute(runtime.cudaDevAttrCanMapHostMemory, device):
+            status = (False, f"GPU {device} cannot map host memory")
+        else:
+            status = (True, "unified addressing and host-memory mapping available")
+        _mapping_status[device] = status
+    return status
+
+
+def host_pinned_unmapped(ptr: int) -> bool:
+    """True when ``ptr`` is page-locked host memory (mapped or not)."""
+    if _registry.find(ptr, 1) is not None:
+        return True
+    return _runtime().pointerGetAttributes(ptr).type == _MEMORY_TYPE_HOST
 
 
 class _Range:

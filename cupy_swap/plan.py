@@ -83,6 +83,8 @@ class Layout:
     table: np.ndarray | None = None
     units_per_pair: int = 0
     serial: int = -1  # set by the swapper that caches this layout
+    kernel_ok: bool = True  # False: host parts are not mapped, copy engines only
+    unmapped_reason: str = ""
 
     @property
     def bytes_per_pair(self) -> int:
@@ -292,7 +294,10 @@ def vector_width(values) -> int:
     return acc & -acc
 
 
-def _resolve_part(part: Part, device: int) -> int:
+def _resolve_part(part: Part, device: int, mapped: bool) -> int | None:
+    """Device-visible base address of a part; None for host parts on systems
+    where host memory cannot be mapped (the copy-engine path uses the host
+    address instead)."""
     if part.location == DEVICE:
         if part.device != device:
             raise ValueError(
@@ -301,7 +306,9 @@ def _resolve_part(part: Part, device: int) -> int:
             )
         return part.ptr
     lo, hi = part.span()
-    alias = memory.host_alias(lo, hi - lo)
+    alias = memory.host_alias(lo, hi - lo) if mapped else 0
+    if not mapped and memory.host_pinned_unmapped(lo):
+        return None
     if not alias:
         raise ValueError(
             f"{part.name}: expected page-locked (pinned) host memory, got pageable memory; "
@@ -314,9 +321,13 @@ def _resolve_part(part: Part, device: int) -> int:
 def resolve_layout(layout: Layout, device: int) -> Layout:
     """Fill in device-visible addresses, the vector width and the part table
     (asks the driver about host memory, so it needs a GPU)."""
-    layout.src_addrs = [_resolve_part(p, device) for p in layout.src]
-    layout.dst_addrs = [_resolve_part(p, device) for p in layout.dst]
-    values = layout.src_addrs + layout.dst_addrs
+    has_host = any(p.location == HOST for p in layout.src + layout.dst)
+    mapped, why = memory.host_mapping_status(device) if has_host else (True, "")
+    layout.src_addrs = [_resolve_part(p, device, mapped) for p in layout.src]
+    layout.dst_addrs = [_resolve_part(p, device, mapped) for p in layout.dst]
+    layout.kernel_ok = None not in layout.src_addrs and None not in layout.dst_addrs
+    layout.unmapped_reason = "" if layout.kernel_ok else why
+    values = [a for a in layout.src_addrs + layout.dst_addrs if a is not None]
     values += [p.block_stride for p in layout.src] + [p.block_stride for p in layout.dst]
     values += [p.block_bytes for p in layout.src]
     width = vector_width(values)
@@ -324,7 +335,8 @@ def resolve_layout(layout: Layout, device: int) -> Layout:
     table = np.empty((len(units), PART_WORDS), dtype=np.int64)
     first = 0
     for i, (s, d) in enumerate(zip(layout.src, layout.dst)):
-        table[i] = (layout.src_addrs[i], layout.dst_addrs[i], s.block_stride, d.block_stride, units[i], first)
+        addrs = (layout.src_addrs[i] or s.ptr, layout.dst_addrs[i] or d.ptr)  # unmapped: never launched
+        table[i] = (*addrs, s.block_stride, d.block_stride, units[i], first)
         first += units[i]
     layout.width = width
     layout.table = table.reshape(-1)

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import threading
+import warnings
 
 import numpy as np
 
 from . import kernels, memory
 from .descriptor import MAX_PARTS, descriptor_words, write_descriptor
 from .dma import DmaCopier, copy_count
+from .driver import stream_is_capturing
+from .events import swap_event_class, wait_handle
 from .interop import stream_handle
 from .mapping import may_have_runs
 from .plan import (
@@ -114,6 +118,11 @@ class BlockSwapper:
     ring_size : int, optional
         Descriptor slots; swaps beyond this many still queued make ``swap``
         wait for the oldest. Default 16.
+    mode : {"auto", "kernel", "dma"}, optional
+        Default path (see :meth:`swap`).
+    timing : bool, optional
+        Record a start event with every swap so the returned event's
+        ``device_time()`` works (costs about a microsecond). Default False.
 
     Notes
     -----
@@ -140,12 +149,15 @@ class BlockSwapper:
         max_parts: int = MAX_PARTS,
         ring_size: int = 16,
         mode: str = "auto",
+        timing: bool = False,
     ):
         import cupy
         from cupy.cuda import driver, runtime
 
         self._cupy_event, self._runtime, self._driver = cupy.cuda.Event, runtime, driver
         self.mode = _check_mode(mode)
+        self.timing = bool(timing)
+        self._lock = threading.Lock()
         self.max_blocks = _positive_int(max_blocks, "max_blocks")
         self.max_ctas = DEFAULT_MAX_CTAS if max_ctas is None else _positive_int(max_ctas, "max_ctas")
         self.max_parts = _positive_int(max_parts, "max_parts")
@@ -159,7 +171,9 @@ class BlockSwapper:
         # Tuning knobs (benchmarks/tune.py); defaults are the measured best.
         self.unroll = DEFAULT_UNROLL
         self.max_threads = kernels.max_threads(self.unroll)
-        self.descriptor_from_host_max_pairs = DESCRIPTOR_FROM_HOST_MAX_PAIRS
+        mapped, _ = memory.host_mapping_status(self.device)
+        # Without host mapping the kernel must find its descriptor in device memory.
+        self.descriptor_from_host_max_pairs = DESCRIPTOR_FROM_HOST_MAX_PAIRS if mapped else 0
         self.kernel_defines: tuple[str, ...] = ()
         self.dma_min_copy_bytes = DMA_MIN_COPY_BYTES
         self.dma_max_copies = DMA_MAX_COPIES
@@ -174,10 +188,12 @@ class BlockSwapper:
         row_bytes = self.slot_words * 8
         self._slots = [_Slot(self._host[i], self._dev.data.ptr + i * row_bytes) for i in range(ring_size)]
         self._next = 0
+        self._retired: list[_Slot] = []  # slots read by captured graphs
         self._layouts: dict[tuple, tuple] = {}
+        self._event_class = swap_event_class()
 
     # ------------------------------------------------------------------ API
-    def swap(self, src, dst, block_mapping, *, stream=None, mode=None):
+    def swap(self, src, dst, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
         """Copy block ``s`` of each ``src`` part to block ``d`` of the matching
         ``dst`` part for every row ``(s, d)`` of ``block_mapping``, in one
         kernel launch on ``stream``.
@@ -197,26 +213,51 @@ class BlockSwapper:
             ``"kernel"``: one kernel launch; ``"dma"``: copy engines, one copy
             per run of consecutive blocks; ``"auto"`` (the swapper's default)
             picks per call.  ``last_path`` tells which one served.
+        wait_for : event, stream, or sequence of them, optional
+            CuPy or torch events and streams (or raw stream handles) whose
+            work must finish before the copy starts, e.g. the compute stream
+            that wrote the blocks being swapped out.  Enqueued as stream
+            waits: the host does not block.
+        timing : bool, optional
+            Record a start event too, so ``device_time()`` works; defaults to
+            the swapper's ``timing``.
 
         Returns
         -------
-        cupy.cuda.Event
-            Recorded on ``stream`` after the copy.
+        SwapEvent
+            A ``cupy.cuda.Event`` recorded on ``stream`` after the copy, with
+            ``device_time()``, ``path`` and ``nbytes``.
+
+        Notes
+        -----
+        ``swap`` never synchronizes with the device, except when more than
+        ``ring_size`` kernel swaps are still queued (it then waits for the
+        oldest).  It may be called while ``stream`` captures a CUDA graph: the
+        captured swap keeps the mapping given at capture (its descriptor slot
+        is retired from the ring for good).  For a captured swap whose mapping
+        changes on every replay, see :meth:`graph_swap`.
 
         Raises
         ------
         TypeError, ValueError, IndexError
             For any bad input, before anything is launched.
         """
-        return self._swap(src, dst, block_mapping, stream, None, mode)
+        return self._swap(src, dst, block_mapping, stream, None, mode, wait_for, timing)
 
-    def swap_in(self, host_src, gpu_dst, block_mapping, *, stream=None, mode=None):
+    def swap_in(self, host_src, gpu_dst, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
         """:meth:`swap` that only accepts host -> GPU."""
-        return self._swap(host_src, gpu_dst, block_mapping, stream, IN, mode)
+        return self._swap(host_src, gpu_dst, block_mapping, stream, IN, mode, wait_for, timing)
 
-    def swap_out(self, gpu_src, host_dst, block_mapping, *, stream=None, mode=None):
+    def swap_out(self, gpu_src, host_dst, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
         """:meth:`swap` that only accepts GPU -> host."""
-        return self._swap(gpu_src, host_dst, block_mapping, stream, OUT, mode)
+        return self._swap(gpu_src, host_dst, block_mapping, stream, OUT, mode, wait_for, timing)
+
+    def graph_swap(self, src, dst):
+        """A swap of fixed parts whose mapping changes between CUDA-graph
+        replays: see :class:`cupy_swap.graph.GraphSwap`."""
+        from .graph import GraphSwap
+
+        return GraphSwap(self, src, dst)
 
     def plan(self, src, dst, block_mapping) -> SwapPlan:
         """Check a swap and return its :class:`~cupy_swap.plan.SwapPlan`
@@ -246,6 +287,14 @@ class BlockSwapper:
     def choose_path(self, layout: Layout, mapping, mode: str) -> str:
         """``"kernel"`` or ``"dma"`` for this swap under ``mode``; ``mapping``
         is an ``(N, 2)`` array or a short list of pairs."""
+        if not layout.kernel_ok:
+            if mode == "kernel":
+                raise ValueError(
+                    f"mode: 'kernel' needs host memory mapped into the GPU's address space, but "
+                    f"{layout.unmapped_reason}; use mode='dma' or 'auto'"
+                )
+            _warn_unmapped(layout.unmapped_reason)
+            return "dma"
         if mode != "auto":
             return mode
         block = max(p.block_bytes for p in layout.src)
@@ -263,7 +312,7 @@ class BlockSwapper:
             return "dma"
         return "kernel"
 
-    def _swap(self, src, dst, block_mapping, stream, want, mode):
+    def _swap(self, src, dst, block_mapping, stream, want, mode, wait_for, timing):
         layout = self._layout(src, dst)
         if want is not None and layout.direction != want:
             method = "swap_in" if want == IN else "swap_out"
@@ -277,16 +326,25 @@ class BlockSwapper:
         mode = self.mode if mode is None else _check_mode(mode)
         handle = stream_handle(stream)
         path = self.choose_path(layout, mapping, mode) if len(mapping) else "none"
-        event = self._cupy_event(disable_timing=True)
+        timed = self.timing if timing is None else bool(timing)
+        event = self._event_class(disable_timing=not timed)
+        event.path, event.nbytes, event.start = path, len(mapping) * layout.bytes_per_pair, None
+        waits = [wait_handle(w) for w in _as_sequence(wait_for)]
         runtime = self._runtime
         prev = runtime.getDevice()
         if prev != self.device:
             runtime.setDevice(self.device)
         try:
+            capturing = stream_is_capturing(handle)
+            for ev_ptr, _ in waits:
+                runtime.streamWaitEvent(handle, ev_ptr, 0)
+            if timed:
+                event.start = self._cupy_event()
+                runtime.eventRecord(event.start.ptr, handle)
             if path == "kernel":
-                self._launch(layout, mapping, handle, event)
+                self._launch(layout, mapping, handle, event, capturing)
             elif path == "dma":
-                self._dma.copy(layout, mapping, handle)
+                self._dma.copy(layout, mapping, handle, capturing)
             runtime.eventRecord(event.ptr, handle)
         finally:
             if prev != self.device:
@@ -294,10 +352,10 @@ class BlockSwapper:
         self.last_path = path
         return event
 
-    def _launch(self, layout: Layout, mapping, handle: int, event) -> None:
+    def _launch(self, layout: Layout, mapping, handle: int, event, capturing: bool) -> None:
         """Write the descriptor into a ring slot and launch the kernel."""
         n = len(mapping)
-        slot = self._acquire()
+        slot = self._retire_slot() if capturing else self._acquire()
         end = write_descriptor(slot.host_words, layout, mapping, slot.table_serial != layout.serial)
         slot.table_serial = layout.serial
         parts = len(layout.src)
@@ -312,11 +370,29 @@ class BlockSwapper:
         slot.event = event
 
     def _acquire(self) -> _Slot:
-        slot = self._slots[self._next]
-        self._next = (self._next + 1) % len(self._slots)
+        """The next ring slot, once the last launch that read it has finished."""
+        with self._lock:
+            slot = self._slots[self._next]
+            self._next = (self._next + 1) % len(self._slots)
         if slot.event is not None and not slot.event.done:
             self.ring_waits += 1
             slot.event.synchronize()
+        return slot
+
+    def _retire_slot(self) -> _Slot:
+        """A slot for a swap being captured into a graph: every replay reads
+        it, so it leaves the ring for good (no event query: not allowed
+        while capturing)."""
+        with self._lock:
+            if len(self._slots) <= 1:
+                raise RuntimeError(
+                    "swap: no descriptor slot left for another captured swap (each captured swap "
+                    "keeps one); create the BlockSwapper with a larger ring_size, or capture a "
+                    "graph_swap() whose mapping changes between replays"
+                )
+            slot = self._slots.pop(self._next % len(self._slots))
+            self._next %= len(self._slots)
+            self._retired.append(slot)
         return slot
 
     def _launch_shape(self, units: int) -> tuple[int, int]:
@@ -328,6 +404,30 @@ class BlockSwapper:
         threads = min(cap, max(32, -(-per_cta // 32) * 32))
         grid = min(self.max_ctas, -(-units // (threads * self.unroll)))
         return max(grid, 1), threads
+
+
+_warned: list = []
+
+
+def _warn_unmapped(reason: str) -> None:
+    if not _warned:
+        _warned.append(reason)
+        warnings.warn(
+            f"cupy_swap: pinned host memory cannot be mapped into the GPU's address space ({reason}); "
+            f"swaps that touch host memory use the copy engines instead of the kernel: one "
+            f"cudaMemcpyAsync per run of consecutive blocks, which is slower for many small "
+            f"scattered blocks (about 1 us of copy-engine time per copy)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _as_sequence(items) -> tuple:
+    if items is None:
+        return ()
+    if isinstance(items, (list, tuple)):
+        return tuple(items)
+    return (items,)
 
 
 def _check_mode(mode) -> str:

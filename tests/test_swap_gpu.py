@@ -363,3 +363,35 @@ def test_dma_strided_views_and_streams(swapper, rng, stream_kind):
 def test_mode_argument_checked(swapper):
     with pytest.raises(ValueError, match="mode: expected one of 'auto', 'kernel', 'dma', got 'fast'"):
         swapper.swap(cs.empty_pinned((2, 16), np.uint8), cp.empty((2, 16), cp.uint8), [(0, 0)], mode="fast")
+
+
+def test_fallback_without_host_mapping(monkeypatch, rng):
+    """CUPY_SWAP_DISABLE_UVA=1: host swaps take the copy engines, warn once,
+    and stay bit-exact; GPU->GPU still runs the kernel."""
+    import warnings
+
+    from cupy_swap import swapper as swapper_mod
+
+    monkeypatch.setenv("CUPY_SWAP_DISABLE_UVA", "1")
+    monkeypatch.setattr(swapper_mod, "_warned", [])
+    sw = cs.BlockSwapper(max_blocks=2048)
+    for direction in ("in", "out"):
+        skind, dkind = DIRECTIONS[direction]
+        src = make(skind, (1300, 4096), np.uint8)
+        dst = make(dkind, (1300, 4096), np.uint8)
+        rand_fill(src, rng)
+        poison(dst)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_swap(sw, src, dst, random_mapping(1250, 1300, 1300, rng))
+            check_swap(sw, src, dst, [(0, 1)])
+        assert sw.last_path == "dma"
+        assert len([w for w in caught if "cannot be mapped" in str(w.message)]) == (
+            1 if direction == "in" else 0
+        )
+        with pytest.raises(ValueError, match="mode: 'kernel' needs host memory mapped"):
+            sw.swap(src, dst, [(0, 1)], mode="kernel")
+    g1, g2 = cp.empty((20, 64), cp.uint8), cp.empty((20, 64), cp.uint8)
+    rand_fill(g1, rng)
+    check_swap(sw, g1, g2, [(1, 2), (3, 4)], mode="kernel")
+    assert sw.last_path == "kernel"

@@ -1,0 +1,79 @@
+"""The handle a swap returns: a ``cupy.cuda.Event`` recorded after the copy
+that can also report the swap's device time."""
+
+from __future__ import annotations
+
+__all__ = ["swap_event_class", "wait_handle"]
+
+_cls: list = []
+
+
+def swap_event_class():
+    """``SwapEvent``, a subclass of ``cupy.cuda.Event`` (built on first use
+    so importing cupy_swap does not import CuPy)."""
+    if _cls:
+        return _cls[0]
+    import cupy
+
+    class SwapEvent(cupy.cuda.Event):
+        """Recorded on the swap's stream after its copies.
+
+        ``synchronize()`` waits, ``done`` polls, and the event can be waited on
+        by other streams like any CuPy event.  With ``timing=True`` the swap
+        also recorded a start event, and :meth:`device_time` gives the seconds
+        between the two on the device.
+
+        Attributes
+        ----------
+        path : str
+            ``"kernel"``, ``"dma"`` or ``"none"`` (empty mapping).
+        nbytes : int
+            Bytes the swap moves.
+        start : cupy.cuda.Event or None
+            Recorded before the copies when timing was asked for.
+        """
+
+        def device_time(self) -> float:
+            """Seconds of device time from the swap's start to its end (waits
+            for the swap to finish)."""
+            if self.start is None:
+                raise ValueError(
+                    "device_time: this swap was not timed; pass timing=True to swap() "
+                    "or create the BlockSwapper with timing=True"
+                )
+            self.synchronize()
+            return cupy.cuda.get_elapsed_time(self.start, self) * 1e-3
+
+        def gbps(self) -> float:
+            """Bytes moved over device time, in GB/s (1e9 B/s)."""
+            return self.nbytes / self.device_time() / 1e9
+
+    _cls.append(SwapEvent)
+    return SwapEvent
+
+
+def wait_handle(item) -> tuple[int, object | None]:
+    """Turn one ``wait_for`` entry into a raw event handle to wait on.
+
+    Returns ``(event_ptr, keepalive)``; streams get an event recorded on
+    them now, which ``keepalive`` holds until the wait is enqueued.
+    """
+    import cupy
+
+    if isinstance(item, cupy.cuda.Event):
+        return item.ptr, None
+    handle = getattr(item, "cuda_event", None)  # torch.cuda.Event
+    if isinstance(handle, int):
+        return handle, None
+    from .interop import stream_handle
+
+    try:
+        stream = stream_handle(item)
+    except TypeError:
+        raise TypeError(
+            f"wait_for: expected events or streams (CuPy or torch) or raw stream handles, "
+            f"got {type(item).__name__}"
+        ) from None
+    ev = cupy.cuda.Event(disable_timing=True)
+    cupy.cuda.runtime.eventRecord(ev.ptr, stream)
+    return ev.ptr, ev
