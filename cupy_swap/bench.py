@@ -230,3 +230,200 @@ def per_block_memcpy(buffers: CaseBuffers, stream, reps: int = 30) -> dict:
             runtime.memcpyAsync(dst, src, nbytes, kind, ptr)
 
     return time_blocking(run, stream, reps)
+
+
+def run_case(case: SwapCase, *, max_ctas=None, reps=30, baseline=True, seed=0, mode="auto") -> dict:
+    """Measure one case: this library (in ``mode``), the memcpy ceiling and,
+    optionally, one memcpy per block.  Verifies bit-exactly after timing.
+
+    Returns
+    -------
+    dict
+        Figures in seconds and GB/s, the ratio to the ceiling, the path that
+        served the swap and whether the bytes matched.
+    """
+    import cupy
+
+    from .swapper import BlockSwapper
+
+    rng = np.random.default_rng(seed)
+    bufs = CaseBuffers(case, rng)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    sw = BlockSwapper(max_blocks=max(case.num_blocks, 1), max_ctas=max_ctas, mode=mode)
+    src, dst, mapping = bufs.src, bufs.dst, bufs.mapping
+
+    def swap():
+        sw.swap(src, dst, mapping, stream=stream)
+
+    ours = time_blocking(swap, stream, reps)
+    ok = bufs.verify()
+    ceiling = memcpy_ceiling(bufs, stream, reps)
+    result = {
+        "direction": case.direction,
+        "block_bytes": case.block_bytes,
+        "num_blocks": case.num_blocks,
+        "parts": case.parts,
+        "contiguous": case.contiguous,
+        "bytes": case.total_bytes,
+        "mode": mode,
+        "max_ctas": sw.max_ctas,
+        "path": sw.last_path,
+        "verified": ok,
+        "latency_s": ours["latency_s"],
+        "device_s": ours["device_s"],
+        "gbps": case.total_bytes / ours["latency_s"] / 1e9,
+        "device_gbps": case.total_bytes / ours["device_s"] / 1e9,
+        "ceiling_latency_s": ceiling["latency_s"],
+        "ceiling_gbps": case.total_bytes / ceiling["latency_s"] / 1e9,
+        "ceiling_device_gbps": case.total_bytes / ceiling["device_s"] / 1e9,
+    }
+    result["ratio"] = result["gbps"] / result["ceiling_gbps"]
+    result["device_ratio"] = result["device_gbps"] / result["ceiling_device_gbps"]
+    if baseline:
+        per_block = per_block_memcpy(bufs, stream, max(5, reps // 3))
+        result["per_block_gbps"] = case.total_bytes / per_block["latency_s"] / 1e9
+    return result
+
+
+def run_bidir(
+    block_bytes: int, n: int, *, contiguous=False, reps=20, max_ctas=None, mode="auto", seed=0
+) -> dict:
+    """Swap-in and swap-out of ``n`` blocks each, in flight together on two
+    streams (one swapper), against two concurrent contiguous memcpys.
+
+    Returns
+    -------
+    dict
+        ``gbps`` (both directions together), ``ceiling_gbps``, ``ratio``,
+        the paths used, and whether both copies matched bit-exactly.
+    """
+    import cupy
+    from cupy.cuda import runtime
+
+    from .swapper import BlockSwapper
+
+    rng = np.random.default_rng(seed)
+    s_in, s_out = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    case_in, case_out = SwapCase("in", block_bytes, n, contiguous=contiguous), SwapCase("out", block_bytes, n)
+    case_out.contiguous = contiguous
+    b_in, b_out = CaseBuffers(case_in, rng), CaseBuffers(case_out, rng)
+    sw = BlockSwapper(max_blocks=n, max_ctas=max_ctas, mode=mode)
+    total = case_in.total_bytes + case_out.total_bytes
+
+    def both():
+        sw.swap(b_in.src, b_in.dst, b_in.mapping, stream=s_in)
+        path_in = sw.last_path
+        sw.swap(b_out.src, b_out.dst, b_out.mapping, stream=s_out)
+        return path_in, sw.last_path
+
+    def ceiling():
+        runtime.memcpyAsync(
+            b_in.flat_gpu.data.ptr, b_in.flat_host.ctypes.data, case_in.total_bytes, 1, s_in.ptr
+        )
+        runtime.memcpyAsync(
+            b_out.flat_host.ctypes.data, b_out.flat_gpu.data.ptr, case_out.total_bytes, 2, s_out.ptr
+        )
+
+    def timed(fn):
+        for _ in range(3):
+            fn()
+        s_in.synchronize()
+        s_out.synchronize()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            s_in.synchronize()
+            s_out.synchronize()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+
+    t = timed(both)
+    paths = both()
+    s_in.synchronize()
+    s_out.synchronize()
+    ok = b_in.verify() and b_out.verify()
+    c = timed(ceiling)
+    return {
+        "block_bytes": block_bytes,
+        "num_blocks": n,
+        "contiguous": contiguous,
+        "paths": list(paths),
+        "bytes": total,
+        "latency_s": t,
+        "gbps": total / t / 1e9,
+        "ceiling_gbps": total / c / 1e9,
+        "ratio": c / t,
+        "verified": ok,
+    }
+
+
+def run_with_gemm(budgets=(4, 8, 16, 32), *, block_bytes=32768, n=1250, size=8192, seed=0) -> list:
+    """Swap interference with compute: a ``size``^3 fp16 matrix product on one
+    stream while swaps (alternating in and out, ``n`` random blocks) run on
+    another, for each CTA budget.
+
+    Returns
+    -------
+    list of dict
+        Per budget: the product's time alone and beside the swaps (and the
+        slowdown), and the swaps' GB/s while the product runs.
+    """
+    import cupy
+
+    from .swapper import BlockSwapper
+
+    rng = np.random.default_rng(seed)
+    a = cupy.asarray(rng.standard_normal((size, size), dtype=np.float32), dtype=cupy.float16)
+    b = cupy.asarray(rng.standard_normal((size, size), dtype=np.float32), dtype=cupy.float16)
+    compute, copy = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    b_in = CaseBuffers(SwapCase("in", block_bytes, n), rng)
+    b_out = CaseBuffers(SwapCase("out", block_bytes, n), rng)
+    reps = 20
+
+    def products():
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        with compute:
+            start.record(compute)
+            for _ in range(reps):
+                cupy.matmul(a, b)
+            end.record(compute)
+        return start, end
+
+    s, e = products()
+    e.synchronize()
+    s, e = products()
+    e.synchronize()
+    alone = cupy.cuda.get_elapsed_time(s, e) * 1e-3 / reps
+    out = []
+    for budget in budgets:
+        sw = BlockSwapper(max_blocks=n, max_ctas=budget, mode="kernel")
+        sw.swap(b_in.src, b_in.dst, b_in.mapping, stream=copy)  # warm-up
+        copy.synchronize()
+        c0, c1 = cupy.cuda.Event(), cupy.cuda.Event()
+        c0.record(copy)
+        swaps = 0
+        t_end = time.perf_counter() + alone * reps * 1.05
+        s, e = products()
+        while time.perf_counter() < t_end or swaps < 4:
+            bufs = b_in if swaps % 2 == 0 else b_out
+            sw.swap(bufs.src, bufs.dst, bufs.mapping, stream=copy)
+            swaps += 1
+            if swaps % 8 == 0:
+                copy.synchronize()  # keep the queue short so swaps span the products
+        c1.record(copy)
+        e.synchronize()
+        c1.synchronize()
+        beside = cupy.cuda.get_elapsed_time(s, e) * 1e-3 / reps
+        swap_s = cupy.cuda.get_elapsed_time(c0, c1) * 1e-3
+        out.append(
+            {
+                "max_ctas": budget,
+                "gemm_alone_ms": alone * 1e3,
+                "gemm_beside_swaps_ms": beside * 1e3,
+                "gemm_slowdown": beside / alone - 1,
+                "swap_gbps": swaps * b_in.case.total_bytes / swap_s / 1e9,
+                "swaps": swaps,
+            }
+        )
+    return out

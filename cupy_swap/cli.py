@@ -12,17 +12,8 @@ import json
 import sys
 import time
 
-import numpy as np
-
 from . import __version__
-from .bench import (
-    CaseBuffers,
-    SwapCase,
-    gpu_status,
-    memcpy_ceiling,
-    per_block_memcpy,
-    time_blocking,
-)
+from .bench import SwapCase, gpu_status, run_bidir, run_case, run_with_gemm
 
 PAGE_BYTES = 16 * 8 * 128 * 2  # 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB
 PAGE_TEXT = (
@@ -91,65 +82,36 @@ class Progress:
             sys.stderr.write("\r" + " " * 80 + "\r")
 
 
-def run_case(case: SwapCase, *, max_ctas=None, reps=30, baseline=True, seed=0) -> dict:
-    """Measure one case: this library, the memcpy ceiling, and (optionally)
-    one memcpy per block.  Verifies the copy bit-exactly after timing."""
-    import cupy
-
-    from .swapper import BlockSwapper
-
-    rng = np.random.default_rng(seed)
-    bufs = CaseBuffers(case, rng)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    sw = BlockSwapper(max_blocks=max(case.num_blocks, 1), max_ctas=max_ctas)
-    src, dst, mapping = bufs.src, bufs.dst, bufs.mapping
-
-    def swap():
-        sw.swap(src, dst, mapping, stream=stream)
-
-    ours = time_blocking(swap, stream, reps)
-    ok = bufs.verify()
-    ceiling = memcpy_ceiling(bufs, stream, reps)
-    result = {
-        "direction": case.direction,
-        "block_bytes": case.block_bytes,
-        "num_blocks": case.num_blocks,
-        "parts": case.parts,
-        "contiguous": case.contiguous,
-        "bytes": case.total_bytes,
-        "max_ctas": sw.max_ctas,
-        "path": "kernel",
-        "verified": ok,
-        "latency_s": ours["latency_s"],
-        "device_s": ours["device_s"],
-        "gbps": case.total_bytes / ours["latency_s"] / 1e9,
-        "device_gbps": case.total_bytes / ours["device_s"] / 1e9,
-        "ceiling_gbps": case.total_bytes / ceiling["latency_s"] / 1e9,
-        "ceiling_device_gbps": case.total_bytes / ceiling["device_s"] / 1e9,
-    }
-    result["ratio"] = result["gbps"] / result["ceiling_gbps"]
-    result["device_ratio"] = result["device_gbps"] / result["ceiling_device_gbps"]
-    if baseline:
-        per_block = per_block_memcpy(bufs, stream, max(5, reps // 3))
-        result["per_block_gbps"] = case.total_bytes / per_block["latency_s"] / 1e9
-    return result
-
-
 def _fmt_row(r: dict) -> str:
     case = SwapCase(r["direction"], r["block_bytes"], r["num_blocks"], r["parts"], r["contiguous"])
     per_block = f"{r['per_block_gbps']:8.2f}" if "per_block_gbps" in r else "       -"
     flag = "ok" if r["verified"] else "MISMATCH"
     return (
-        f"{case.label():<34} {r['gbps']:8.2f} {r['ceiling_gbps']:8.2f} {per_block} "
-        f"{r['ratio']:6.3f} {r['device_ratio']:6.3f}  {flag}"
+        f"{case.label():<36} {r['mode']:<6} {r['path']:<6} {r['gbps']:8.2f} {r['ceiling_gbps']:8.2f} "
+        f"{per_block} {r['ratio']:6.3f} {r['device_ratio']:6.3f} {r['latency_s'] * 1e6:10.1f}  {flag}"
     )
 
 
 TABLE_HEAD = (
-    f"{'case (dir, block x count)':<34} {'cupy_swap':>8} {'memcpy':>8} {'per-blk':>8} "
-    f"{'ratio':>6} {'dev':>6}  check\n"
-    f"{'':<34} {'GB/s':>8} {'ceiling':>8} {'memcpy':>8} {'':>6} {'ratio':>6}"
+    f"{'case (dir, block x count)':<36} {'mode':<6} {'path':<6} {'GB/s':>8} {'memcpy':>8} {'per-blk':>8} "
+    f"{'ratio':>6} {'dev':>6} {'latency':>10}  check\n"
+    f"{'':<36} {'':<6} {'':<6} {'':>8} {'ceiling':>8} {'memcpy':>8} {'':>6} {'ratio':>6} {'us':>10}"
 )
+
+# The issue's goal cases: `bench --sweep goals`.
+GOAL_SIZES = (4096, 32768, 256 << 10, 2 << 20)
+
+
+def _goal_cases() -> list[SwapCase]:
+    cases = []
+    for d in ("in", "out"):
+        for b in GOAL_SIZES:
+            for n in (1, 16, 1250):
+                cases.append(SwapCase(d, b, n))
+        for b in (4096, 32768):
+            cases.append(SwapCase(d, b, 10000))
+        cases.append(SwapCase(d, 32768, 1250, parts=64))
+    return cases
 
 
 def cmd_demo(args) -> int:
@@ -181,39 +143,139 @@ def _parse_sizes(text: str) -> list[int]:
     return out
 
 
-def cmd_bench(args) -> int:
-    _require_gpu()
-    sizes = _parse_sizes(args.block_bytes)
-    counts = [int(c) for c in args.counts.split(",")]
-    directions = args.directions.split(",")
-    cases = [
-        SwapCase(d, b, n, args.layers, args.contiguous) for b in sizes for n in counts for d in directions
-    ]
+def _header(args) -> list[str]:
     head = environment_lines()
     for line in head:
         print(line)
     print(PAGE_TEXT)
     print(
-        "figures: blocking latency (submit + synchronize), median of "
-        f"{args.reps}; GB/s = 1e9 B/s; ratio = cupy_swap / contiguous memcpy"
+        f"figures: blocking latency (submit + synchronize), median of {args.reps}; GB/s = 1e9 B/s; "
+        "ratio = cupy_swap / one contiguous cudaMemcpyAsync of the same bytes; dev = device-event ratio"
     )
-    print(TABLE_HEAD)
-    results = []
-    bar = Progress(len(cases))
-    for case in cases:
-        r = run_case(case, max_ctas=args.max_ctas, reps=args.reps, baseline=not args.no_baseline)
-        results.append(r)
-        bar.step(case.label())
-        if not bar.enabled:
-            print(_fmt_row(r), flush=True)
-    bar.close()
-    if bar.enabled:
-        for r in results:
-            print(_fmt_row(r))
+    return head
+
+
+def cmd_bench(args) -> int:
+    _require_gpu()
+    head = _header(args)
+    report = {"environment": head, "page": PAGE_TEXT, "argv": sys.argv[1:]}
+    ok = True
+    if args.bidir:
+        print("\nfull duplex: swap-in and swap-out in flight together on two streams")
+        rows = []
+        for contiguous in (False, True):
+            r = run_bidir(
+                _parse_sizes(args.block_bytes)[0],
+                args.bidir_blocks,
+                contiguous=contiguous,
+                reps=args.reps,
+                max_ctas=args.max_ctas,
+            )
+            rows.append(r)
+            ok &= r["verified"]
+            kind = "contiguous runs" if contiguous else "random blocks"
+            print(
+                f"  {args.bidir_blocks} x {r['block_bytes'] // 1024} KiB each way, {kind:<15}: "
+                f"{r['gbps']:6.1f} GB/s together (paths in/out: {'/'.join(r['paths'])}), ceiling "
+                f"{r['ceiling_gbps']:6.1f} GB/s, ratio {r['ratio']:.3f}, {'ok' if r['verified'] else 'MISMATCH'}"
+            )
+        report["bidir"] = rows
+    if args.with_gemm:
+        print("\ninterference: 8192^3 fp16 matmul on one stream, swaps (1250 x 32 KiB, in/out) on another")
+        rows = run_with_gemm()
+        for r in rows:
+            print(
+                f"  max_ctas={r['max_ctas']:>3}: matmul {r['gemm_alone_ms']:.2f} -> {r['gemm_beside_swaps_ms']:.2f} ms "
+                f"(+{100 * r['gemm_slowdown']:.1f}%), swaps {r['swap_gbps']:.1f} GB/s"
+            )
+        report["with_gemm"] = rows
+    if not (args.bidir or args.with_gemm) or args.sweep:
+        if args.sweep == "goals":
+            cases = _goal_cases()
+        else:
+            sizes = _parse_sizes(args.block_bytes)
+            counts = [int(c) for c in args.counts.split(",")]
+            cases = [
+                SwapCase(d, b, n, args.layers, args.contiguous)
+                for b in sizes
+                for n in counts
+                for d in args.directions.split(",")
+            ]
+        modes = args.modes.split(",")
+        print()
+        print(TABLE_HEAD)
+        results = []
+        bar = Progress(len(cases) * len(modes))
+        for case in cases:
+            for mode in modes:
+                r = run_case(
+                    case, max_ctas=args.max_ctas, reps=args.reps, baseline=not args.no_baseline, mode=mode
+                )
+                results.append(r)
+                ok &= r["verified"]
+                bar.step(case.label())
+                if not bar.enabled:
+                    print(_fmt_row(r), flush=True)
+        bar.close()
+        if bar.enabled:
+            for r in results:
+                print(_fmt_row(r))
+        report["results"] = results
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"environment": head, "page": PAGE_TEXT, "results": results}, f, indent=1)
-    return 0 if all(r["verified"] for r in results) else 1
+            json.dump(report, f, indent=1)
+    return 0 if ok else 1
+
+
+def cmd_info(args) -> int:
+    from . import dma, memory
+
+    ok, what = gpu_status()
+    print(f"cupy_swap {__version__}")
+    if not ok:
+        print(f"GPU: none ({what})")
+        return 2
+    import cupy
+    from cupy.cuda import runtime
+
+    for line in environment_lines():
+        print(line)
+    for dev in range(runtime.getDeviceCount()):
+        props = runtime.getDeviceProperties(dev)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        attr = lambda a, dev=dev: runtime.deviceGetAttribute(a, dev)  # noqa: E731
+        mapped, why = memory.host_mapping_status(dev)
+        print(f"GPU {dev}: {name}, compute capability {props['major']}.{props['minor']}")
+        print(f"  SMs: {props['multiProcessorCount']}, memory: {props['totalGlobalMem'] / 2**30:.1f} GiB")
+        print(f"  unified addressing: {bool(attr(runtime.cudaDevAttrUnifiedAddressing))}")
+        print(f"  can map host memory: {bool(attr(runtime.cudaDevAttrCanMapHostMemory))}")
+        print(f"  copy engines (async engine count): {attr(runtime.cudaDevAttrAsyncEngineCount)}")
+        print(f"  host memory reachable by kernels: {'yes' if mapped else 'no'} ({why})")
+        modes = (
+            ["auto", "kernel", "dma"]
+            if mapped
+            else ["auto (dma for host arrays)", "dma", "kernel (GPU->GPU only)"]
+        )
+        print(f"  modes: {', '.join(modes)}")
+    print(
+        f"cuMemcpyBatchAsync: {'available' if dma.batch_available() else 'not available (one memcpy per copy)'}"
+    )
+    from .calibration import calibration_path, load_calibration
+
+    path = calibration_path(runtime.getDevice())
+    cal = load_calibration(runtime.getDevice())
+    print(f"calibration: {path} ({'loaded: ' + json.dumps(cal) if cal else 'none; built-in defaults'})")
+    print(f"CuPy {cupy.__version__}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    _require_gpu()
+    from .calibration import calibrate
+
+    result, path = calibrate(reps=args.reps, progress=print)
+    print(f"wrote {path}: {json.dumps(result)}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,19 +291,29 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--layers", type=int, default=1, help="parts per side (layers x K/V)")
     b.add_argument("--contiguous", action="store_true", help="consecutive blocks instead of random")
     b.add_argument("--max-ctas", type=int, default=None, help="CTA budget (default: library default)")
+    b.add_argument("--modes", default="auto", help="comma list of auto,kernel,dma to compare")
+    b.add_argument("--sweep", choices=("goals",), help="the performance goals' cases instead of the table")
+    b.add_argument("--bidir", action="store_true", help="swap-in and swap-out together on two streams")
+    b.add_argument("--bidir-blocks", type=int, default=1250)
+    b.add_argument("--with-gemm", action="store_true", help="interference with a matmul, CTA budgets 4-32")
     b.add_argument("--reps", type=int, default=30)
     b.add_argument("--no-baseline", action="store_true", help="skip one-memcpy-per-block")
     b.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    i = sub.add_parser("info", help="what the library found: GPUs, host mapping, copy engines, modes")
+    i.set_defaults(reps=0)
+    c = sub.add_parser("calibrate", help="measure kernel vs copy-engine thresholds; store them per device")
+    c.add_argument("--reps", type=int, default=20)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in (None, "demo"):
-        if args.command is None:
-            args.reps = 30
+    if args.command is None:
+        args.reps = 30
         return cmd_demo(args)
-    return cmd_bench(args)
+    return {"demo": cmd_demo, "bench": cmd_bench, "info": cmd_info, "calibrate": cmd_calibrate}[args.command](
+        args
+    )
 
 
 if __name__ == "__main__":

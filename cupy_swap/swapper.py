@@ -175,8 +175,11 @@ class BlockSwapper:
         # Without host mapping the kernel must find its descriptor in device memory.
         self.descriptor_from_host_max_pairs = DESCRIPTOR_FROM_HOST_MAX_PAIRS if mapped else 0
         self.kernel_defines: tuple[str, ...] = ()
-        self.dma_min_copy_bytes = DMA_MIN_COPY_BYTES
-        self.dma_max_copies = DMA_MAX_COPIES
+        from .calibration import load_calibration
+
+        calibrated = load_calibration(self.device) or {}
+        self.dma_min_copy_bytes = calibrated.get("dma_min_copy_bytes", DMA_MIN_COPY_BYTES)
+        self.dma_max_copies = calibrated.get("dma_max_copies", DMA_MAX_COPIES)
         self.last_path = None  # "kernel" or "dma": what served the last swap
         self._dma = DmaCopier()
         self._serial = itertools.count()
