@@ -19,7 +19,9 @@ from .mapping import contiguous_runs
 
 __all__ = ["copy_list", "copy_count", "DmaCopier", "batch_available"]
 
-_DEFAULT_KIND = 4  # cudaMemcpyDefault: direction from the (unified) addresses
+# cudaMemcpyKind per swap direction (explicit, as the memcpy ceiling uses;
+# cudaMemcpyDefault = 4 would infer it from unified addresses).
+_KINDS = {"in": 1, "out": 2, "gpu->gpu": 3}
 
 
 def copy_list(layout, mapping: np.ndarray, use_alias: bool = False):
@@ -171,6 +173,7 @@ class DmaCopier:
             return count
         if not isinstance(dsts, list):
             dsts, srcs, sizes = dsts.tolist(), srcs.tolist(), sizes.tolist()
+        kind = _KINDS[layout.direction]
         for dst, src, size in zip(dsts, srcs, sizes):
-            self._memcpy(dst, src, size, _DEFAULT_KIND, stream)
+            self._memcpy(dst, src, size, kind, stream)
         return count
