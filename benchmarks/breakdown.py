@@ -47,7 +47,7 @@ def main():
             sw = BlockSwapper(max_blocks=case.num_blocks, mode=mode)
             src, dst, m = bufs.src, bufs.dst, bufs.mapping
 
-            def swap(sw=sw):
+            def swap(sw=sw, src=src, dst=dst, m=m, stream=stream):
                 sw.swap(src, dst, m, stream=stream)
 
             lat = time_blocking(swap, stream, 30)["latency_s"]
