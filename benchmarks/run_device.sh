@@ -16,4 +16,5 @@ tail -40 "$OUT/goals.log"
 python3 -m cupy_swap bench --bidir --with-gemm --reps 15 --json "$OUT/duplex.json" 2>&1 | tail -9 || status=1
 python3 -m pytest -q benchmarks/ -p no:cacheprovider -k "32KiBx1250 or 2MiBx1" \
     --benchmark-json "$OUT/pytest_benchmark.json" 2>&1 | tail -4 || status=1
+python3 benchmarks/breakdown.py > "$OUT/breakdown.txt" 2>&1 || status=1
 exit $status
