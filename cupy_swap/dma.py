@@ -169,7 +169,10 @@ class DmaCopier:
                 args.append(ctypes.addressof(self._fail))
             status = fn(*args, stream)
             if status != 0:
-                raise RuntimeError(f"cuMemcpyBatchAsync failed with CUresult {status}")
+                failed = f", first failing copy {self._fail.value}" if takes_fail else ""
+                raise RuntimeError(
+                    f"cuMemcpyBatchAsync: expected CUDA_SUCCESS for {count} copies, got CUresult {status}{failed}"
+                )
             return count
         if not isinstance(dsts, list):
             dsts, srcs, sizes = dsts.tolist(), srcs.tolist(), sizes.tolist()

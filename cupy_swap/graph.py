@@ -23,10 +23,13 @@ queued replay may still read.  Replay on the stream you pass to
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from . import kernels
 from .descriptor import descriptor_words, write_descriptor
+from .driver import stream_is_capturing
 from .interop import stream_handle
 from .plan import check_mapping_for
 
@@ -102,21 +105,20 @@ class GraphSwap:
         """
         sw = self.swapper
         mapping = check_mapping_for(self.layout, block_mapping, sw.max_blocks)
-        handle = stream_handle(stream)
-        from .driver import stream_is_capturing
-
-        if stream_is_capturing(handle):
-            raise RuntimeError(
-                "set_mapping: expected a stream that is not capturing; stage the mapping before "
-                "replaying the graph, and capture only launch()"
-            )
-        event = sw._cupy_event(disable_timing=True)
-        slot = sw._acquire()
-        words = write_descriptor(slot.host_words, self.layout, mapping, True)
-        slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
-        sw._runtime.memcpyAsync(self._desc.data.ptr, slot.host_ptr, words * 8, _H2D, handle)
-        sw._runtime.eventRecord(event.ptr, handle)
-        slot.event = event
+        with _on_device(sw.device):
+            handle = stream_handle(stream)
+            if stream_is_capturing(handle):
+                raise RuntimeError(
+                    "set_mapping: expected a stream that is not capturing; stage the mapping before "
+                    "replaying the graph, and capture only launch()"
+                )
+            event = sw._cupy_event(disable_timing=True)
+            slot = sw._acquire()
+            words = write_descriptor(slot.host_words, self.layout, mapping, True)
+            slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
+            sw._runtime.memcpyAsync(self._desc.data.ptr, slot.host_ptr, words * 8, _H2D, handle)
+            sw._runtime.eventRecord(event.ptr, handle)
+            slot.event = event
         self.num_pairs = int(mapping.shape[0])
         return event
 
@@ -124,7 +126,23 @@ class GraphSwap:
         """Enqueue the swap kernel on ``stream``: the call to capture.  Reads
         the pair count and pairs staged by the last :meth:`set_mapping` that
         precedes it on the stream."""
-        handle = stream_handle(stream)
-        self.swapper._driver.launchKernel(
-            self._fn, self._grid, 1, 1, self._threads, 1, 1, 0, handle, self._args.ptr, 0
-        )
+        with _on_device(self.swapper.device):
+            handle = stream_handle(stream)
+            self.swapper._driver.launchKernel(
+                self._fn, self._grid, 1, 1, self._threads, 1, 1, 0, handle, self._args.ptr, 0
+            )
+
+
+@contextlib.contextmanager
+def _on_device(device: int):
+    """Make ``device`` current for the block (the kernel was loaded there)."""
+    from cupy.cuda import runtime
+
+    prev = runtime.getDevice()
+    if prev != device:
+        runtime.setDevice(device)
+    try:
+        yield
+    finally:
+        if prev != device:
+            runtime.setDevice(prev)

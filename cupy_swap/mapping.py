@@ -89,8 +89,10 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
     try:
         m = np.asarray(block_mapping)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"block_mapping: expected (N, 2) integer pairs, got {e}") from None
-    if m.size == 0 and m.ndim <= 2 and (m.ndim < 2 or m.shape[1] in (0, 2)):
+        raise ValueError(
+            f"block_mapping: expected (N, 2) integer pairs, got something NumPy cannot stack ({e})"
+        ) from None
+    if m.size == 0 and m.shape[0] == 0 and (m.ndim == 1 or m.ndim == 2 and m.shape[1] in (0, 2)):
         return np.empty((0, 2), dtype=np.int64)
     if m.dtype.kind not in "iu":
         raise TypeError(
@@ -156,7 +158,7 @@ def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str
     ):
         _check_column(m[:, 0], src_blocks, "source", src_name)
         _check_column(m[:, 1], dst_blocks, "destination", dst_name)
-    if m.shape[0] > 1 and np.bincount(m[:, 1]).max() > 1:
+    if m.shape[0] > 1 and _has_duplicates(m[:, 1], dst_blocks):
         d = np.sort(m[:, 1])
         dup = np.flatnonzero(d[1:] == d[:-1])
         block = int(d[dup[0]])
@@ -178,6 +180,16 @@ def may_have_runs(m: np.ndarray) -> bool:
         if m.item(i + 1, 0) - m.item(i, 0) == 1 and m.item(i + 1, 1) - m.item(i, 1) == 1:
             return True
     return False
+
+
+def _has_duplicates(col: np.ndarray, limit: int) -> bool:
+    """True if ``col`` (in-range indices) repeats a value.  A counting pass
+    is fastest, but allocates ``limit`` counters: for a huge pool and few
+    rows, sort instead."""
+    if limit <= 64 * col.shape[0]:
+        return bool(np.bincount(col, minlength=0).max() > 1)
+    s = np.sort(col)
+    return bool((s[1:] == s[:-1]).any())
 
 
 def contiguous_runs(m: np.ndarray) -> np.ndarray:

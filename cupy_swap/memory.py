@@ -245,7 +245,10 @@ def register_host(array: np.ndarray) -> None:
     if nbytes == 0:
         raise ValueError("array: expected at least one byte to register, got an empty array")
     if _registry.find(ptr, 1) is not None:
-        raise ValueError("array: this memory is already pinned by cupy_swap")
+        raise ValueError(
+            f"array: expected memory not yet pinned, got a range starting at {ptr:#x} that cupy_swap "
+            f"already pinned (empty_pinned or register_host)"
+        )
     runtime = _runtime()
     runtime.hostRegister(ptr, nbytes, _PORTABLE_MAPPED)
     try:
@@ -268,11 +271,10 @@ def unregister_host(array: np.ndarray) -> None:
 
 
 def is_pinned(array: np.ndarray) -> bool:
-    """True if every byte of ``array`` lies in page-locked, mapped host memory."""
+    """True if every byte of ``array`` lies in one page-locked host range
+    that is mapped for the GPU (``array`` is assumed contiguous)."""
     ptr, nbytes = array.ctypes.data, array.nbytes
-    if _registry.find(ptr, max(nbytes, 1)) is not None:
-        return True
-    return _device_alias(ptr) != 0
+    return host_alias(ptr, nbytes) != 0
 
 
 def host_alias(ptr: int, nbytes: int) -> int:
@@ -286,4 +288,10 @@ def host_alias(ptr: int, nbytes: int) -> int:
     r = _registry.find(ptr, max(nbytes, 1))
     if r is not None:
         return 0 if r.alias_offset is None else ptr + r.alias_offset
-    return _device_alias(ptr)
+    first = _device_alias(ptr)
+    if not first or nbytes <= 1:
+        return first
+    # Both ends must sit in one mapped allocation (same alias offset), or part
+    # of the range is pageable or registered separately.
+    last = _device_alias(ptr + nbytes - 1)
+    return first if last - (ptr + nbytes - 1) == first - ptr else 0

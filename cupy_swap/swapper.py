@@ -92,6 +92,26 @@ class _KernelArgs:
         return self.ptr
 
 
+class _CachedLayout:
+    """A cache entry: the layout, and the caller's objects themselves (a
+    list's items, not the mutable list) so their ids stay unique while the
+    entry lives.  torch tensors can be re-pointed at other storage in place
+    (``set_``, ``.data =``), so their address and shape are re-checked."""
+
+    __slots__ = ("held", "generation", "layout", "tensors")
+
+    def __init__(self, src, dst, layout):
+        items = [*(src if isinstance(src, (list, tuple)) else (src,))]
+        items += [*(dst if isinstance(dst, (list, tuple)) else (dst,))]
+        self.held = tuple(items)
+        self.generation = memory.generation()
+        self.layout = layout
+        self.tensors = [(t, t.data_ptr(), tuple(t.shape)) for t in items if hasattr(t, "data_ptr")]
+
+    def unchanged(self) -> bool:
+        return all(t.data_ptr() == ptr and tuple(t.shape) == shape for t, ptr, shape in self.tensors)
+
+
 def _identity(obj) -> tuple:
     """Cache key of a ``src``/``dst`` argument: the identity of the objects
     (the cache holds them, so an id cannot be reused while cached)."""
@@ -118,8 +138,11 @@ class BlockSwapper:
         Most parts (arrays per side) one swap may carry. Default 256, the
         kernel's limit.
     ring_size : int, optional
-        Descriptor slots; swaps beyond this many still queued make ``swap``
-        wait for the oldest. Default 16.
+        Descriptor slots of kernel swaps; kernel swaps beyond this many still
+        queued make ``swap`` wait for the oldest. Default 16.
+    capture_slots : int, optional
+        Descriptor slots reserved for plain ``swap()`` calls captured into CUDA
+        graphs (each captured swap keeps one for good). Default 4.
     mode : {"auto", "kernel", "dma"}, optional
         Default path (see :meth:`swap`).
     timing : bool, optional
@@ -128,9 +151,10 @@ class BlockSwapper:
 
     Notes
     -----
-    The checked layout of a ``(src, dst)`` argument pair is cached by object
-    identity, so calls that pass the same arrays (or the same list objects)
-    again only check the mapping.  Do not change an array's ``shape`` or
+    The checked layout of a ``(src, dst)`` argument pair is cached by the
+    identity of the arrays, so calls that pass the same arrays again only
+    check the mapping (torch tensors are also re-checked for a new storage
+    address or shape).  Do not assign a NumPy array's ``shape`` or
     ``strides`` in place between calls.
 
     Examples
@@ -150,6 +174,7 @@ class BlockSwapper:
         max_ctas: int | None = None,
         max_parts: int = MAX_PARTS,
         ring_size: int = 16,
+        capture_slots: int = 4,
         mode: str = "auto",
         timing: bool = False,
     ):
@@ -166,13 +191,14 @@ class BlockSwapper:
         if self.max_parts > MAX_PARTS:
             raise ValueError(f"max_parts: expected at most {MAX_PARTS} (the kernel's limit), got {max_parts}")
         ring_size = _positive_int(ring_size, "ring_size")
+        capture_slots = _positive_int(capture_slots, "capture_slots", minimum=0)
         if device is None:
             device = cupy.cuda.runtime.getDevice()
         self.device = int(device)
         self.ring_waits = 0  # times swap() had to wait for a slot (ring full)
         # Tuning knobs (benchmarks/tune.py); defaults are the measured best.
-        self.unroll = DEFAULT_UNROLL
-        self.max_threads = kernels.max_threads(self.unroll)
+        self._unroll = DEFAULT_UNROLL
+        self.max_threads = kernels.max_threads(self._unroll)
         mapped, _ = memory.host_mapping_status(self.device)
         # Without host mapping the kernel must find its descriptor in device memory.
         self.descriptor_from_host_max_pairs = DESCRIPTOR_FROM_HOST_MAX_PAIRS if mapped else 0
@@ -188,20 +214,38 @@ class BlockSwapper:
 
         self.slot_words = descriptor_words(self.max_parts, self.max_blocks)
         with cupy.cuda.Device(self.device):
-            self._host = memory.zeros_pinned((ring_size, self.slot_words), np.int64)
-            self._dev = cupy.zeros((ring_size, self.slot_words), dtype=np.int64)
+            rows = ring_size + capture_slots
+            self._host = memory.zeros_pinned((rows, self.slot_words), np.int64)
+            self._dev = cupy.zeros((rows, self.slot_words), dtype=np.int64)
         row_bytes = self.slot_words * 8
-        self._slots = [_Slot(self._host[i], self._dev.data.ptr + i * row_bytes) for i in range(ring_size)]
+        slots = [
+            _Slot(self._host[i], self._dev.data.ptr + i * row_bytes) for i in range(ring_size + capture_slots)
+        ]
+        self._slots = slots[:ring_size]
+        # Never used by eager swaps, so a swap captured into a graph can take
+        # one without asking whether a queued launch still reads it.
+        self._capture_pool = slots[ring_size:]
         self._next = 0
         self._retired: list[_Slot] = []  # slots read by captured graphs
         self._layouts: dict[tuple, tuple] = {}
         self._event_class = swap_event_class()
 
+    @property
+    def unroll(self) -> int:
+        """16-byte loads each kernel thread keeps in flight (2, 4 or 8)."""
+        return self._unroll
+
+    @unroll.setter
+    def unroll(self, value: int) -> None:
+        if value not in kernels.UNROLLS:
+            raise ValueError(f"unroll: expected one of {kernels.UNROLLS}, got {value!r}")
+        self._unroll = value
+
     # ------------------------------------------------------------------ API
     def swap(self, src, dst, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
         """Copy block ``s`` of each ``src`` part to block ``d`` of the matching
-        ``dst`` part for every row ``(s, d)`` of ``block_mapping``, in one
-        kernel launch on ``stream``.
+        ``dst`` part for every row ``(s, d)`` of ``block_mapping``, on
+        ``stream``: one kernel launch, or copy-engine copies (see ``mode``).
 
         Parameters
         ----------
@@ -272,21 +316,22 @@ class BlockSwapper:
 
     # ------------------------------------------------------------ internals
     def _layout(self, src, dst) -> Layout:
+        """The checked, resolved layout of ``(src, dst)``, cached by the
+        identity of the objects passed.  A hit is trusted unless a registered
+        range went away or a torch tensor was pointed at other storage."""
         key = (_identity(src), _identity(dst))
         entry = self._layouts.get(key)
-        if entry is not None and entry[2] == memory.generation():
-            return entry[3]
+        if entry is not None and entry.generation == memory.generation() and entry.unchanged():
+            return entry.layout
         layout = check_layout(src, dst)
         if len(layout.src) > self.max_parts:
             raise ValueError(f"src: expected at most max_parts={self.max_parts} parts, got {len(layout.src)}")
         resolve_layout(layout, self.device)
         layout.serial = next(self._serial)
-        if len(self._layouts) >= _LAYOUT_CACHE_SIZE:
-            self._layouts.pop(next(iter(self._layouts)))
-        # Hold the objects themselves (a list's items, not the mutable list) so
-        # their ids stay unique while the entry lives.
-        held = tuple(src) if isinstance(src, list) else src, tuple(dst) if isinstance(dst, list) else dst
-        self._layouts[key] = (*held, memory.generation(), layout)
+        with self._lock:
+            if len(self._layouts) >= _LAYOUT_CACHE_SIZE:
+                self._layouts.pop(next(iter(self._layouts)))
+            self._layouts[key] = _CachedLayout(src, dst, layout)
         return layout
 
     def choose_path(self, layout: Layout, mapping, mode: str) -> str:
@@ -329,36 +374,41 @@ class BlockSwapper:
         if mapping is None:
             mapping = check_mapping_for(layout, block_mapping, self.max_blocks)
         mode = self.mode if mode is None else _check_mode(mode)
-        handle = stream_handle(stream)
         path = self.choose_path(layout, mapping, mode) if len(mapping) else "none"
         timed = self.timing if timing is None else bool(timing)
-        event = self._event_class(disable_timing=not timed)
-        event.path, event.nbytes, event.start = path, len(mapping) * layout.bytes_per_pair, None
-        waits = [wait_handle(w) for w in _as_sequence(wait_for)]
+        waits = _as_sequence(wait_for)
         runtime = self._runtime
         prev = runtime.getDevice()
         if prev != self.device:
-            runtime.setDevice(self.device)
+            runtime.setDevice(self.device)  # events, default stream and launch on our device
         try:
+            handle = stream_handle(stream)
+            event = self._event_class(disable_timing=not timed)
+            event.path, event.nbytes, event.start = path, len(mapping) * layout.bytes_per_pair, None
+            waits = [wait_handle(w) for w in waits]
             capturing = stream_is_capturing(handle)
             for ev_ptr, _ in waits:
                 runtime.streamWaitEvent(handle, ev_ptr, 0)
             if timed:
                 event.start = self._cupy_event()
                 runtime.eventRecord(event.start.ptr, handle)
+            slot = None
             if path == "kernel":
-                self._launch(layout, mapping, handle, event, capturing)
+                slot = self._launch(layout, mapping, handle, capturing)
             elif path == "dma":
                 self._dma.copy(layout, mapping, handle, capturing)
             runtime.eventRecord(event.ptr, handle)
+            if slot is not None:
+                slot.event = event  # only a recorded event may gate the slot's reuse
         finally:
             if prev != self.device:
                 runtime.setDevice(prev)
         self.last_path = path
         return event
 
-    def _launch(self, layout: Layout, mapping, handle: int, event, capturing: bool) -> None:
-        """Write the descriptor into a ring slot and launch the kernel."""
+    def _launch(self, layout: Layout, mapping, handle: int, capturing: bool) -> _Slot:
+        """Write the descriptor into a ring slot, launch the kernel, and
+        return the slot (the caller gates its reuse with an event)."""
         n = len(mapping)
         slot = self._retire_slot() if capturing else self._acquire()
         end = write_descriptor(slot.host_words, layout, mapping, slot.table_serial != layout.serial)
@@ -372,7 +422,7 @@ class BlockSwapper:
         grid, threads = self._launch_shape(n * layout.units_per_pair)
         fn = kernels.get_function(self.device, layout.width, self.unroll, self.kernel_defines)
         self._driver.launchKernel(fn, grid, 1, 1, threads, 1, 1, 0, handle, params, 0)
-        slot.event = event
+        return slot
 
     def _acquire(self) -> _Slot:
         """The next ring slot, once the last launch that read it has finished."""
@@ -386,17 +436,16 @@ class BlockSwapper:
 
     def _retire_slot(self) -> _Slot:
         """A slot for a swap being captured into a graph: every replay reads
-        it, so it leaves the ring for good (no event query: not allowed
-        while capturing)."""
+        it, so it is taken for good from a reserve that eager swaps never
+        touch (no event query needed, which capture would not allow)."""
         with self._lock:
-            if len(self._slots) <= 1:
+            if not self._capture_pool:
                 raise RuntimeError(
-                    "swap: no descriptor slot left for another captured swap (each captured swap "
-                    "keeps one); create the BlockSwapper with a larger ring_size, or capture a "
+                    "swap: expected a free capture slot, got none (each swap captured into a graph "
+                    "keeps one); create the BlockSwapper with more capture_slots, or capture a "
                     "graph_swap() whose mapping changes between replays"
                 )
-            slot = self._slots.pop(self._next % len(self._slots))
-            self._next %= len(self._slots)
+            slot = self._capture_pool.pop()
             self._retired.append(slot)
         return slot
 
@@ -441,9 +490,10 @@ def _check_mode(mode) -> str:
     return mode
 
 
-def _positive_int(value, name: str) -> int:
+def _positive_int(value, name: str, minimum: int = 1) -> int:
+    what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected a positive int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
+        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected {what}, got {value}")
     return int(value)

@@ -107,3 +107,15 @@ def test_small_pairs_fast_path():
     assert small_pairs([(1, 2), (3, 4)], 10, 10, 1) is None  # over max_blocks
     assert small_pairs([(i, i) for i in range(17)], 99, 99, 100) is None  # long: NumPy path
     assert small_pairs(np.array([[1.0, 2.0]]), 10, 10, 100) is None
+
+
+def test_five_by_zero_is_not_an_empty_mapping():
+    with pytest.raises((ValueError, TypeError), match="block_mapping"):
+        normalize_mapping(np.empty((5, 0), dtype=np.int64))
+
+
+def test_duplicates_found_with_huge_destination_pool():
+    m = normalize_mapping([(0, 10_000_000), (1, 5), (2, 10_000_000)])
+    with pytest.raises(ValueError, match="got block 10000000 twice"):
+        check_mapping(m, 10, 20_000_000, "src", "dst")
+    check_mapping(normalize_mapping([(0, 10_000_000), (1, 5)]), 10, 20_000_000, "src", "dst")

@@ -395,3 +395,30 @@ def test_fallback_without_host_mapping(monkeypatch, rng):
     rand_fill(g1, rng)
     check_swap(sw, g1, g2, [(1, 2), (3, 4)], mode="kernel")
     assert sw.last_path == "kernel"
+
+
+def test_partly_registered_range_rejected(swapper):
+    big = np.zeros((64, 4096), dtype=np.uint8)
+    half = big[:32]
+    cs.register_host(half)
+    try:
+        gpu = cp.zeros((64, 4096), dtype=cp.uint8)
+        with pytest.raises(ValueError, match="expected page-locked"):
+            swapper.swap_out(gpu, big, [(0, 40)])
+        swapper.swap_out(gpu[:32], half, [(0, 1)]).synchronize()
+    finally:
+        cs.unregister_host(half)
+
+
+def test_capture_slots_run_out_clearly(rng):
+    sw = cs.BlockSwapper(max_blocks=16, capture_slots=1)
+    host = cs.empty_pinned((32, 256), np.uint8)
+    gpu = cp.empty((32, 256), dtype=cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.begin_capture()
+    try:
+        sw.swap_in(host, gpu, [(0, 1), (2, 3)], stream=stream, mode="kernel")
+        with pytest.raises(RuntimeError, match="expected a free capture slot"):
+            sw.swap_in(host, gpu, [(4, 5), (6, 7)], stream=stream, mode="kernel")
+    finally:
+        stream.end_capture()

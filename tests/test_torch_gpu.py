@@ -77,3 +77,16 @@ def test_mapping_as_numpy_view_of_tensor():
     sw.swap_in(cpu, gpu, torch.tensor([[3, 0], [1, 2]])).synchronize()
     assert torch.equal(gpu[0].cpu(), cpu[3]) and torch.equal(gpu[2].cpu(), cpu[1])
     assert np.array_equal(gpu[1].cpu().numpy(), np.zeros(64, np.float32))
+
+
+def test_tensor_repointed_to_new_storage_is_noticed():
+    sw = cs.BlockSwapper(max_blocks=8)
+    cpu = torch.arange(8 * 64, dtype=torch.float32).reshape(8, 64).pin_memory()
+    gpu = torch.zeros((8, 64), device="cuda")
+    sw.swap_in(cpu, gpu, [(1, 0)]).synchronize()
+    fresh = torch.zeros((8, 64), device="cuda")
+    old = gpu.clone()
+    gpu.set_(fresh)  # same tensor object, new storage
+    sw.swap_in(cpu, gpu, [(2, 0)]).synchronize()
+    assert torch.equal(fresh[0].cpu(), cpu[2])  # went to the new storage
+    assert torch.equal(old[0].cpu(), cpu[1])
