@@ -283,7 +283,7 @@ class BlockSwapper:
         ``ring_size`` kernel swaps are still queued (it then waits for the
         oldest).  It may be called while ``stream`` captures a CUDA graph: the
         captured swap keeps the mapping given at capture (its descriptor slot
-        is retired from the ring for good).  For a captured swap whose mapping
+        comes from the ``capture_slots`` reserve and is kept for good).  For a captured swap whose mapping
         changes on every replay, see :meth:`graph_swap`.
 
         Raises
