@@ -24,7 +24,7 @@ __all__ = ["copy_list", "copy_count", "DmaCopier", "batch_available"]
 _KINDS = {"in": 1, "out": 2, "gpu->gpu": 3}
 
 
-def copy_list(layout, mapping: np.ndarray, use_alias: bool = False):
+def copy_list(layout, mapping: np.ndarray):
     """Destination, source and size arrays of every copy of a swap.
 
     Parameters
@@ -32,10 +32,6 @@ def copy_list(layout, mapping: np.ndarray, use_alias: bool = False):
     layout : Layout
         Resolved layout.
     mapping : numpy.ndarray of shape (N, 2), int64
-    use_alias : bool
-        Address host parts by their device alias instead of their host
-        address (both work for UVA copies; the host address also works where
-        host memory is not mapped).
 
     Returns
     -------
@@ -44,9 +40,9 @@ def copy_list(layout, mapping: np.ndarray, use_alias: bool = False):
     """
     runs = contiguous_runs(mapping)
     dsts, srcs, sizes = [], [], []
-    for i, (s, d) in enumerate(zip(layout.src, layout.dst)):
-        s_base = layout.src_addrs[i] if use_alias else s.ptr
-        d_base = layout.dst_addrs[i] if use_alias else d.ptr
+    # Host parts are addressed by their host address: copies need no mapping.
+    for s, d in zip(layout.src, layout.dst):
+        s_base, d_base = s.ptr, d.ptr
         if _packed(s) and _packed(d):
             # Packed blocks: a whole run is one contiguous range.
             srcs.append(s_base + runs[:, 0] * s.block_stride)

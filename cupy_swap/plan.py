@@ -67,6 +67,8 @@ class Layout:
         The descriptor's part table for ``width``.
     units_per_pair : int
         Vectors per mapping row, all parts together.
+    bytes_per_pair, max_block_bytes : int
+        Bytes one mapping row moves (all parts), and the largest part's block.
     """
 
     src: list
@@ -85,10 +87,13 @@ class Layout:
     serial: int = -1  # set by the swapper that caches this layout
     kernel_ok: bool = True  # False: host parts are not mapped, copy engines only
     unmapped_reason: str = ""
+    # Derived once here: the hot path reads them on every swap.
+    bytes_per_pair: int = field(init=False)
+    max_block_bytes: int = field(init=False)
 
-    @property
-    def bytes_per_pair(self) -> int:
-        return sum(p.block_bytes for p in self.src)
+    def __post_init__(self):
+        self.bytes_per_pair = sum(p.block_bytes for p in self.src)
+        self.max_block_bytes = max((p.block_bytes for p in self.src), default=0)
 
 
 @dataclass

@@ -226,7 +226,6 @@ class BlockSwapper:
         # one without asking whether a queued launch still reads it.
         self._capture_pool = slots[ring_size:]
         self._next = 0
-        self._retired: list[_Slot] = []  # slots read by captured graphs
         self._layouts: dict[tuple, tuple] = {}
         self._event_class = swap_event_class()
 
@@ -347,7 +346,7 @@ class BlockSwapper:
             return "dma"
         if mode != "auto":
             return mode
-        block = max(p.block_bytes for p in layout.src)
+        block = layout.max_block_bytes
         if block >= self.dma_min_copy_bytes:
             return "dma"  # every copy is large: the copy engines win
         n = len(mapping)
@@ -445,9 +444,7 @@ class BlockSwapper:
                     "keeps one); create the BlockSwapper with more capture_slots, or capture a "
                     "graph_swap() whose mapping changes between replays"
                 )
-            slot = self._capture_pool.pop()
-            self._retired.append(slot)
-        return slot
+            return self._capture_pool.pop()
 
     def _launch_shape(self, units: int) -> tuple[int, int]:
         """Grid and CTA size for ``units`` vectors: at most ``max_ctas`` CTAs;
