@@ -140,21 +140,31 @@ class DmaCopier:
         self._memcpy = None
 
     def copy(self, layout, mapping, stream: int, capturing: bool = False) -> int:
-        """Enqueue every copy on ``stream``; returns how many were issued.
-        ``mapping`` is an ``(N, 2)`` array or a short list of pairs.  While
-        ``stream`` captures a graph, copies go one by one (plain memcpy
-        nodes)."""
+        """Enqueue every copy of a swap on ``stream``; returns how many were
+        issued.  ``mapping`` is an ``(N, 2)`` array or a short list of pairs."""
+        if isinstance(mapping, list):
+            dsts, srcs, sizes = small_copy_list(layout, mapping)
+        else:
+            dsts, srcs, sizes = copy_list(layout, mapping)
+        return self.issue(dsts, srcs, sizes, stream, _KINDS[layout.direction], capturing)
+
+    def issue(self, dsts, srcs, sizes, stream: int, kind: int, capturing: bool = False) -> int:
+        """Enqueue copies ``srcs[i] -> dsts[i]`` of ``sizes[i]`` bytes on
+        ``stream``: one ``cuMemcpyBatchAsync`` where possible, else one
+        ``cudaMemcpyAsync`` (of memcpy ``kind``) each.  While ``stream``
+        captures a graph, copies go one by one (plain memcpy nodes).
+
+        Parameters
+        ----------
+        dsts, srcs, sizes : numpy.ndarray of uint64, or lists of int
+            Each of shape (C,).
+        """
         if self._memcpy is None:
             from cupy.cuda import runtime
 
             self._memcpy = runtime.memcpyAsync
             self._batch = memcpy_batch()
-        if isinstance(mapping, list):
-            dsts, srcs, sizes = small_copy_list(layout, mapping)
-            count = len(sizes)
-        else:
-            dsts, srcs, sizes = copy_list(layout, mapping)
-            count = int(sizes.shape[0])
+        count = len(sizes)
         fn, takes_fail = self._batch if self.use_batch else (None, False)
         if fn is not None and count > 1 and stream != 0 and not capturing:
             if isinstance(dsts, list):
@@ -172,7 +182,6 @@ class DmaCopier:
             return count
         if not isinstance(dsts, list):
             dsts, srcs, sizes = dsts.tolist(), srcs.tolist(), sizes.tolist()
-        kind = _KINDS[layout.direction]
         for dst, src, size in zip(dsts, srcs, sizes):
             self._memcpy(dst, src, size, kind, stream)
         return count

@@ -35,8 +35,6 @@ from .plan import check_mapping_for
 
 __all__ = ["GraphSwap"]
 
-_H2D = 1
-
 
 class GraphSwap:
     """A graph-capturable swap of fixed parts with a per-replay mapping.
@@ -116,7 +114,7 @@ class GraphSwap:
             slot = sw._acquire()
             words = write_descriptor(slot.host_words, self.layout, mapping, True)
             slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
-            sw._runtime.memcpyAsync(self._desc.data.ptr, slot.host_ptr, words * 8, _H2D, handle)
+            sw._upload(slot, self._desc.data.ptr, words, handle)
             sw._runtime.eventRecord(event.ptr, handle)
             slot.event = event
         self.num_pairs = int(mapping.shape[0])

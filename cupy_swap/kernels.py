@@ -134,17 +134,26 @@ def _module(device: int, defines: tuple[str, ...]):
 
 
 def get_function(device: int, width: int, unroll: int, defines: tuple[str, ...] = ()) -> int:
-    """``CUfunction`` handle of a kernel on ``device``, compiled and loaded on
-    first use (NVRTC through ``cupy.RawModule``; CuPy caches the binary on
-    disk, keyed by the full source and options)."""
-    key = (device, width, unroll, defines)
+    """``CUfunction`` handle of a swap kernel on ``device``, compiled and
+    loaded on first use (NVRTC through ``cupy.RawModule``; CuPy caches the
+    binary on disk, keyed by the full source and options)."""
+    return get_named_function(device, kernel_name(width, unroll), defines)
+
+
+FETCH_KERNEL = "cupy_swap_fetch"  # descriptor upload (16-byte words)
+FETCH_THREADS = 256
+
+
+def get_named_function(device: int, name: str, defines: tuple[str, ...] = ()) -> int:
+    """``CUfunction`` handle of the module's kernel ``name`` on ``device``."""
+    key = (device, name, defines)
     fn = _functions.get(key)
     if fn is None:
         import cupy
 
         mod = _module(device, defines)
         with cupy.cuda.Device(device):
-            kernel = mod.get_function(kernel_name(width, unroll))
+            kernel = mod.get_function(name)
             fn = kernel.kernel.ptr
         _functions[key] = fn
         _keep_alive.append(kernel)

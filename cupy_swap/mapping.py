@@ -169,15 +169,17 @@ def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str
         )
 
 
-def may_have_runs(m: np.ndarray) -> bool:
-    """Cheap guess whether a mapping holds runs consecutive in both source
-    and destination: looks at a few sampled row pairs only.  A random
-    mapping answers False at once; anything else is worth the exact count."""
+def may_have_runs(m: np.ndarray, column: int | None = None) -> bool:
+    """Cheap guess whether a mapping holds runs of consecutive blocks in
+    both source and destination (or in ``column`` alone): looks at a few
+    sampled row pairs only.  A random mapping answers False at once;
+    anything else is worth the exact count."""
     n = m.shape[0]
     if n < 2:
         return False
+    cols = (0, 1) if column is None else (column,)
     for i in (0, n // 3, (2 * n) // 3, n - 2):
-        if m.item(i + 1, 0) - m.item(i, 0) == 1 and m.item(i + 1, 1) - m.item(i, 1) == 1:
+        if all(m.item(i + 1, c) - m.item(i, c) == 1 for c in cols):
             return True
     return False
 

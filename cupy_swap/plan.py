@@ -23,6 +23,7 @@ from . import memory
 from .blocks import DEVICE, HOST, Part, as_parts
 from .descriptor import PART_WORDS
 from .mapping import check_mapping, normalize_mapping, small_pairs
+from .staging import copy_groups
 
 __all__ = [
     "Layout",
@@ -69,6 +70,14 @@ class Layout:
         Vectors per mapping row, all parts together.
     bytes_per_pair, max_block_bytes : int
         Bytes one mapping row moves (all parts), and the largest part's block.
+    host_groups : list of CopyGroup or None
+        The host side's parts as whole-row copy groups, or None when they
+        cannot be copied run by run, or there is no host side (see
+        :mod:`cupy_swap.staging`).
+    staging_layout : Layout or None
+        Staged swaps: the resolved layout of the kernel half (staging arena
+        -> GPU for swap-ins, GPU -> staging arena for swap-outs), filled in
+        by the swapper.
     """
 
     src: list
@@ -87,6 +96,8 @@ class Layout:
     serial: int = -1  # set by the swapper that caches this layout
     kernel_ok: bool = True  # False: host parts are not mapped, copy engines only
     unmapped_reason: str = ""
+    host_groups: list | None = None
+    staging_layout: Layout | None = None
     # Derived once here: the hot path reads them on every swap.
     bytes_per_pair: int = field(init=False)
     max_block_bytes: int = field(init=False)
@@ -213,6 +224,9 @@ def layout_from_parts(src_parts: list[Part], dst_parts: list[Part]) -> Layout:
     smin = min(src_parts, key=lambda p: p.num_blocks)
     dmin = min(dst_parts, key=lambda p: p.num_blocks)
     return Layout(
+        host_groups=copy_groups(src_parts if direction == IN else dst_parts)
+        if direction != GPU_TO_GPU
+        else None,
         src=src_parts,
         dst=dst_parts,
         direction=direction,

@@ -4,8 +4,10 @@ Each swap writes a descriptor (header, part table, mapping; see
 ``descriptor.py``) into a slot of a ring of pinned staging buffers.  Small
 mappings are read by the kernel straight from there through the buffer's
 device alias; large ones are first copied to the slot's fixed device buffer
-with one ``cudaMemcpyAsync`` (each pair is read by many threads, and device
-memory serves that better than PCIe).  Buffers are allocated once, so their
+(each pair is read by many threads, and device memory serves that better
+than PCIe) by a small upload kernel rather than a ``cudaMemcpyAsync``: copy
+engines work through their queue in order, so a descriptor copy could wait
+behind a long transfer of another stream.  Buffers are allocated once, so their
 addresses never move.  The host only rewrites a slot after the event
 recorded behind the slot's last launch has completed; with ``ring_size``
 slots that is only a wait when more than ``ring_size`` swaps are queued.
@@ -36,23 +38,44 @@ from .plan import (
     check_layout,
     check_mapping_for,
     fast_pairs,
+    layout_from_parts,
     resolve_layout,
+)
+from .staging import (
+    StagedPlan,
+    Stager,
+    chunk_copies,
+    chunk_sizes,
+    group_regions,
+    kernel_pairs,
+    plan_chunks,
+    staging_parts,
 )
 
 __all__ = ["BlockSwapper", "DEFAULT_MAX_CTAS", "DEFAULT_UNROLL"]
 
 DEFAULT_MAX_CTAS = 8
 DEFAULT_UNROLL = 4
-MODES = ("auto", "kernel", "dma")
+MODES = ("auto", "kernel", "dma", "staged")
 # auto: copies this large or larger go to the copy engines (see NOTES.md).
 DMA_MIN_COPY_BYTES = 1 << 20
 # auto: a swap of at most this many copies goes to the copy engines.
 DMA_MAX_COPIES = 1
+# auto: swap-ins of at least this many bytes whose host blocks lie in long
+# runs are staged (copy engines into GPU staging, then a scatter kernel).
+STAGED_MIN_BYTES = 4 << 20
+# ... when their copies average at least this many bytes.
+STAGED_MIN_AVG_COPY_BYTES = 512 << 10
+DEFAULT_STAGING_BYTES = 128 << 20
 # Mappings up to this many rows are read from pinned memory by the kernel
 # (saves a cudaMemcpyAsync call, ~3 us of host time); see benchmarks/NOTES.md.
 DESCRIPTOR_FROM_HOST_MAX_PAIRS = 64
 _LAYOUT_CACHE_SIZE = 64
-_H2D = 1  # cudaMemcpyHostToDevice
+_HOST_COLUMN = {IN: 0, OUT: 1}  # mapping column of host blocks
+# Descriptor uploads use at most this many CTAs (a 64 KiB descriptor is one
+# round of 16-byte loads per thread).
+FETCH_MAX_CTAS = 16
+_H2D, _D2H = 1, 2  # cudaMemcpyKind
 
 
 class _Slot:
@@ -67,28 +90,51 @@ class _Slot:
         self.device_args = _KernelArgs(device_ptr)
         # Arguments that make the kernel read the descriptor straight from
         # pinned memory, through the staging buffer's device alias.
-        self.alias_args = _KernelArgs(memory.host_alias(self.host_ptr, host_words.nbytes))
+        self.host_alias = memory.host_alias(self.host_ptr, host_words.nbytes)
+        self.alias_args = _KernelArgs(self.host_alias)
+        self.fetch_args = _FetchArgs(self.host_alias)
         self.event = None
 
 
+class _FetchArgs:
+    """Arguments ``(src, dst, n16)`` of the descriptor upload kernel, as the
+    ``void**`` array ``cuLaunchKernel`` takes."""
+
+    def __init__(self, src_ptr: int):
+        self.src = ctypes.c_uint64(src_ptr)
+        self.dst = ctypes.c_uint64(0)
+        self.n16 = ctypes.c_uint64(0)
+        fields = (self.src, self.dst, self.n16)
+        self._array = (ctypes.c_void_p * 3)(*(ctypes.addressof(f) for f in fields))
+
+    def set(self, dst_ptr: int, n16: int) -> int:
+        self.dst.value = dst_ptr
+        self.n16.value = n16
+        return ctypes.addressof(self._array)
+
+
 class _KernelArgs:
-    """The kernel's arguments ``(desc, n_parts, units_per_pair, n_pairs)`` as
-    the ``void**`` array ``cuLaunchKernel`` takes; ``ptr`` is its address."""
+    """The kernel's arguments ``(desc, n_parts, units_per_pair, n_pairs,
+    first_pair)`` as the ``void**`` array ``cuLaunchKernel`` takes; ``ptr``
+    is its address.  The driver copies the values at launch, so one object
+    serves consecutive launches."""
 
     def __init__(self, desc_ptr: int):
         self.desc = ctypes.c_uint64(desc_ptr)
         self.n_parts = ctypes.c_int32(0)
         self.units_per_pair = ctypes.c_uint64(0)
         self.n_pairs = ctypes.c_int64(0)
-        fields = (self.desc, self.n_parts, self.units_per_pair, self.n_pairs)
-        self._array = (ctypes.c_void_p * 4)(*(ctypes.addressof(f) for f in fields))
+        self.first_pair = ctypes.c_int64(0)
+        fields = (self.desc, self.n_parts, self.units_per_pair, self.n_pairs, self.first_pair)
+        self._array = (ctypes.c_void_p * 5)(*(ctypes.addressof(f) for f in fields))
         self.ptr = ctypes.addressof(self._array)
 
-    def set(self, n_parts: int, units_per_pair: int, n_pairs: int) -> int:
+    def set(self, n_parts: int, units_per_pair: int, n_pairs: int, first_pair: int = 0) -> int:
         """Store this launch's values; returns the ``void**`` address."""
         self.n_parts.value = n_parts
         self.units_per_pair.value = units_per_pair
         self.n_pairs.value = n_pairs
+        self.first_pair.value = first_pair
         return self.ptr
 
 
@@ -143,8 +189,11 @@ class BlockSwapper:
     capture_slots : int, optional
         Descriptor slots reserved for plain ``swap()`` calls captured into CUDA
         graphs (each captured swap keeps one for good). Default 4.
-    mode : {"auto", "kernel", "dma"}, optional
+    mode : {"auto", "kernel", "dma", "staged"}, optional
         Default path (see :meth:`swap`).
+    staging_bytes : int, optional
+        GPU memory for staged swap-ins (allocated on the first one; 0
+        turns them off). Default 128 MiB.
     timing : bool, optional
         Record a start event with every swap so the returned event's
         ``device_time()`` works (costs about a microsecond). Default False.
@@ -177,6 +226,7 @@ class BlockSwapper:
         capture_slots: int = 4,
         mode: str = "auto",
         timing: bool = False,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
     ):
         import cupy
         from cupy.cuda import driver, runtime
@@ -208,6 +258,11 @@ class BlockSwapper:
         calibrated = load_calibration(self.device) or {}
         self.dma_min_copy_bytes = calibrated.get("dma_min_copy_bytes", DMA_MIN_COPY_BYTES)
         self.dma_max_copies = calibrated.get("dma_max_copies", DMA_MAX_COPIES)
+        self.staged_min_bytes = calibrated.get("staged_min_bytes", STAGED_MIN_BYTES)
+        staging_bytes = _positive_int(staging_bytes, "staging_bytes", minimum=0)
+        # One arena and copy stream per direction: a swap-in and a swap-out
+        # in flight together never wait for each other's rows or queue.
+        self._stagers = {d: Stager(self.device, staging_bytes) for d in (IN, OUT)} if staging_bytes else None
         self.last_path = None  # "kernel" or "dma": what served the last swap
         self._dma = DmaCopier()
         self._serial = itertools.count()
@@ -257,10 +312,13 @@ class BlockSwapper:
             Integer rows ``(src_block, dst_block)``; ``N <= max_blocks``.
         stream : cupy.cuda.Stream, torch.cuda.Stream or int, optional
             Stream to launch on; CuPy's current stream by default.
-        mode : {"auto", "kernel", "dma"}, optional
+        mode : {"auto", "kernel", "dma", "staged"}, optional
             ``"kernel"``: one kernel launch; ``"dma"``: copy engines, one copy
-            per run of consecutive blocks; ``"auto"`` (the swapper's default)
-            picks per call.  ``last_path`` tells which one served.
+            per run of consecutive blocks; ``"staged"`` (host -> GPU only):
+            copy engines move runs of consecutive host blocks into GPU
+            staging buffers and a kernel scatters them to their GPU blocks;
+            ``"auto"`` (the swapper's default) picks per call.  ``last_path``
+            tells which one served.
         wait_for : event, stream, or sequence of them, optional
             CuPy or torch events and streams (or raw stream handles) whose
             work must finish before the copy starts, e.g. the compute stream
@@ -333,9 +391,18 @@ class BlockSwapper:
             self._layouts[key] = _CachedLayout(src, dst, layout)
         return layout
 
-    def choose_path(self, layout: Layout, mapping, mode: str) -> str:
-        """``"kernel"`` or ``"dma"`` for this swap under ``mode``; ``mapping``
-        is an ``(N, 2)`` array or a short list of pairs."""
+    def choose_path(self, layout: Layout, mapping, mode: str, capturing: bool = False) -> str:
+        """``"kernel"``, ``"dma"`` or ``"staged"`` for this swap under
+        ``mode``; ``mapping`` is an ``(N, 2)`` array or a short list of pairs."""
+        return self._route(layout, mapping, mode, capturing)[0]
+
+    def _route(self, layout: Layout, mapping, mode: str, capturing: bool) -> tuple[str, StagedPlan | None]:
+        """The path, and for ``"staged"`` the plan of its chunks."""
+        if mode == "staged":
+            why, chunks = self._staged_plan(layout, mapping, capturing)
+            if why:
+                raise ValueError(f"mode: 'staged' {why}")
+            return "staged", chunks
         if not layout.kernel_ok:
             if mode == "kernel":
                 raise ValueError(
@@ -343,23 +410,71 @@ class BlockSwapper:
                     f"{layout.unmapped_reason}; use mode='dma' or 'auto'"
                 )
             _warn_unmapped(layout.unmapped_reason)
-            return "dma"
+            if mode == "auto":
+                chunks = self._staged_if_better(layout, mapping, capturing)
+                if chunks is not None:
+                    return "staged", chunks
+            return "dma", None
         if mode != "auto":
-            return mode
+            return mode, None
         block = layout.max_block_bytes
         if block >= self.dma_min_copy_bytes:
-            return "dma"  # every copy is large: the copy engines win
+            return "dma", None  # every copy is large: the copy engines win
         n = len(mapping)
         if n * len(layout.src) <= self.dma_max_copies:
-            return "dma"
+            return "dma", None
         if block * n < self.dma_min_copy_bytes:
-            return "kernel"  # no run of these can be large enough
-        if not isinstance(mapping, list) and not may_have_runs(mapping):
-            return "kernel"  # random blocks: skip the exact run count
-        copies, largest = copy_count(layout, mapping)
-        if copies <= self.dma_max_copies or layout.bytes_per_pair * n >= copies * self.dma_min_copy_bytes:
-            return "dma"
-        return "kernel"
+            return "kernel", None  # no run of these can be large enough
+        if isinstance(mapping, list) or may_have_runs(mapping):
+            copies, largest = copy_count(layout, mapping)
+            if copies <= self.dma_max_copies or layout.bytes_per_pair * n >= copies * self.dma_min_copy_bytes:
+                return "dma", None
+        chunks = self._staged_if_better(layout, mapping, capturing)
+        return ("staged", chunks) if chunks is not None else ("kernel", None)
+
+    def _staged_if_better(self, layout: Layout, mapping, capturing: bool) -> StagedPlan | None:
+        """auto: the plan of a staged swap when it beats the kernel (a large
+        swap whose host blocks lie in long runs), else None."""
+        if (
+            layout.host_groups is None
+            or isinstance(mapping, list)
+            or len(mapping) * layout.bytes_per_pair < self.staged_min_bytes
+            or not may_have_runs(mapping, column=_HOST_COLUMN[layout.direction])
+        ):
+            return None
+        why, plan = self._staged_plan(layout, mapping, capturing)
+        if why:
+            return None
+        copies = plan.num_copies_per_group * len(layout.host_groups)
+        if len(mapping) * layout.bytes_per_pair < copies * STAGED_MIN_AVG_COPY_BYTES:
+            return None
+        return plan
+
+    def _staged_plan(self, layout: Layout, mapping, capturing: bool) -> tuple[str, StagedPlan | None]:
+        """``("", plan)`` for a staged swap, or ``(why not, None)``."""
+        if layout.direction not in _HOST_COLUMN:
+            return "moves between host and GPU memory, got GPU -> GPU", None
+        if self._stagers is None:
+            return "needs staging memory, but this swapper has staging_bytes=0", None
+        if capturing:
+            return "cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()", None
+        if layout.host_groups is None:
+            return (
+                "copies whole runs of host rows, but the host parts' rows hold bytes of arrays that "
+                "are not in this swap (pass every view of a block-first pool, or packed arrays)"
+            ), None
+        stager = self._stagers[layout.direction]
+        rows = stager.rows(layout.bytes_per_pair)
+        if rows < 2:
+            return (
+                f"needs room for two blocks of all parts ({2 * layout.bytes_per_pair} bytes) in "
+                f"staging_bytes={stager.staging_bytes}; raise staging_bytes"
+            ), None
+        m = np.asarray(mapping, dtype=np.int64).reshape(-1, 2)
+        sizes = chunk_sizes(m.shape[0], layout.bytes_per_pair, rows // 2)
+        if layout.direction == OUT:
+            sizes.reverse()  # a short first gather lets the copy engine start early
+        return "", plan_chunks(m, sizes, _HOST_COLUMN[layout.direction])
 
     def _swap(self, src, dst, block_mapping, stream, want, mode, wait_for, timing):
         layout = self._layout(src, dst)
@@ -373,7 +488,6 @@ class BlockSwapper:
         if mapping is None:
             mapping = check_mapping_for(layout, block_mapping, self.max_blocks)
         mode = self.mode if mode is None else _check_mode(mode)
-        path = self.choose_path(layout, mapping, mode) if len(mapping) else "none"
         timed = self.timing if timing is None else bool(timing)
         waits = _as_sequence(wait_for)
         runtime = self._runtime
@@ -382,22 +496,25 @@ class BlockSwapper:
             runtime.setDevice(self.device)  # events, default stream and launch on our device
         try:
             handle = stream_handle(stream)
+            capturing = stream_is_capturing(handle)
+            path, chunks = self._route(layout, mapping, mode, capturing) if len(mapping) else ("none", None)
             event = self._event_class(disable_timing=not timed)
             event.path, event.nbytes, event.start = path, len(mapping) * layout.bytes_per_pair, None
             waits = [wait_handle(w) for w in waits]
-            capturing = stream_is_capturing(handle)
             for ev_ptr, _ in waits:
                 runtime.streamWaitEvent(handle, ev_ptr, 0)
             if timed:
                 event.start = self._cupy_event()
                 runtime.eventRecord(event.start.ptr, handle)
-            slot = None
+            slots = ()
             if path == "kernel":
-                slot = self._launch(layout, mapping, handle, capturing)
+                slots = (self._launch(layout, mapping, handle, capturing),)
             elif path == "dma":
                 self._dma.copy(layout, mapping, handle, capturing)
+            elif path == "staged":
+                slots = (self._staged(layout, chunks, handle),)
             runtime.eventRecord(event.ptr, handle)
-            if slot is not None:
+            for slot in slots:
                 slot.event = event  # only a recorded event may gate the slot's reuse
         finally:
             if prev != self.device:
@@ -408,20 +525,142 @@ class BlockSwapper:
     def _launch(self, layout: Layout, mapping, handle: int, capturing: bool) -> _Slot:
         """Write the descriptor into a ring slot, launch the kernel, and
         return the slot (the caller gates its reuse with an event)."""
-        n = len(mapping)
+        slot, args = self._write_slot(layout, mapping, handle, capturing)
+        self._launch_range(layout, args, 0, len(mapping), handle)
+        return slot
+
+    def _write_slot(self, layout: Layout, mapping, handle: int, capturing: bool) -> tuple[_Slot, _KernelArgs]:
+        """Write a descriptor into a free slot; returns the slot and the
+        arguments that point the kernel at it (large mappings are first
+        copied to the slot's device buffer on ``handle``)."""
         slot = self._retire_slot() if capturing else self._acquire()
         end = write_descriptor(slot.host_words, layout, mapping, slot.table_serial != layout.serial)
         slot.table_serial = layout.serial
-        parts = len(layout.src)
-        if n <= self.descriptor_from_host_max_pairs:
-            params = slot.alias_args.set(parts, layout.units_per_pair, n)
-        else:
-            self._runtime.memcpyAsync(slot.device_ptr, slot.host_ptr, end * 8, _H2D, handle)
-            params = slot.device_args.set(parts, layout.units_per_pair, n)
-        grid, threads = self._launch_shape(n * layout.units_per_pair)
+        if len(mapping) <= self.descriptor_from_host_max_pairs:
+            return slot, slot.alias_args
+        self._upload(slot, slot.device_ptr, end, handle)
+        return slot, slot.device_args
+
+    def _upload(self, slot: _Slot, dst_ptr: int, words: int, handle: int) -> None:
+        """Copy the first ``words`` 64-bit words of ``slot``'s descriptor to
+        device memory at ``dst_ptr``, in order on ``handle``: with a small
+        kernel reading the slot's device alias, not a copy engine, whose
+        in-order queue may hold a long transfer of another stream."""
+        if not slot.host_alias:  # host memory not mapped: only a copy can reach it
+            self._runtime.memcpyAsync(dst_ptr, slot.host_ptr, words * 8, _H2D, handle)
+            return
+        n16 = -(-words // 2)  # descriptors are an even number of words
+        grid = min(FETCH_MAX_CTAS, -(-n16 // kernels.FETCH_THREADS))
+        fn = kernels.get_named_function(self.device, kernels.FETCH_KERNEL, self.kernel_defines)
+        params = slot.fetch_args.set(dst_ptr, n16)
+        self._driver.launchKernel(fn, grid, 1, 1, kernels.FETCH_THREADS, 1, 1, 0, handle, params, 0)
+
+    def _launch_range(self, layout: Layout, args: _KernelArgs, first: int, count: int, handle: int) -> None:
+        """Launch the kernel over pairs ``first .. first + count - 1`` of the
+        descriptor ``args`` points at."""
+        params = args.set(len(layout.src), layout.units_per_pair, count, first)
+        grid, threads = self._launch_shape(count * layout.units_per_pair)
         fn = kernels.get_function(self.device, layout.width, self.unroll, self.kernel_defines)
         self._driver.launchKernel(fn, grid, 1, 1, threads, 1, 1, 0, handle, params, 0)
+
+    def _staged(self, layout: Layout, plan: StagedPlan, handle: int) -> _Slot:
+        """Enqueue a staged swap and return its descriptor slot.
+
+        A swap-in runs, per chunk: on the stager's copy stream, waits for
+        the scatters that last read the chunk's staging rows, the
+        copy-engine copies of its host runs and an event; on ``handle``, a
+        wait for that event, the scatter kernel over the chunk's pairs, and
+        an event that frees the rows.  Copies that need no scatter of this
+        swap go out first, so the link starts moving while the host writes
+        the descriptor.  A swap-out mirrors it: gather on ``handle``, copies
+        on the copy stream, and ``handle`` finally waits for the last copy.
+        One descriptor holds every chunk's pairs; each launch takes its
+        range."""
+        st, rt = self._stagers[layout.direction], self._runtime
+        st.ensure()
+        groups, bpp = layout.host_groups, layout.bytes_per_pair
+        rows = st.rows(bpp)
+        half = self._staging_layout(layout, st, rows)
+        k, swap_in = plan.num_chunks, layout.direction == IN
+        with st.lock:
+            copier = st.stream.ptr
+            writer = copier if swap_in else handle  # the stream that fills staging rows
+            if swap_in:
+                rt.eventRecord(st.start.ptr, handle)  # after the caller's waits
+                rt.streamWaitEvent(copier, st.start.ptr, 0)
+            relaid = st.layout_for(groups, bpp)
+            self._wait_all(writer, relaid, st)
+            places = [st.ring.place(size, c) for c, size in enumerate(plan.sizes)]
+            chunk_rows = [p[0] for p in places]
+            copies = chunk_copies(plan, groups, group_regions(groups, rows), st.base, chunk_rows)
+            freed = [None] * k
+
+            def free_rows(c: int) -> None:
+                # The rows chunk c lands in: free once their last reader is done.
+                _, events, chunks = places[c]
+                self._wait_all(writer, events + [freed[d] for d in chunks], st)
+
+            if swap_in:
+                copied = [None] * k
+
+                def copy_in(c: int) -> None:
+                    free_rows(c)
+                    self._dma.issue(*copies[c], copier, _H2D)
+                    copied[c] = st.event()
+                    rt.eventRecord(copied[c].ptr, copier)
+
+                ahead = next((c for c, p in enumerate(places) if p[2]), k)
+                for c in range(ahead):
+                    copy_in(c)
+                slot, args = self._write_slot(half, kernel_pairs(plan, chunk_rows), handle, False)
+                for c in range(k):
+                    if c >= ahead:
+                        copy_in(c)
+                    self._wait_all(handle, [copied[c]], st)
+                    self._launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
+                    freed[c] = st.event()
+                    rt.eventRecord(freed[c].ptr, handle)
+                    st.ring.settle(c, freed[c])
+            else:
+                slot, args = self._write_slot(
+                    half, kernel_pairs(plan, chunk_rows, gpu_first=True), handle, False
+                )
+                for c in range(k):
+                    free_rows(c)
+                    self._launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
+                    gathered = st.event()
+                    rt.eventRecord(gathered.ptr, handle)
+                    self._wait_all(copier, [gathered], st)
+                    dsts, srcs, sizes = copies[c]  # (staging, host) addresses
+                    self._dma.issue(srcs, dsts, sizes, copier, _D2H)
+                    freed[c] = st.event()
+                    rt.eventRecord(freed[c].ptr, copier)
+                    st.ring.settle(c, freed[c])
+                rt.streamWaitEvent(handle, freed[-1].ptr, 0)  # the swap ends when its last copy has landed
         return slot
+
+    def _wait_all(self, stream: int, events: list, stager: Stager) -> None:
+        """Make ``stream`` wait for ``events``, then give them back to the
+        stager's pool (a wait keeps the record it saw)."""
+        for ev in events:
+            self._runtime.streamWaitEvent(stream, ev.ptr, 0)
+        stager.release(events)
+
+    def _staging_layout(self, layout: Layout, stager: Stager, arena_rows: int) -> Layout:
+        """The resolved kernel half of a staged swap: staging arena -> GPU
+        (swap-in) or GPU -> staging arena (swap-out); cached on the layout,
+        as the arena's address and depth never change."""
+        half = layout.staging_layout
+        if half is None:
+            host = layout.src if layout.direction == IN else layout.dst
+            parts = staging_parts(
+                host, layout.host_groups, stager.base, arena_rows, self.device, stager.owner
+            )
+            pair = (parts, layout.dst) if layout.direction == IN else (layout.src, parts)
+            half = resolve_layout(layout_from_parts(*pair), self.device)
+            half.serial = next(self._serial)
+            layout.staging_layout = half
+        return half
 
     def _acquire(self) -> _Slot:
         """The next ring slot, once the last launch that read it has finished."""

@@ -76,9 +76,12 @@ __device__ __forceinline__ int find_part(const SwapPart* parts, int n_parts, u64
 // also across graph replays) so the part table, the pairs and the data can be
 // fetched without first waiting for the header; n_pairs too, except in graph
 // replays, which pass -1 and read the current count from header word 0.
+// first_pair skips that many pairs of the descriptor, so one descriptor can
+// serve several launches over consecutive pair ranges (staged swap-ins
+// scatter chunk by chunk as the copy engines deliver them).
 template <typename T, int UNROLL>
 __device__ __forceinline__ void swap_blocks(const u64* __restrict__ desc, int n_parts, u64 units_per_pair,
-                                            i64 n_pairs_arg) {
+                                            i64 n_pairs_arg, i64 first_pair) {
     __shared__ SwapPart parts[CUPY_SWAP_MAX_PARTS];
     __shared__ u64 header_pairs;
 
@@ -90,7 +93,7 @@ __device__ __forceinline__ void swap_blocks(const u64* __restrict__ desc, int n_
     __syncthreads();
     const u64 n_pairs = n_pairs_arg < 0 ? header_pairs : (u64)n_pairs_arg;
 
-    const i64* pairs = reinterpret_cast<const i64*>(part_words + (u64)n_parts * CUPY_SWAP_PART_WORDS);
+    const i64* pairs = reinterpret_cast<const i64*>(part_words + (u64)n_parts * CUPY_SWAP_PART_WORDS) + 2 * first_pair;
     const u64 total = n_pairs * units_per_pair;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     // 32-bit division is several times cheaper than 64-bit; use it whenever
@@ -155,8 +158,8 @@ __device__ __forceinline__ void swap_blocks(const u64* __restrict__ desc, int n_
 #define CUPY_SWAP_KERNEL(T, WIDTH, UNROLL)                                        \
     extern "C" __global__ void __launch_bounds__((UNROLL) >= 8 ? 512 : 1024)                            \
     cupy_swap_w##WIDTH##_u##UNROLL(const u64* __restrict__ desc, int n_parts,     \
-                                   u64 units_per_pair, i64 n_pairs) {             \
-        swap_blocks<T, UNROLL>(desc, n_parts, units_per_pair, n_pairs);           \
+                                   u64 units_per_pair, i64 n_pairs, i64 first_pair) { \
+        swap_blocks<T, UNROLL>(desc, n_parts, units_per_pair, n_pairs, first_pair); \
     }
 
 #define CUPY_SWAP_WIDTH(T, WIDTH)   \
@@ -169,3 +172,15 @@ CUPY_SWAP_WIDTH(uint2, 8)
 CUPY_SWAP_WIDTH(unsigned int, 4)
 CUPY_SWAP_WIDTH(unsigned short, 2)
 CUPY_SWAP_WIDTH(unsigned char, 1)
+
+// Descriptor upload: copy `n16` 16-byte words from pinned host memory (its
+// device alias) to device memory with SM loads.  A cudaMemcpyAsync would do
+// the same on a copy engine, but copy engines run their queue in order: a
+// 20 KB descriptor copy can wait behind a 40 MB transfer issued on another
+// stream (a concurrent swap-in), stalling the kernel that needs it.
+extern "C" __global__ void __launch_bounds__(256) cupy_swap_fetch(const uint4* __restrict__ src,
+                                                                  uint4* __restrict__ dst, u64 n16) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {
+        dst[i] = src[i];
+    }
+}

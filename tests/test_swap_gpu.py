@@ -361,7 +361,9 @@ def test_dma_strided_views_and_streams(swapper, rng, stream_kind):
 
 
 def test_mode_argument_checked(swapper):
-    with pytest.raises(ValueError, match="mode: expected one of 'auto', 'kernel', 'dma', got 'fast'"):
+    with pytest.raises(
+        ValueError, match="mode: expected one of 'auto', 'kernel', 'dma', 'staged', got 'fast'"
+    ):
         swapper.swap(cs.empty_pinned((2, 16), np.uint8), cp.empty((2, 16), cp.uint8), [(0, 0)], mode="fast")
 
 

@@ -1,0 +1,457 @@
+"""Staged swap-in: the copy engines read host memory, the SMs scatter.
+
+SM loads of host memory are the weak PCIe path: on an H200 a kernel reads
+host memory at 0.87-0.92 of ``cudaMemcpy``, and while it does, a concurrent
+GPU -> host transfer slows too (60-72 GB/s both ways together against ~100
+for the copy engines; ``benchmarks/NOTES.md``).  The copy engines read host
+memory at the full rate, but pay about 1 us per copy, so they only suit long
+contiguous ranges.  A swap-in whose host blocks lie in a few long runs (a KV
+tier that hands out host slots in order) gets both: each run is one
+copy-engine transfer into a GPU staging buffer, and a kernel then scatters
+the staged blocks to their GPU blocks, which may be anywhere, at HBM speed.
+
+The swap is cut into a few chunks placed in a ring of staging rows, so the
+scatter of one chunk overlaps the transfer of the next, and consecutive
+swaps use different rows: a chunk's copies wait only for the scatters that
+read the rows it overwrites.
+
+This module holds the geometry (no GPU needed, tested on CPU) and the
+:class:`Stager` that owns the buffers, the copy stream and the events.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .blocks import DEVICE, Part
+
+__all__ = [
+    "CopyGroup",
+    "copy_groups",
+    "StagedPlan",
+    "plan_chunks",
+    "chunk_copies",
+    "kernel_pairs",
+    "staging_parts",
+    "Stager",
+]
+
+# A swap-in is cut into as few chunks as the staging ring allows: each extra
+# copy-engine copy costs 30-40 us of link time when SM stores to host memory
+# run beside it (a concurrent swap-out; benchmarks/NOTES.md).  The last chunk
+# is only scattered once it has landed, so a swap this large or larger keeps
+# a quarter of its pairs for a short last chunk.
+SPLIT_TAIL_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class CopyGroup:
+    """Host parts whose blocks tile whole rows of one pool, so ``k``
+    consecutive blocks of all of them are one contiguous range.
+
+    Attributes
+    ----------
+    host_ptr : int
+        Host address of block 0's row (the lowest part's block 0).
+    row_bytes : int
+        The parts' block stride: bytes a block occupies in the pool, all of
+        them swapped (no bytes of arrays outside the swap).
+    parts : tuple of int
+        Indices of the parts (into the swap's ``src``).
+    offsets : tuple of int
+        Byte offset of each part's block within a row.
+    """
+
+    host_ptr: int
+    row_bytes: int
+    parts: tuple
+    offsets: tuple
+
+
+def copy_groups(parts: list[Part]) -> list[CopyGroup] | None:
+    """Group host parts into :class:`CopyGroup` s.
+
+    A packed array (``block_stride == block_bytes``) is a group of its own;
+    views ``pool[:, i]`` of a block-first pool form one group when together
+    they cover every byte of a row.  Returns None when some part's rows hold
+    bytes that are not part of the swap (copying whole runs would move them
+    too) or its blocks are not in ascending order.
+    """
+    groups: list[CopyGroup] = []
+    members: list[int] = []
+    for i in sorted(range(len(parts)), key=lambda i: (parts[i].ptr, i)):
+        p = parts[i]
+        if members:
+            first = parts[members[0]]
+            end = parts[members[-1]].ptr + parts[members[-1]].block_bytes
+            if p.ptr != end or p.block_stride != first.block_stride or p.num_blocks != first.num_blocks:
+                return None
+        elif p.block_stride < p.block_bytes:
+            return None
+        members.append(i)
+        first = parts[members[0]]
+        span = p.ptr + p.block_bytes - first.ptr
+        if span == first.block_stride:
+            groups.append(
+                CopyGroup(first.ptr, span, tuple(members), tuple(parts[j].ptr - first.ptr for j in members))
+            )
+            members = []
+        elif span > first.block_stride:
+            return None
+    return None if members else groups
+
+
+def staging_parts(
+    host: list[Part], groups: list[CopyGroup], base: int, rows: int, device: int, owner
+) -> list[Part]:
+    """The parts of the staging arena at ``base``, ``rows`` blocks deep:
+    group ``g`` occupies ``rows * row_bytes`` bytes after the groups before
+    it, with the same row geometry as on the host, so each run copies byte
+    for byte.  Part ``i`` mirrors the host part ``host[i]`` (dtype, block
+    shape).  A chunk takes the same rows of every group, so one part table
+    serves them all."""
+    out: list[Part | None] = [None] * len(host)
+    for g, region in zip(groups, group_regions(groups, rows)):
+        for i, off in zip(g.parts, g.offsets):
+            p = host[i]
+            out[i] = Part(
+                name=f"staging[{i}]",
+                location=DEVICE,
+                device=device,
+                ptr=base + region + off,
+                num_blocks=rows,
+                block_stride=g.row_bytes,
+                block_bytes=p.block_bytes,
+                block_shape=p.block_shape,
+                dtype=p.dtype,
+                writeable=True,
+                array=owner,
+            )
+    return out
+
+
+def group_regions(groups: list[CopyGroup], rows: int) -> list[int]:
+    """Byte offset of each group's region in an arena ``rows`` blocks deep."""
+    offsets, at = [], 0
+    for g in groups:
+        offsets.append(at)
+        at += rows * g.row_bytes
+    return offsets
+
+
+def chunk_sizes(n: int, bytes_per_pair: int, max_rows: int) -> list[int]:
+    """Pairs per chunk for a swap of ``n`` pairs: chunks of ``max_rows``
+    while more remain, then the rest, split 3:1 when it is at least
+    ``SPLIT_TAIL_BYTES`` so the scatter left after the last copy is short."""
+    sizes = []
+    while n > max_rows:
+        sizes.append(max_rows)
+        n -= max_rows
+    if n * bytes_per_pair >= SPLIT_TAIL_BYTES and n >= 2:
+        head = -(-3 * n // 4)
+        sizes += [head, n - head]
+    else:
+        sizes.append(n)
+    return sizes
+
+
+def host_runs(host_blocks: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """Sort the pairs by host block and find runs of consecutive host blocks.
+
+    Parameters
+    ----------
+    host_blocks : numpy.ndarray of shape (N,), int64
+
+    Returns
+    -------
+    order : numpy.ndarray of shape (N,) or None
+        Pair order by host block; None when already ascending.
+    sorted_blocks : numpy.ndarray of shape (N,)
+    run_starts : numpy.ndarray of shape (R,)
+        Index (into the sorted pairs) where each run starts.
+    """
+    step = np.diff(host_blocks)
+    order = None
+    if step.size and step.min() <= 0:
+        order = np.argsort(host_blocks, kind="stable")
+        host_blocks = host_blocks[order]
+        step = np.diff(host_blocks)
+    starts = np.flatnonzero(step != 1) + 1
+    return order, host_blocks, np.concatenate(([0], starts))
+
+
+@dataclass
+class StagedPlan:
+    """A staged swap-in cut into chunks, before staging rows are chosen.
+
+    Copies are *pieces*: runs of consecutive host blocks cut at chunk edges.
+    Pieces are few on the path ``auto`` takes (about one per chunk), so they
+    are kept as Python lists: cheaper than NumPy arrays at that size.
+
+    Attributes
+    ----------
+    sizes : list of int
+        Pairs per chunk.
+    starts : list of int
+        Index of each chunk's first pair in staging order, then ``N``.
+    gpu_blocks : numpy.ndarray of shape (N,), int64
+        GPU block of each pair, in staging order (pairs sorted by host block).
+    piece_rows, piece_hosts, piece_lengths, piece_chunks : list of int
+        Per piece: index of its first pair in staging order, its first host
+        block, its length in blocks, its chunk.
+    chunk_cuts : list of int
+        Pieces ``chunk_cuts[c]:chunk_cuts[c + 1]`` belong to chunk ``c``.
+    """
+
+    sizes: list
+    starts: list
+    gpu_blocks: np.ndarray
+    piece_rows: list
+    piece_hosts: list
+    piece_lengths: list
+    piece_chunks: list
+    chunk_cuts: list
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def num_copies_per_group(self) -> int:
+        return len(self.piece_rows)
+
+
+def plan_chunks(mapping: np.ndarray, sizes: list[int], host_column: int = 0) -> StagedPlan:
+    """Cut a staged swap into chunks of ``sizes`` pairs.
+
+    Parameters
+    ----------
+    mapping : numpy.ndarray of shape (N, 2), int64
+        Checked ``(src_block, dst_block)`` rows, ``N >= 1``.
+    sizes : list of int
+        Pairs per chunk, summing to ``N`` (see :func:`chunk_sizes`).
+    host_column : int
+        0 for a swap-in (host blocks are the sources), 1 for a swap-out.
+    """
+    if host_column:
+        mapping = mapping[:, ::-1]  # (host_block, gpu_block) rows
+    n = mapping.shape[0]
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + size)
+    step = np.diff(mapping[:, 0])
+    if not step.size or step.min() == step.max() == 1:
+        # One ascending run (a tier that hands out host slots in order): a
+        # piece per chunk, no NumPy beyond the check.
+        first = int(mapping[0, 0])
+        k = len(sizes)
+        return StagedPlan(
+            sizes, starts, mapping[:, 1], starts[:-1], [first + r for r in starts[:-1]], sizes,
+            list(range(k)), list(range(k + 1)),
+        )  # fmt: skip
+    order, hosts, run_starts = host_runs(mapping[:, 0])
+    gpus = mapping[:, 1] if order is None else mapping[order, 1]
+    edge = np.zeros(n, dtype=bool)
+    edge[run_starts] = True
+    edge[starts[:-1]] = True  # no copy spans two chunks
+    rows = np.flatnonzero(edge)
+    chunk_of = np.searchsorted(starts, rows, side="right") - 1
+    cuts = np.searchsorted(rows, starts).tolist()
+    return StagedPlan(
+        sizes, starts, gpus, rows.tolist(), hosts[rows].tolist(), np.diff(rows, append=n).tolist(),
+        chunk_of.tolist(), cuts,
+    )  # fmt: skip
+
+
+def chunk_copies(plan: StagedPlan, groups: list[CopyGroup], regions: list[int], base: int, chunk_rows: list):
+    """The copy-engine copies of every chunk.
+
+    Parameters
+    ----------
+    plan : StagedPlan
+    groups, regions : list
+        Host copy groups and their regions in the staging arena.
+    base : int
+        Staging arena address.
+    chunk_rows : list of int
+        Per chunk, the first arena row it is placed at.
+
+    Returns
+    -------
+    list of (list, list, list)
+        Per chunk: destination addresses, host addresses, byte counts.
+    """
+    starts = plan.starts
+    rows = [chunk_rows[c] + r - starts[c] for r, c in zip(plan.piece_rows, plan.piece_chunks)]
+    per_group = [
+        (
+            [base + region + r * g.row_bytes for r in rows],
+            [g.host_ptr + h * g.row_bytes for h in plan.piece_hosts],
+            [k * g.row_bytes for k in plan.piece_lengths],
+        )
+        for g, region in zip(groups, regions)
+    ]
+    out = []
+    cuts = plan.chunk_cuts
+    for c in range(plan.num_chunks):
+        lo, hi = cuts[c], cuts[c + 1]
+        dsts, srcs, sizes = [], [], []
+        for d, s, z in per_group:
+            dsts += d[lo:hi]
+            srcs += s[lo:hi]
+            sizes += z[lo:hi]
+        out.append((dsts, srcs, sizes))
+    return out
+
+
+def kernel_pairs(plan: StagedPlan, chunk_rows: list, gpu_first: bool = False) -> np.ndarray:
+    """The kernel half's mapping, shape (N, 2), in staging order (chunk ``c``
+    is pairs ``starts[c]`` onward): ``(arena row, GPU block)`` rows for a
+    swap-in's scatter, ``(GPU block, arena row)`` with ``gpu_first`` for a
+    swap-out's gather."""
+    n = plan.gpu_blocks.shape[0]
+    shift = np.array([r - s for r, s in zip(chunk_rows, plan.starts)], dtype=np.int64)
+    out = np.empty((n, 2), dtype=np.int64)
+    row, gpu = (1, 0) if gpu_first else (0, 1)
+    out[:, row] = np.repeat(shift, plan.sizes)
+    out[:, row] += np.arange(n, dtype=np.int64)
+    out[:, gpu] = plan.gpu_blocks
+    return out
+
+
+class RowRing:
+    """Placement of chunks in a ring of staging rows.
+
+    Each chunk takes the next ``count`` consecutive rows (wrapping to row 0
+    when they do not fit).  Rows stay busy until the event recorded behind
+    the scatter that read them; a new chunk returns the events of the busy
+    regions it overlaps, for the copy stream to wait on.  A chunk of the
+    same swap that it overlaps is named by index instead (its event is not
+    recorded yet).
+
+    Parameters
+    ----------
+    rows : int
+        Rows in the ring.
+    """
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self.head = 0
+        self.busy: list[list] = []  # [first row, end row, event or None, chunk index]
+
+    def place(self, count: int, chunk: int) -> tuple[int, list, list]:
+        """Rows for chunk ``chunk`` of ``count`` rows.
+
+        Returns
+        -------
+        first_row : int
+        events : list
+            Events of earlier swaps' scatters that read these rows.
+        chunks : list of int
+            Earlier chunks of this swap that read them.
+        """
+        if count > self.rows:
+            raise ValueError(f"count: expected at most {self.rows} rows, got {count}")
+        if self.head + count > self.rows:
+            self.head = 0
+        lo, hi = self.head, self.head + count
+        self.head = hi
+        events, chunks, keep = [], [], []
+        for entry in self.busy:
+            if entry[0] < hi and lo < entry[1]:
+                if entry[2] is not None:
+                    events.append(entry[2])
+                else:
+                    chunks.append(entry[3])
+            else:
+                keep.append(entry)
+        keep.append([lo, hi, None, chunk])
+        self.busy = keep
+        return lo, events, chunks
+
+    def settle(self, chunk: int, event) -> None:
+        """Chunk ``chunk`` of the swap being placed is read by the scatter
+        that ``event`` follows."""
+        for entry in self.busy:
+            if entry[2] is None and entry[3] == chunk:
+                entry[2] = event
+
+    def drain(self) -> list:
+        """Forget every region (the arena is about to be laid out anew);
+        returns their events, for the copy stream to wait on."""
+        events = [e[2] for e in self.busy if e[2] is not None]
+        self.busy = []
+        self.head = 0
+        return events
+
+
+class Stager:
+    """The staging arena, the stream its copies run on, the row ring, and a
+    pool of events.  Memory is allocated on first use.
+
+    Parameters
+    ----------
+    device : int
+    staging_bytes : int
+        GPU memory for staging.
+    """
+
+    def __init__(self, device: int, staging_bytes: int):
+        self.device = device
+        self.staging_bytes = staging_bytes // 256 * 256
+        self.lock = threading.Lock()
+        self._memory = None
+        self.stream = None
+        self.ring: RowRing | None = None
+        self.geometry = None  # row sizes of the groups the ring is laid out for
+        self._events: list = []
+
+    def rows(self, bytes_per_pair: int) -> int:
+        """Rows of ``bytes_per_pair`` bytes the arena holds."""
+        return self.staging_bytes // bytes_per_pair if bytes_per_pair else 0
+
+    def ensure(self) -> None:
+        """Allocate the arena and the copy stream (once)."""
+        if self._memory is not None:
+            return
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            self._memory = cupy.empty(self.staging_bytes, dtype=cupy.uint8)
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.start = cupy.cuda.Event(disable_timing=True)
+        self.base = self._memory.data.ptr
+
+    @property
+    def owner(self):
+        """The staging allocation (kept alive by parts that point into it)."""
+        return self._memory
+
+    def layout_for(self, groups: list[CopyGroup], bytes_per_pair: int) -> list:
+        """Lay the ring out for ``groups``; returns the events of scatters
+        that read the arena under a different layout (all must finish first)."""
+        geometry = tuple(g.row_bytes for g in groups)
+        if geometry == self.geometry:
+            return []
+        events = self.ring.drain() if self.ring is not None else []
+        self.ring = RowRing(self.rows(bytes_per_pair))
+        self.geometry = geometry
+        return events
+
+    def event(self):
+        """An event from the pool (a new one when none is free)."""
+        if self._events:
+            return self._events.pop()
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            return cupy.cuda.Event(disable_timing=True)
+
+    def release(self, events) -> None:
+        """Return events whose waits are enqueued (a wait keeps the record it
+        saw, so the event can be recorded again)."""
+        self._events.extend(events)
