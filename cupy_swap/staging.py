@@ -1,22 +1,24 @@
-"""Staged swap-in: the copy engines read host memory, the SMs scatter.
+"""Staged swaps: the copy engines move host runs, the SMs scatter or gather.
 
 SM loads of host memory are the weak PCIe path: on an H200 a kernel reads
-host memory at 0.87-0.92 of ``cudaMemcpy``, and while it does, a concurrent
-GPU -> host transfer slows too (60-72 GB/s both ways together against ~100
-for the copy engines; ``benchmarks/NOTES.md``).  The copy engines read host
-memory at the full rate, but pay about 1 us per copy, so they only suit long
-contiguous ranges.  A swap-in whose host blocks lie in a few long runs (a KV
-tier that hands out host slots in order) gets both: each run is one
-copy-engine transfer into a GPU staging buffer, and a kernel then scatters
-the staged blocks to their GPU blocks, which may be anywhere, at HBM speed.
+host memory at 0.87-0.92 of ``cudaMemcpy``, and in full duplex SM traffic
+holds both directions to about 60 GB/s together, where the copy engines
+reach 97-100 (``benchmarks/NOTES.md``).  The copy engines pay about 1 us per
+copy, so they only suit long contiguous ranges.  A swap whose host blocks
+lie in a few long runs (a KV tier that hands out host slots in order) gets
+both: each run is one copy-engine transfer to or from a GPU staging arena,
+and a kernel moves blocks between the arena and their GPU blocks, which may
+be anywhere, at HBM speed (a scatter after a swap-in's copies, a gather
+before a swap-out's).
 
 The swap is cut into a few chunks placed in a ring of staging rows, so the
-scatter of one chunk overlaps the transfer of the next, and consecutive
-swaps use different rows: a chunk's copies wait only for the scatters that
-read the rows it overwrites.
+kernel half of one chunk overlaps the transfer of the next, and consecutive
+swaps use different rows: a chunk waits only for the work that last read
+the rows it overwrites.
 
 This module holds the geometry (no GPU needed, tested on CPU) and the
-:class:`Stager` that owns the buffers, the copy stream and the events.
+:class:`Stager` that owns an arena, its copy stream, its row ring and an
+event pool.
 """
 
 from __future__ import annotations

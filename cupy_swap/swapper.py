@@ -61,12 +61,14 @@ MODES = ("auto", "kernel", "dma", "staged")
 DMA_MIN_COPY_BYTES = 1 << 20
 # auto: a swap of at most this many copies goes to the copy engines.
 DMA_MAX_COPIES = 1
-# auto: swap-ins of at least this many bytes whose host blocks lie in long
-# runs are staged (copy engines into GPU staging, then a scatter kernel).
-STAGED_MIN_BYTES = 4 << 20
+# auto: swaps of at least this many bytes whose host blocks lie in long runs
+# are staged (copy engines between host runs and a GPU staging ring, a kernel
+# between the ring and the GPU blocks).  Smaller ones lose more to the extra
+# host work than they gain (benchmarks/NOTES.md).
+STAGED_MIN_BYTES = 16 << 20
 # ... when their copies average at least this many bytes.
 STAGED_MIN_AVG_COPY_BYTES = 512 << 10
-DEFAULT_STAGING_BYTES = 128 << 20
+DEFAULT_STAGING_BYTES = 64 << 20
 # Mappings up to this many rows are read from pinned memory by the kernel
 # (saves a cudaMemcpyAsync call, ~3 us of host time); see benchmarks/NOTES.md.
 DESCRIPTOR_FROM_HOST_MAX_PAIRS = 64
@@ -192,8 +194,8 @@ class BlockSwapper:
     mode : {"auto", "kernel", "dma", "staged"}, optional
         Default path (see :meth:`swap`).
     staging_bytes : int, optional
-        GPU memory for staged swap-ins (allocated on the first one; 0
-        turns them off). Default 128 MiB.
+        GPU memory per direction for staged swaps (allocated on a
+        direction's first one; 0 turns staging off). Default 64 MiB.
     timing : bool, optional
         Record a start event with every swap so the returned event's
         ``device_time()`` works (costs about a microsecond). Default False.
