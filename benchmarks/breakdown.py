@@ -6,25 +6,14 @@ kernel alone (a captured graph replayed, timed with events), and the rest
 """
 
 import statistics
-import time
 
 import cupy
 import numpy as np
 
 from cupy_swap import BlockSwapper
-from cupy_swap.bench import CaseBuffers, SwapCase, memcpy_ceiling, time_blocking
+from cupy_swap.bench import CaseBuffers, SwapCase, host_time, memcpy_ceiling, time_blocking
 
 KIB = 1 << 10
-
-
-def host_time(fn, stream, reps=200):
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-        stream.synchronize()
-    return statistics.median(samples)
 
 
 def main():

@@ -1,7 +1,9 @@
 """Turn the JSON that ``benchmarks/run_device.sh`` writes into the markdown
 tables of ``benchmarks/results/RESULTS.md``.
 
-    python benchmarks/make_tables.py RESULTS_DIR COMMIT > benchmarks/results/RESULTS.md
+    python benchmarks/make_tables.py RESULTS_DIR COMMIT [LATER_COMMIT] > benchmarks/results/RESULTS.md
+
+LATER_COMMIT names the commit of ``duplex_default_staging.json`` when it differs.
 """
 
 import json
@@ -14,6 +16,9 @@ FILES_NOTE = """
 - `breakdown.txt`: host time inside `swap()` against the kernel alone (the same swap
   captured in a CUDA graph and replayed), from `benchmarks/breakdown.py`.
 - `seed_table.json`, `goals.json`, `duplex.json`: `python -m cupy_swap bench ... --json`.
+- `duplex_default_staging.json`: `bench --bidir` again, in a later call, with the final
+  default staging size.
+- `staged_sweep.txt`: `benchmarks/staged_sweep.py`, kernel against staged swaps by size.
 - `pytest_benchmark.json`: the pytest-benchmark suite on its 32 KiB x 1250 and 2 MiB x 1 cases.
 - `tune_shape.json`, `tune_paths.json`: the sweeps behind the defaults (earlier commits; NOTES.md).
 - `pytest.log`, `goals.log`: the GPU test run and the sweep's console output.
@@ -61,19 +66,15 @@ CASE_COLUMNS = [
 ]  # fmt: skip
 
 
-def main() -> None:
-    src, commit = Path(sys.argv[1]), sys.argv[2]
-    seed = json.loads((src / "seed_table.json").read_text())
-    goals = json.loads((src / "goals.json").read_text())
-    duplex = json.loads((src / "duplex.json").read_text())
-    out = [f"# Results measured on the device H200 (commit {commit})", ""]
-    out += ["```", *seed["environment"], seed["page"], "```", ""]
-    out += ["## The seed's table: 1 and 1250 pages, each way", ""]
-    out += table(CASE_COLUMNS, case_rows(seed["results"])) + [""]
-    out += ["## Goal sweep (mode auto, random distinct blocks)", ""]
-    out += table(CASE_COLUMNS, case_rows(goals["results"])) + [""]
-    out += ["## Full duplex (swap-in and swap-out together, two streams)", ""]
-    bidir = [
+BIDIR_COLUMNS = [
+    "blocks each way", "host layout", "paths in/out", "one pair GB/s", "memcpy pair GB/s", "ratio",
+    "sustained GB/s", "memcpy sustained GB/s", "ratio", "bit-exact",
+]  # fmt: skip
+
+
+def bidir_table(duplex: dict) -> list:
+    """The full-duplex table of a ``bench --bidir --json`` report."""
+    rows = [
         [
             f"{r['num_blocks']} x {size(r['block_bytes'])}",
             r.get("layout", "contiguous" if r.get("contiguous") else "random"),
@@ -88,19 +89,28 @@ def main() -> None:
         ]
         for r in duplex.get("bidir", [])
     ]
-    columns = [
-        "blocks each way",
-        "mapping",
-        "paths in/out",
-        "one pair GB/s",
-        "memcpy pair GB/s",
-        "ratio",
-        "sustained GB/s",
-        "memcpy sustained GB/s",
-        "ratio",
-        "bit-exact",
-    ]
-    out += table(columns, bidir)
+    return table(BIDIR_COLUMNS, rows)
+
+
+def main() -> None:
+    src, commit = Path(sys.argv[1]), sys.argv[2]
+    seed = json.loads((src / "seed_table.json").read_text())
+    goals = json.loads((src / "goals.json").read_text())
+    duplex = json.loads((src / "duplex.json").read_text())
+    out = [f"# Results measured on the device H200 (commit {commit})", ""]
+    out += ["```", *seed["environment"], seed["page"], "```", ""]
+    out += ["## The seed's table: 1 and 1250 pages, each way", ""]
+    out += table(CASE_COLUMNS, case_rows(seed["results"])) + [""]
+    out += ["## Goal sweep (mode auto, random distinct blocks)", ""]
+    out += table(CASE_COLUMNS, case_rows(goals["results"])) + [""]
+    out += ["## Full duplex (swap-in and swap-out together, two streams)", ""]
+    out += bidir_table(duplex)
+    extra = src / "duplex_default_staging.json"
+    if extra.exists():
+        note = json.loads(extra.read_text())
+        later = sys.argv[3] if len(sys.argv) > 3 else commit
+        out += ["", f"Again in a later call (commit {later}, with the final defaults):", ""]
+        out += bidir_table(note)
     out += ["", "## Interference with a matrix product (8192^3 fp16, another stream)", ""]
     gemm = [
         [
@@ -113,6 +123,10 @@ def main() -> None:
         for r in duplex.get("with_gemm", [])
     ]
     out += table(["CTA budget", "matmul alone ms", "matmul beside swaps ms", "slowdown", "swap GB/s"], gemm)
+    sweep = src / "staged_sweep.txt"
+    if sweep.exists():
+        out += ["", "## Staged against kernel, host blocks in one run (blocking latency, us)", ""]
+        out += ["```", *sweep.read_text().rstrip().splitlines(), "```"]
     print("\n".join(out) + "\n" + FILES_NOTE)
 
 

@@ -8,26 +8,14 @@ staging (``STAGED_MIN_BYTES``).
 
 import argparse
 import json
-import statistics
-import time
 
 import cupy
 import numpy as np
 
 from cupy_swap import BlockSwapper
-from cupy_swap.bench import CaseBuffers, SwapCase, _bidir_mapping, memcpy_ceiling, time_blocking
+from cupy_swap.bench import CaseBuffers, SwapCase, bidir_mapping, host_time, memcpy_ceiling, time_blocking
 
 KIB = 1 << 10
-
-
-def host_time(fn, stream, reps=50):
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-        stream.synchronize()
-    return statistics.median(samples)
 
 
 def main():
@@ -45,7 +33,7 @@ def main():
     for direction, (block, n) in [(d, c) for d in ("in", "out") for c in cases]:
         case = SwapCase(direction, block, n)
         bufs = CaseBuffers(case, rng)
-        bufs.mapping = _bidir_mapping("host-runs", n, bufs.host_blocks, rng, direction)
+        bufs.mapping = bidir_mapping("host-runs", n, bufs.host_blocks, rng, direction)
         stream = cupy.cuda.Stream(non_blocking=True)
         sw = BlockSwapper(max_blocks=n)
         ceiling = memcpy_ceiling(bufs, stream, args.reps)["latency_s"]
@@ -59,7 +47,7 @@ def main():
             row[mode + "_path"] = sw.last_path
             row[mode + "_ok"] = bufs.verify()
             if mode != "auto":
-                row[mode + "_host_s"] = host_time(swap, stream)
+                row[mode + "_host_s"] = host_time(swap, stream, reps=50)
         rows.append(row)
         ok = all(row[m + "_ok"] for m in ("kernel", "staged", "auto"))
         print(

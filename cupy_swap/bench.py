@@ -22,9 +22,11 @@ __all__ = [
     "SwapCase",
     "CaseBuffers",
     "time_blocking",
+    "host_time",
     "memcpy_ceiling",
     "per_block_memcpy",
     "random_mapping",
+    "bidir_mapping",
     "fill_random",
 ]
 
@@ -193,6 +195,18 @@ def time_blocking(fn, stream, reps: int = 30, warmup: int = 3) -> dict:
     return {"latency_s": statistics.median(host), "device_s": statistics.median(dev), "samples": reps}
 
 
+def host_time(fn, stream, reps: int = 200) -> float:
+    """Median host time (seconds) spent inside ``fn()`` alone: the stream is
+    synchronized after each call, outside the clock."""
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        stream.synchronize()
+    return statistics.median(samples)
+
+
 def memcpy_ceiling(buffers: CaseBuffers, stream, reps: int = 30) -> dict:
     """One contiguous ``cudaMemcpyAsync`` of the case's byte count."""
     from cupy.cuda import runtime
@@ -292,7 +306,7 @@ HOST_LAYOUTS = {
 }
 
 
-def _bidir_mapping(layout: str, n: int, blocks: int, rng, direction: str) -> np.ndarray:
+def bidir_mapping(layout: str, n: int, blocks: int, rng, direction: str) -> np.ndarray:
     """``(n, 2)`` mapping for one direction of a duplex case."""
     if layout == "random":
         return random_mapping(n, blocks, blocks, rng)
@@ -338,8 +352,8 @@ def run_bidir(
     s_in, s_out = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
     case_in, case_out = SwapCase("in", block_bytes, n), SwapCase("out", block_bytes, n)
     b_in, b_out = CaseBuffers(case_in, rng), CaseBuffers(case_out, rng)
-    b_in.mapping = _bidir_mapping(layout, n, b_in.host_blocks, rng, "in")
-    b_out.mapping = _bidir_mapping(layout, n, b_out.host_blocks, rng, "out")
+    b_in.mapping = bidir_mapping(layout, n, b_in.host_blocks, rng, "in")
+    b_out.mapping = bidir_mapping(layout, n, b_out.host_blocks, rng, "out")
     sw = BlockSwapper(max_blocks=n, max_ctas=max_ctas, mode=mode)
     total = case_in.total_bytes + case_out.total_bytes
 

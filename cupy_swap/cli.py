@@ -257,9 +257,9 @@ def cmd_info(args) -> int:
         print(f"  copy engines (async engine count): {attr(runtime.cudaDevAttrAsyncEngineCount)}")
         print(f"  host memory reachable by kernels: {'yes' if mapped else 'no'} ({why})")
         modes = (
-            ["auto", "kernel", "dma"]
+            ["auto", "kernel", "dma", "staged"]
             if mapped
-            else ["auto (dma for host arrays)", "dma", "kernel (GPU->GPU only)"]
+            else ["auto (dma or staged for host arrays)", "dma", "staged", "kernel (GPU->GPU only)"]
         )
         print(f"  modes: {', '.join(modes)}")
     print(
@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--layers", type=int, default=1, help="parts per side (layers x K/V)")
     b.add_argument("--contiguous", action="store_true", help="consecutive blocks instead of random")
     b.add_argument("--max-ctas", type=int, default=None, help="CTA budget (default: library default)")
-    b.add_argument("--modes", default="auto", help="comma list of auto,kernel,dma to compare")
+    b.add_argument("--modes", default="auto", help="comma list of auto,kernel,dma,staged to compare")
     b.add_argument("--sweep", choices=("goals",), help="the performance goals' cases instead of the table")
     b.add_argument("--bidir", action="store_true", help="swap-in and swap-out together on two streams")
     b.add_argument("--bidir-blocks", type=int, default=1250)

@@ -99,6 +99,17 @@ def test_row_ring_places_and_reports_overlaps():
         ring2.place(7, 0)
 
 
+def _kernel_half(pairs, stage, gpu, first_row, size, gather):
+    """What the scatter (or gather) kernel does for one chunk: move each
+    block between its staging row and its GPU block, every part."""
+    for a, b in pairs:
+        blk, row = (a, b) if gather else (b, a)
+        assert first_row <= row < first_row + size
+        for sp, gp in zip(stage, gpu):
+            at_stage, at_gpu = sp.ptr + row * sp.block_stride, gp.ptr + blk * gp.block_stride
+            ctypes.memmove(*((at_stage, at_gpu) if gather else (at_gpu, at_stage)), sp.block_bytes)
+
+
 def _simulate(host_arrays, gpu_arrays, mapping, max_rows, ring_rows, direction):
     """Carry out a staged swap on NumPy buffers, chunk by chunk in stream
     order (swap-in: copies into ring rows, then their scatter; swap-out: a
@@ -127,12 +138,7 @@ def _simulate(host_arrays, gpu_arrays, mapping, max_rows, ring_rows, direction):
         first_row, size = chunk_rows[c], plan.sizes[c]
         chunk_pairs = pairs[plan.starts[c] : plan.starts[c + 1]].tolist()
         if direction == "out":  # gather first
-            for blk, row in chunk_pairs:
-                assert first_row <= row < first_row + size
-                for sp, gp in zip(stage, gpu):
-                    ctypes.memmove(
-                        sp.ptr + row * sp.block_stride, gp.ptr + blk * gp.block_stride, sp.block_bytes
-                    )
+            _kernel_half(chunk_pairs, stage, gpu, first_row, size, gather=True)
         for d, h, n in zip(stage_addrs, host_addrs, nbytes):
             # Every copy stays inside its chunk's rows, in one group's region.
             inside = [
@@ -144,12 +150,7 @@ def _simulate(host_arrays, gpu_arrays, mapping, max_rows, ring_rows, direction):
             ctypes.memmove(d, h, n) if direction == "in" else ctypes.memmove(h, d, n)
             copies += 1
         if direction == "in":  # then scatter
-            for row, blk in chunk_pairs:
-                assert first_row <= row < first_row + size
-                for sp, gp in zip(stage, gpu):
-                    ctypes.memmove(
-                        gp.ptr + blk * gp.block_stride, sp.ptr + row * sp.block_stride, sp.block_bytes
-                    )
+            _kernel_half(chunk_pairs, stage, gpu, first_row, size, gather=False)
     return copies, plan.num_chunks
 
 
