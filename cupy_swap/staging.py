@@ -152,7 +152,7 @@ def chunk_sizes(n: int, bytes_per_pair: int, max_rows: int) -> list[int]:
     while n > max_rows:
         sizes.append(max_rows)
         n -= max_rows
-    if n * bytes_per_pair >= SPLIT_TAIL_BYTES and n >= 2:
+    if n * bytes_per_pair >= SPLIT_TAIL_BYTES and n >= 4:  # both parts non-empty
         head = -(-3 * n // 4)
         sizes += [head, n - head]
     else:
@@ -241,6 +241,8 @@ def plan_chunks(mapping: np.ndarray, sizes: list[int], host_column: int = 0) -> 
     if host_column:
         mapping = mapping[:, ::-1]  # (host_block, gpu_block) rows
     n = mapping.shape[0]
+    if sum(sizes) != n or min(sizes) < 1:
+        raise ValueError(f"sizes: expected positive chunk sizes summing to {n}, got {sizes}")
     starts = [0]
     for size in sizes:
         starts.append(starts[-1] + size)
@@ -329,21 +331,28 @@ class RowRing:
 
     Each chunk takes the next ``count`` consecutive rows (wrapping to row 0
     when they do not fit).  Rows stay busy until the event recorded behind
-    the scatter that read them; a new chunk returns the events of the busy
-    regions it overlaps, for the copy stream to wait on.  A chunk of the
-    same swap that it overlaps is named by index instead (its event is not
+    the last work that reads them (a swap-in's scatter, a swap-out's
+    copies).  A new chunk gets the events of every busy region it overlaps,
+    for the stream that fills its rows to wait on; the part of a region it
+    does not cover stays busy, since that stream differs from call to call
+    (a swap-out's gathers run on the caller's stream).  A chunk of the same
+    swap that it overlaps is named by index instead (its event is not
     recorded yet).
 
     Parameters
     ----------
     rows : int
         Rows in the ring.
+    barriers : sequence of events, optional
+        Events every row waits for before its first reuse (the work that
+        read the arena under an earlier layout).
     """
 
-    def __init__(self, rows: int):
+    def __init__(self, rows: int, barriers=()):
         self.rows = rows
         self.head = 0
-        self.busy: list[list] = []  # [first row, end row, event or None, chunk index]
+        # [first row, end row, event or None, chunk index]
+        self.busy: list[list] = [[0, rows, ev, -1] for ev in barriers]
 
     def place(self, count: int, chunk: int) -> tuple[int, list, list]:
         """Rows for chunk ``chunk`` of ``count`` rows.
@@ -352,43 +361,55 @@ class RowRing:
         -------
         first_row : int
         events : list
-            Events of earlier swaps' scatters that read these rows.
+            Events of earlier swaps' work that read these rows (each once).
         chunks : list of int
             Earlier chunks of this swap that read them.
         """
-        if count > self.rows:
-            raise ValueError(f"count: expected at most {self.rows} rows, got {count}")
+        if not 1 <= count <= self.rows:
+            raise ValueError(f"count: expected 1 to {self.rows} rows, got {count}")
         if self.head + count > self.rows:
             self.head = 0
         lo, hi = self.head, self.head + count
         self.head = hi
-        events, chunks, keep = [], [], []
+        events, chunks, keep = {}, [], []
         for entry in self.busy:
-            if entry[0] < hi and lo < entry[1]:
-                if entry[2] is not None:
-                    events.append(entry[2])
-                else:
-                    chunks.append(entry[3])
+            first, end, event, owner = entry
+            if first < hi and lo < end:
+                if event is not None:
+                    events[id(event)] = event
+                elif owner not in chunks:
+                    chunks.append(owner)
+                if first < lo:
+                    keep.append([first, lo, event, owner])
+                if hi < end:
+                    keep.append([hi, end, event, owner])
             else:
                 keep.append(entry)
         keep.append([lo, hi, None, chunk])
         self.busy = keep
-        return lo, events, chunks
+        return lo, list(events.values()), chunks
 
     def settle(self, chunk: int, event) -> None:
-        """Chunk ``chunk`` of the swap being placed is read by the scatter
-        that ``event`` follows."""
+        """Chunk ``chunk`` of the swap being placed is read by the work that
+        ``event`` follows."""
         for entry in self.busy:
             if entry[2] is None and entry[3] == chunk:
                 entry[2] = event
 
-    def drain(self) -> list:
-        """Forget every region (the arena is about to be laid out anew);
-        returns their events, for the copy stream to wait on."""
-        events = [e[2] for e in self.busy if e[2] is not None]
-        self.busy = []
-        self.head = 0
-        return events
+    def settle_all(self, event) -> None:
+        """Every region of the swap being placed is read by work that
+        ``event`` follows (after a swap failed halfway)."""
+        for entry in self.busy:
+            if entry[2] is None:
+                entry[2] = event
+
+    def events(self) -> list:
+        """The distinct events that busy rows wait for."""
+        return list({id(e[2]): e[2] for e in self.busy if e[2] is not None}.values())
+
+    def holds(self) -> set:
+        """``id`` of every event a busy row still waits for."""
+        return {id(e[2]) for e in self.busy if e[2] is not None}
 
 
 class Stager:
@@ -417,32 +438,33 @@ class Stager:
         return self.staging_bytes // bytes_per_pair if bytes_per_pair else 0
 
     def ensure(self) -> None:
-        """Allocate the arena and the copy stream (once)."""
+        """Allocate the arena and the copy stream (once; call with ``lock``
+        held).  Raises CuPy's ``OutOfMemoryError`` when the arena does not
+        fit."""
         if self._memory is not None:
             return
         import cupy
 
         with cupy.cuda.Device(self.device):
-            self._memory = cupy.empty(self.staging_bytes, dtype=cupy.uint8)
+            memory = cupy.empty(self.staging_bytes, dtype=cupy.uint8)
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.start = cupy.cuda.Event(disable_timing=True)
-        self.base = self._memory.data.ptr
+        self.base = memory.data.ptr
+        self._memory = memory  # last: it marks the stager ready
 
     @property
     def owner(self):
         """The staging allocation (kept alive by parts that point into it)."""
         return self._memory
 
-    def layout_for(self, groups: list[CopyGroup], bytes_per_pair: int) -> list:
-        """Lay the ring out for ``groups``; returns the events of scatters
-        that read the arena under a different layout (all must finish first)."""
+    def layout_for(self, groups: list[CopyGroup], bytes_per_pair: int) -> None:
+        """Lay the ring out for ``groups``.  Work that read the arena under
+        another layout stays a barrier for every row."""
         geometry = tuple(g.row_bytes for g in groups)
-        if geometry == self.geometry:
-            return []
-        events = self.ring.drain() if self.ring is not None else []
-        self.ring = RowRing(self.rows(bytes_per_pair))
-        self.geometry = geometry
-        return events
+        if geometry != self.geometry:
+            barriers = self.ring.events() if self.ring is not None else []
+            self.ring = RowRing(self.rows(bytes_per_pair), barriers)
+            self.geometry = geometry
 
     def event(self):
         """An event from the pool (a new one when none is free)."""
@@ -455,5 +477,11 @@ class Stager:
 
     def release(self, events) -> None:
         """Return events whose waits are enqueued (a wait keeps the record it
-        saw, so the event can be recorded again)."""
-        self._events.extend(events)
+        saw, so the event can be recorded again), unless busy rows still
+        wait for them."""
+        held = self.ring.holds() if self.ring is not None else set()
+        pooled = {id(e) for e in self._events}
+        for event in events:
+            if id(event) not in held and id(event) not in pooled:
+                self._events.append(event)
+                pooled.add(id(event))

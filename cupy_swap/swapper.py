@@ -265,7 +265,7 @@ class BlockSwapper:
         # One arena and copy stream per direction: a swap-in and a swap-out
         # in flight together never wait for each other's rows or queue.
         self._stagers = {d: Stager(self.device, staging_bytes) for d in (IN, OUT)} if staging_bytes else None
-        self.last_path = None  # "kernel" or "dma": what served the last swap
+        self.last_path = None  # "kernel", "dma" or "staged": what served the last swap
         self._dma = DmaCopier()
         self._serial = itertools.count()
 
@@ -316,11 +316,11 @@ class BlockSwapper:
             Stream to launch on; CuPy's current stream by default.
         mode : {"auto", "kernel", "dma", "staged"}, optional
             ``"kernel"``: one kernel launch; ``"dma"``: copy engines, one copy
-            per run of consecutive blocks; ``"staged"`` (host -> GPU only):
-            copy engines move runs of consecutive host blocks into GPU
-            staging buffers and a kernel scatters them to their GPU blocks;
-            ``"auto"`` (the swapper's default) picks per call.  ``last_path``
-            tells which one served.
+            per run of consecutive blocks; ``"staged"`` (host <-> GPU): copy
+            engines move runs of consecutive host blocks between the host
+            and a GPU staging arena, and a kernel scatters (swap-in) or
+            gathers (swap-out) the GPU blocks; ``"auto"`` (the swapper's
+            default) picks per call.  ``last_path`` tells which one served.
         wait_for : event, stream, or sequence of them, optional
             CuPy or torch events and streams (or raw stream handles) whose
             work must finish before the copy starts, e.g. the compute stream
@@ -472,6 +472,16 @@ class BlockSwapper:
                 f"needs room for two blocks of all parts ({2 * layout.bytes_per_pair} bytes) in "
                 f"staging_bytes={stager.staging_bytes}; raise staging_bytes"
             ), None
+        from cupy.cuda.memory import OutOfMemoryError
+
+        try:
+            with stager.lock:
+                stager.ensure()  # here, so a failure comes before any work is queued
+        except OutOfMemoryError as e:
+            return (
+                f"could not allocate its staging arena of {stager.staging_bytes} bytes ({e}); "
+                f"lower staging_bytes or use mode='kernel'"
+            ), None
         m = np.asarray(mapping, dtype=np.int64).reshape(-1, 2)
         sizes = chunk_sizes(m.shape[0], layout.bytes_per_pair, rows // 2)
         if layout.direction == OUT:
@@ -577,69 +587,94 @@ class BlockSwapper:
         the descriptor.  A swap-out mirrors it: gather on ``handle``, copies
         on the copy stream, and ``handle`` finally waits for the last copy.
         One descriptor holds every chunk's pairs; each launch takes its
-        range."""
-        st, rt = self._stagers[layout.direction], self._runtime
-        st.ensure()
+        range.  All staged swaps of one direction share the copy stream, so
+        one also starts after the work queued before any earlier one on its
+        own stream."""
+        st = self._stagers[layout.direction]
+        with st.lock:
+            st.ensure()
+            try:
+                return self._enqueue_staged(layout, plan, handle, st)
+            except BaseException:
+                self._fence_after_failure(st, handle)
+                raise
+
+    def _enqueue_staged(self, layout: Layout, plan: StagedPlan, handle: int, st: Stager) -> _Slot:
+        """The body of :meth:`_staged` (``st.lock`` held)."""
+        rt = self._runtime
         groups, bpp = layout.host_groups, layout.bytes_per_pair
         rows = st.rows(bpp)
         half = self._staging_layout(layout, st, rows)
         k, swap_in = plan.num_chunks, layout.direction == IN
-        with st.lock:
-            copier = st.stream.ptr
-            writer = copier if swap_in else handle  # the stream that fills staging rows
-            if swap_in:
-                rt.eventRecord(st.start.ptr, handle)  # after the caller's waits
-                rt.streamWaitEvent(copier, st.start.ptr, 0)
-            relaid = st.layout_for(groups, bpp)
-            self._wait_all(writer, relaid, st)
-            places = [st.ring.place(size, c) for c, size in enumerate(plan.sizes)]
-            chunk_rows = [p[0] for p in places]
-            copies = chunk_copies(plan, groups, group_regions(groups, rows), st.base, chunk_rows)
-            freed = [None] * k
+        copier = st.stream.ptr
+        writer = copier if swap_in else handle  # the stream that fills staging rows
+        if swap_in:
+            rt.eventRecord(st.start.ptr, handle)  # after the caller's waits
+            rt.streamWaitEvent(copier, st.start.ptr, 0)
+        st.layout_for(groups, bpp)
+        places = [st.ring.place(size, c) for c, size in enumerate(plan.sizes)]
+        chunk_rows = [p[0] for p in places]
+        copies = chunk_copies(plan, groups, group_regions(groups, rows), st.base, chunk_rows)
+        freed = [None] * k
 
-            def free_rows(c: int) -> None:
-                # The rows chunk c lands in: free once their last reader is done.
-                _, events, chunks = places[c]
-                self._wait_all(writer, events + [freed[d] for d in chunks], st)
+        def free_rows(c: int) -> None:
+            # The rows chunk c lands in: free once their last reader is done.
+            _, events, chunks = places[c]
+            self._wait_all(writer, events + [freed[d] for d in chunks], st)
 
-            if swap_in:
-                copied = [None] * k
+        def settle(c: int, stream: int) -> None:
+            freed[c] = st.event()
+            rt.eventRecord(freed[c].ptr, stream)
+            st.ring.settle(c, freed[c])
 
-                def copy_in(c: int) -> None:
-                    free_rows(c)
-                    self._dma.issue(*copies[c], copier, _H2D)
-                    copied[c] = st.event()
-                    rt.eventRecord(copied[c].ptr, copier)
+        if swap_in:
+            copied = [None] * k
 
-                ahead = next((c for c, p in enumerate(places) if p[2]), k)
-                for c in range(ahead):
+            def copy_in(c: int) -> None:
+                free_rows(c)
+                self._dma.issue(*copies[c], copier, _H2D)
+                copied[c] = st.event()
+                rt.eventRecord(copied[c].ptr, copier)
+
+            ahead = next((c for c, p in enumerate(places) if p[2]), k)
+            for c in range(ahead):
+                copy_in(c)
+            slot, args = self._write_slot(half, kernel_pairs(plan, chunk_rows), handle, False)
+            for c in range(k):
+                if c >= ahead:
                     copy_in(c)
-                slot, args = self._write_slot(half, kernel_pairs(plan, chunk_rows), handle, False)
-                for c in range(k):
-                    if c >= ahead:
-                        copy_in(c)
-                    self._wait_all(handle, [copied[c]], st)
-                    self._launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
-                    freed[c] = st.event()
-                    rt.eventRecord(freed[c].ptr, handle)
-                    st.ring.settle(c, freed[c])
-            else:
-                slot, args = self._write_slot(
-                    half, kernel_pairs(plan, chunk_rows, gpu_first=True), handle, False
-                )
-                for c in range(k):
-                    free_rows(c)
-                    self._launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
-                    gathered = st.event()
-                    rt.eventRecord(gathered.ptr, handle)
-                    self._wait_all(copier, [gathered], st)
-                    dsts, srcs, sizes = copies[c]  # (staging, host) addresses
-                    self._dma.issue(srcs, dsts, sizes, copier, _D2H)
-                    freed[c] = st.event()
-                    rt.eventRecord(freed[c].ptr, copier)
-                    st.ring.settle(c, freed[c])
-                rt.streamWaitEvent(handle, freed[-1].ptr, 0)  # the swap ends when its last copy has landed
+                self._wait_all(handle, [copied[c]], st)
+                self._launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
+                settle(c, handle)
+        else:
+            slot, args = self._write_slot(half, kernel_pairs(plan, chunk_rows, gpu_first=True), handle, False)
+            for c in range(k):
+                free_rows(c)
+                self._launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
+                gathered = st.event()
+                rt.eventRecord(gathered.ptr, handle)
+                self._wait_all(copier, [gathered], st)
+                dsts, srcs, sizes = copies[c]  # (staging, host) addresses
+                self._dma.issue(srcs, dsts, sizes, copier, _D2H)
+                settle(c, copier)
+            rt.streamWaitEvent(handle, freed[-1].ptr, 0)  # the swap ends when its last copy has landed
         return slot
+
+    def _fence_after_failure(self, st: Stager, handle: int) -> None:
+        """A staged swap failed halfway: mark every row it placed as read by
+        work that ends after everything it may have queued on either stream,
+        so the ring stays sound.  Best effort: if even that fails, forget the
+        ring's layout (and its events) instead."""
+        rt = self._runtime
+        try:
+            on_caller, fence = st.event(), st.event()
+            rt.eventRecord(on_caller.ptr, handle)
+            rt.streamWaitEvent(st.stream.ptr, on_caller.ptr, 0)
+            rt.eventRecord(fence.ptr, st.stream.ptr)
+            st.ring.settle_all(fence)
+            st.release([on_caller])
+        except Exception:
+            st.ring, st.geometry = None, None
 
     def _wait_all(self, stream: int, events: list, stager: Stager) -> None:
         """Make ``stream`` wait for ``events``, then give them back to the

@@ -209,3 +209,41 @@ def test_staged_layouts_alternate_on_one_arena(rng):
     assert np.array_equal(cp.asnumpy(small_g), ref_small)
     for g, r in zip(big_g, ref_big):
         assert np.array_equal(cp.asnumpy(g), r)
+
+
+def test_staged_swap_outs_on_several_streams_share_the_ring(rng):
+    """Staged swap-outs take turns on two streams while the ring wraps: a
+    gather on one stream must not overwrite rows whose copies (queued by a
+    swap from the other stream's turn before) have not run yet."""
+    block = 4096
+    sw = cs.BlockSwapper(max_blocks=256, staging_bytes=96 * block)  # 96 rows: wraps every swap or two
+    gpu = cp.empty((512, block), dtype=cp.uint8)
+    rand_fill(gpu, rng)
+    host = cs.zeros_pinned((2048, block), np.uint8)
+    ref = host.copy()
+    ref_gpu = cp.asnumpy(gpu)
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    regions = [(host[:1024], 0), (host[1024:], 1024)]
+    for i in range(60):
+        k = i % 2
+        n = int(rng.integers(20, 48))
+        h_dst, h0 = regions[k]
+        start = int(rng.integers(0, 1024 - n + 1))
+        m = np.column_stack((rng.choice(512, n, replace=False), np.arange(start, start + n)))
+        sw.swap_out(gpu, h_dst, m, stream=streams[k], mode="staged")
+        ref[h0 + m[:, 1]] = ref_gpu[m[:, 0]]
+    for s in streams:
+        s.synchronize()
+    assert np.array_equal(host, ref)
+
+
+@pytest.mark.parametrize("direction", ["in", "out"])
+def test_staged_few_huge_blocks(rng, direction):
+    """Three 2 MiB blocks with gaps between them: one chunk, three copies."""
+    host = cs.empty_pinned((8, 2 << 20), np.uint8)
+    gpu = cp.empty((8, 2 << 20), dtype=cp.uint8)
+    src, dst = (host, gpu) if direction == "in" else (gpu, host)
+    rand_fill(src, rng)
+    poison(dst)
+    pairs = [(0, 5), (2, 1), (4, 7)] if direction == "in" else [(5, 0), (1, 2), (7, 4)]
+    check_swap(cs.BlockSwapper(max_blocks=8), src, dst, pairs, mode="staged")

@@ -72,12 +72,18 @@ def test_host_runs_sorts_only_when_needed():
 
 
 def test_chunk_sizes():
-    kib = 1024
+    kib, mib = 1024, 1 << 20
     assert chunk_sizes(1250, 32 * kib, max_rows=2048) == [938, 312]  # 3:1, a short last scatter
     assert chunk_sizes(1250, 32 * kib, max_rows=1024) == [1024, 170, 56]
     assert chunk_sizes(100, 32 * kib, max_rows=2048) == [100]  # 3.2 MB: one chunk
     assert chunk_sizes(10, 32 * kib, max_rows=4) == [4, 4, 2]
     assert sum(chunk_sizes(10000, 4 * kib, max_rows=777)) == 10000
+    # Few huge pairs: never an empty chunk.
+    assert chunk_sizes(3, 5 * mib, max_rows=100) == [3]
+    assert chunk_sizes(8, 5 * mib, max_rows=6) == [6, 2]
+    assert chunk_sizes(4, 5 * mib, max_rows=100) == [3, 1]
+    with pytest.raises(ValueError, match="positive chunk sizes summing to 3"):
+        plan_chunks(np.array([[0, 1], [1, 2], [2, 0]]), [3, 0])
 
 
 def test_row_ring_places_and_reports_overlaps():
@@ -89,14 +95,32 @@ def test_row_ring_places_and_reports_overlaps():
     # A new swap: rows 8-9 are free; then 4 rows do not fit, so it wraps and meets chunk 0's rows.
     assert ring.place(2, 0) == (8, [], [])
     assert ring.place(4, 1) == (0, ["ev0"], [])
-    assert ring.place(5, 2) == (4, ["ev1"], [0])  # the last swap's chunk 1 and this swap's chunk 0
-    ring2 = RowRing(6)
-    ring2.place(3, 0)
-    ring2.place(3, 1)
-    assert ring2.place(3, 2) == (0, [], [0])  # the same swap's chunk 0: wait for its scatter
-    assert ring2.drain() == []
-    with pytest.raises(ValueError, match="at most 6 rows, got 7"):
-        ring2.place(7, 0)
+    # Rows 4-8: the last swap's chunk 1 and row 8 of this swap's chunk 0, whose row 9 stays busy.
+    assert ring.place(5, 2) == (4, ["ev1"], [0])
+    assert [9, 10, None, 0] in ring.busy
+    with pytest.raises(ValueError, match="count: expected 1 to 10 rows, got 11"):
+        ring.place(11, 3)
+    with pytest.raises(ValueError, match="got 0"):
+        ring.place(0, 3)
+
+
+def test_row_ring_keeps_what_a_chunk_does_not_cover():
+    """A partly overwritten region stays busy: the next writer of its other
+    rows may be another stream (a swap-out's gather), so it must wait too."""
+    ring = RowRing(10)
+    ring.place(6, 0)
+    ring.settle(0, "a")
+    assert ring.place(5, 0) == (0, ["a"], [])  # wraps: rows 0-4 of a's 0-5
+    ring.settle(0, "b")
+    assert ring.place(3, 0) == (5, ["a"], [])  # row 5 is still a's
+    assert ring.holds() == {id("b")}  # a's last row is now covered
+
+
+def test_row_ring_barriers_guard_every_row():
+    ring = RowRing(8, barriers=["old", "old2"])
+    assert ring.place(3, 0) == (0, ["old", "old2"], [])
+    assert ring.place(5, 1) == (3, ["old", "old2"], [])
+    assert ring.events() == []  # every row reused: the barriers are gone
 
 
 def _kernel_half(pairs, stage, gpu, first_row, size, gather):
