@@ -18,6 +18,8 @@ FILES_NOTE = """
 - `seed_table.json`, `goals.json`, `duplex.json`: `python -m cupy_swap bench ... --json`.
 - `duplex_default_staging.json`: `bench --bidir` again, in a later call, with the final
   default staging size.
+- `duplex_final_code.json`: `bench --bidir` on the released code (after the review fixes);
+  NOTES.md item 24 lists all its runs.
 - `staged_sweep.txt`: `benchmarks/staged_sweep.py`, kernel against staged swaps by size.
 - `pytest_benchmark.json`: the pytest-benchmark suite on its 32 KiB x 1250 and 2 MiB x 1 cases.
 - `tune_shape.json`, `tune_paths.json`: the sweeps behind the defaults (earlier commits; NOTES.md).
