@@ -33,11 +33,15 @@ from .blocks import DEVICE, Part
 __all__ = [
     "CopyGroup",
     "copy_groups",
+    "staging_parts",
+    "group_regions",
+    "chunk_sizes",
+    "host_runs",
     "StagedPlan",
     "plan_chunks",
     "chunk_copies",
     "kernel_pairs",
-    "staging_parts",
+    "RowRing",
     "Stager",
 ]
 

@@ -272,3 +272,14 @@ def test_may_have_runs():
     run = np.column_stack((np.arange(100, 1100), np.arange(1000)))
     assert may_have_runs(run)
     assert not may_have_runs(run[:1])
+
+
+def test_may_have_runs_in_one_column():
+    from cupy_swap.mapping import may_have_runs
+
+    rng = np.random.default_rng(0)
+    host_run = np.column_stack((np.arange(100, 1100), rng.permutation(1000)))
+    assert may_have_runs(host_run, column=0)
+    assert not may_have_runs(host_run)  # not in both columns
+    assert not may_have_runs(host_run, column=1)
+    assert may_have_runs(host_run[:, ::-1], column=1)
