@@ -177,11 +177,9 @@ def may_have_runs(m: np.ndarray, column: int | None = None) -> bool:
     n = m.shape[0]
     if n < 2:
         return False
+    cols = (0, 1) if column is None else (column,)
     for i in (0, n // 3, (2 * n) // 3, n - 2):
-        if column is not None:
-            if m.item(i + 1, column) - m.item(i, column) == 1:
-                return True
-        elif m.item(i + 1, 0) - m.item(i, 0) == 1 and m.item(i + 1, 1) - m.item(i, 1) == 1:
+        if all(m.item(i + 1, c) - m.item(i, c) == 1 for c in cols):
             return True
     return False
 

@@ -401,10 +401,10 @@ class BlockSwapper:
     def _route(self, layout: Layout, mapping, mode: str, capturing: bool) -> tuple[str, StagedPlan | None]:
         """The path, and for ``"staged"`` the plan of its chunks."""
         if mode == "staged":
-            why, plan = self._staged_plan(layout, mapping, capturing)
+            why, chunks = self._staged_plan(layout, mapping, capturing)
             if why:
                 raise ValueError(f"mode: 'staged' {why}")
-            return "staged", plan
+            return "staged", chunks
         if not layout.kernel_ok:
             if mode == "kernel":
                 raise ValueError(
@@ -412,8 +412,11 @@ class BlockSwapper:
                     f"{layout.unmapped_reason}; use mode='dma' or 'auto'"
                 )
             _warn_unmapped(layout.unmapped_reason)
-            plan = self._staged_if_better(layout, mapping, capturing) if mode == "auto" else None
-            return ("staged", plan) if plan is not None else ("dma", None)
+            if mode == "auto":
+                chunks = self._staged_if_better(layout, mapping, capturing)
+                if chunks is not None:
+                    return "staged", chunks
+            return "dma", None
         if mode != "auto":
             return mode, None
         block = layout.max_block_bytes
@@ -425,11 +428,11 @@ class BlockSwapper:
         if block * n < self.dma_min_copy_bytes:
             return "kernel", None  # no run of these can be large enough
         if isinstance(mapping, list) or may_have_runs(mapping):
-            copies, _ = copy_count(layout, mapping)
+            copies, largest = copy_count(layout, mapping)
             if copies <= self.dma_max_copies or layout.bytes_per_pair * n >= copies * self.dma_min_copy_bytes:
                 return "dma", None
-        plan = self._staged_if_better(layout, mapping, capturing)
-        return ("staged", plan) if plan is not None else ("kernel", None)
+        chunks = self._staged_if_better(layout, mapping, capturing)
+        return ("staged", chunks) if chunks is not None else ("kernel", None)
 
     def _staged_if_better(self, layout: Layout, mapping, capturing: bool) -> StagedPlan | None:
         """auto: the plan of a staged swap when it beats the kernel (a large
@@ -506,7 +509,7 @@ class BlockSwapper:
         try:
             handle = stream_handle(stream)
             capturing = stream_is_capturing(handle)
-            path, plan = self._route(layout, mapping, mode, capturing) if len(mapping) else ("none", None)
+            path, chunks = self._route(layout, mapping, mode, capturing) if len(mapping) else ("none", None)
             event = self._event_class(disable_timing=not timed)
             event.path, event.nbytes, event.start = path, len(mapping) * layout.bytes_per_pair, None
             waits = [wait_handle(w) for w in waits]
@@ -521,7 +524,7 @@ class BlockSwapper:
             elif path == "dma":
                 self._dma.copy(layout, mapping, handle, capturing)
             elif path == "staged":
-                slots = (self._staged(layout, plan, handle),)
+                slots = (self._staged(layout, chunks, handle),)
             runtime.eventRecord(event.ptr, handle)
             for slot in slots:
                 slot.event = event  # only a recorded event may gate the slot's reuse
@@ -586,9 +589,10 @@ class BlockSwapper:
         One descriptor holds every chunk's pairs; each launch takes its
         range.  All staged swaps of one direction share the copy stream, so
         one also starts after the work queued before any earlier one on its
-        own stream.  The arena exists: :meth:`_staged_plan` allocated it."""
+        own stream."""
         st = self._stagers[layout.direction]
         with st.lock:
+            st.ensure()
             try:
                 return self._enqueue_staged(layout, plan, handle, st)
             except BaseException:
