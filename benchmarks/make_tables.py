@@ -1,9 +1,11 @@
 """Turn the JSON that ``benchmarks/run_device.sh`` writes into the markdown
-tables of ``benchmarks/results/RESULTS.md``.
+tables of ``benchmarks/results/RESULTS.md``, and the README's tables.
 
-    python benchmarks/make_tables.py RESULTS_DIR COMMIT [LATER_COMMIT] > benchmarks/results/RESULTS.md
+    python benchmarks/make_tables.py RESULTS_DIR COMMIT > benchmarks/results/RESULTS.md
+    python benchmarks/make_tables.py --readme RESULTS_DIR COMMIT
 
-LATER_COMMIT names the commit of ``duplex_default_staging.json`` when it differs.
+The second form prints the three tables the README quotes (headline, full
+duplex, CTA budget), so every README figure is a copy of a stored one.
 """
 
 import json
@@ -16,14 +18,12 @@ FILES_NOTE = """
 - `breakdown.txt`: host time inside `swap()` against the kernel alone (the same swap
   captured in a CUDA graph and replayed), from `benchmarks/breakdown.py`.
 - `seed_table.json`, `goals.json`, `duplex.json`: `python -m cupy_swap bench ... --json`.
-- `duplex_default_staging.json`: `bench --bidir` again, in a later call, with the final
-  default staging size.
-- `duplex_final_code.json`: `bench --bidir` on the released code (after the review fixes);
-  NOTES.md item 24 lists all its runs.
 - `staged_sweep.txt`: `benchmarks/staged_sweep.py`, kernel against staged swaps by size.
 - `pytest_benchmark.json`: the pytest-benchmark suite on its 32 KiB x 1250 and 2 MiB x 1 cases.
-- `tune_shape.json`, `tune_paths.json`: the sweeps behind the defaults (earlier commits; NOTES.md).
-- `pytest.log`, `goals.log`: the GPU test run and the sweep's console output.
+- `pytest.log`, `goals.log`: the full test run on the device and the sweep's console output.
+- `earlier/`: results of earlier commits that NOTES.md quotes (each file names its commit there).
+
+Every file here was written by one call of `benchmarks/run_device.sh` on the commit above.
 """
 
 
@@ -94,25 +94,84 @@ def bidir_table(duplex: dict) -> list:
     return table(BIDIR_COLUMNS, rows)
 
 
+def _find(results: list, **want) -> dict:
+    (row,) = [r for r in results if all(r[k] == v for k, v in want.items())]
+    return row
+
+
+def readme_tables(src: Path, commit: str) -> list:
+    """The README's tables, each with the file and command behind it."""
+    seed = json.loads((src / "seed_table.json").read_text())["results"]
+    duplex = json.loads((src / "duplex.json").read_text())
+    rows = {
+        d: _find(seed, direction=d, block_bytes=32768, num_blocks=1250, mode="auto") for d in ("in", "out")
+    }
+    out = [f"<!-- made by: python benchmarks/make_tables.py --readme benchmarks/results {commit} -->", ""]
+    out += ["| | swap in | swap out |", "|---|---|---|"]
+    out.append(
+        "| one `cudaMemcpyAsync` per block (the old way) | "
+        + " | ".join(f"{rows[d]['per_block_gbps']:.1f} GB/s" for d in ("in", "out"))
+        + " |"
+    )
+    out.append(
+        "| **cupy_swap** (`auto`: one kernel launch) | "
+        + " | ".join(
+            f"**{rows[d]['gbps']:.1f} GB/s** ({rows[d]['ratio']:.2f} of memcpy)" for d in ("in", "out")
+        )
+        + " |"
+    )
+    out.append(
+        "| one contiguous `cudaMemcpyAsync` of the same bytes (ceiling) | "
+        + " | ".join(f"{rows[d]['ceiling_gbps']:.1f} GB/s" for d in ("in", "out"))
+        + " |"
+    )
+    out += ["", "Full duplex:", ""]
+    out += ["| host blocks | paths in/out | sustained (pairs queued) | ratio | one pair, blocking | ratio |"]
+    out += ["|---|---|---|---|---|---|"]
+    names = {
+        "random": "random, both sides",
+        "host-runs": "one run, GPU blocks random",
+        "contiguous": "one run, both sides",
+    }
+    for r in duplex.get("bidir", []):
+        out.append(
+            f"| {names.get(r['layout'], r['layout'])} | {'/'.join(r['paths'])} | "
+            f"{r['sustained_gbps']:.1f} GB/s ({r['rounds']} pairs) | {r['sustained_ratio']:.3f} | "
+            f"{r['gbps']:.1f} GB/s | {r['ratio']:.3f} |"
+        )
+    out += [
+        "",
+        "CTA budget:",
+        "",
+        "| `max_ctas` | matmul slowdown | swap GB/s during the matmul |",
+        "|---|---|---|",
+    ]
+    for r in duplex.get("with_gemm", []):
+        out.append(f"| {r['max_ctas']} | +{100 * r['gemm_slowdown']:.0f}% | {r['swap_gbps']:.1f} |")
+    return out
+
+
 def main() -> None:
-    src, commit = Path(sys.argv[1]), sys.argv[2]
+    args = sys.argv[1:]
+    if args and args[0] == "--readme":
+        print("\n".join(readme_tables(Path(args[1]), args[2])))
+        return
+    src, commit = Path(args[0]), args[1]
     seed = json.loads((src / "seed_table.json").read_text())
     goals = json.loads((src / "goals.json").read_text())
     duplex = json.loads((src / "duplex.json").read_text())
     out = [f"# Results measured on the device H200 (commit {commit})", ""]
     out += ["```", *seed["environment"], seed["page"], "```", ""]
+    out += ["Commands: `benchmarks/run_device.sh` (each section names its own below).", ""]
     out += ["## The seed's table: 1 and 1250 pages, each way", ""]
+    out += [f"`python -m cupy_swap {' '.join(seed['argv'])}`", ""]
     out += table(CASE_COLUMNS, case_rows(seed["results"])) + [""]
     out += ["## Goal sweep (mode auto, random distinct blocks)", ""]
+    out += [f"`python -m cupy_swap {' '.join(goals['argv'])}`", ""]
     out += table(CASE_COLUMNS, case_rows(goals["results"])) + [""]
     out += ["## Full duplex (swap-in and swap-out together, two streams)", ""]
+    out += [f"`python -m cupy_swap {' '.join(duplex['argv'])}`", ""]
     out += bidir_table(duplex)
-    extra = src / "duplex_default_staging.json"
-    if extra.exists():
-        note = json.loads(extra.read_text())
-        later = sys.argv[3] if len(sys.argv) > 3 else commit
-        out += ["", f"Again in a later call (commit {later}, with the final defaults):", ""]
-        out += bidir_table(note)
     out += ["", "## Interference with a matrix product (8192^3 fp16, another stream)", ""]
     gemm = [
         [
@@ -128,6 +187,7 @@ def main() -> None:
     sweep = src / "staged_sweep.txt"
     if sweep.exists():
         out += ["", "## Staged against kernel, host blocks in one run (blocking latency, us)", ""]
+        out += ["`python benchmarks/staged_sweep.py` (its first line: the thresholds `auto` ran with)", ""]
         out += ["```", *sweep.read_text().rstrip().splitlines(), "```"]
     print("\n".join(out) + "\n" + FILES_NOTE)
 

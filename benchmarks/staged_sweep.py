@@ -13,7 +13,15 @@ import cupy
 import numpy as np
 
 from cupy_swap import BlockSwapper
-from cupy_swap.bench import CaseBuffers, SwapCase, bidir_mapping, host_time, memcpy_ceiling, time_blocking
+from cupy_swap.bench import (
+    CaseBuffers,
+    SwapCase,
+    bidir_mapping,
+    host_time,
+    memcpy_ceiling,
+    swapper_settings,
+    time_blocking,
+)
 
 KIB = 1 << 10
 
@@ -27,6 +35,8 @@ def main():
     rows = []
     cases = [(32 * KIB, n) for n in (16, 64, 128, 256, 1250, 10000)]
     cases += [(4 * KIB, 1250), (4 * KIB, 10000), (256 * KIB, 1250), (16 * KIB, 1250)]
+    settings = swapper_settings()  # the thresholds auto ran with
+    print(settings)
     print(
         f"{'case':<18} {'memcpy':>8} {'kernel':>8} {'staged':>8} {'auto':>8}  {'host k/s':>12}  auto path  (ratios)"
     )
@@ -60,7 +70,7 @@ def main():
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"settings": settings, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import memory
+from .plan import IN
 
 __all__ = [
     "gpu_status",
@@ -28,6 +29,7 @@ __all__ = [
     "random_mapping",
     "bidir_mapping",
     "fill_random",
+    "swapper_settings",
 ]
 
 
@@ -48,6 +50,23 @@ def gpu_status() -> tuple[bool, str]:
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     return True, f"{name} (GPU {cupy.cuda.runtime.getDevice()} of {n})"
+
+
+def swapper_settings(sw=None) -> str:
+    """One line with the routing thresholds and launch settings a swapper
+    runs with (a default ``BlockSwapper`` on the current device when ``sw``
+    is None), so every stored result says what it measured."""
+    if sw is None:
+        from .swapper import BlockSwapper
+
+        sw = BlockSwapper(max_blocks=1)
+    staging = sw._stagers[IN].staging_bytes if sw._stagers else 0
+    return (
+        f"settings: max_ctas={sw.max_ctas} unroll={sw.unroll} "
+        f"dma_min_copy_bytes={sw.dma_min_copy_bytes} dma_max_copies={sw.dma_max_copies} "
+        f"staged_min_bytes={sw.staged_min_bytes} staging_bytes={staging} "
+        f"calibrated={'yes' if sw.calibrated else 'no'}"
+    )
 
 
 @dataclass

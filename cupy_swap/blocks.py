@@ -48,8 +48,10 @@ class Part:
         Element type.
     writeable : bool
         False for read-only NumPy arrays.
-    array : object
-        The caller's array, kept alive while the part is in use.
+
+    A part holds no reference to the caller's array, so a cached layout
+    never keeps a dropped cache alive; the caller keeps its arrays alive
+    while swaps on them are queued (as with any asynchronous copy).
     """
 
     name: str
@@ -62,7 +64,6 @@ class Part:
     block_shape: tuple
     dtype: np.dtype
     writeable: bool
-    array: object
 
     def span(self) -> tuple[int, int]:
         """Lowest and one-past-highest byte address the part can touch."""
@@ -113,9 +114,10 @@ def _describe(array, name: str) -> Part:
     block_bytes = dtype.itemsize
     for s in shape[1:]:
         block_bytes *= s
-    if block_bytes == 0:
-        raise ValueError(f"{name}: expected blocks of at least one byte, got block shape {shape[1:]}")
-    if not _is_block_contiguous(shape, strides, dtype.itemsize):
+    # An array with no elements has no layout to check (NumPy and torch may
+    # give it any strides); its swaps move no bytes.
+    empty = 0 in shape
+    if not empty and not _is_block_contiguous(shape, strides, dtype.itemsize):
         raise ValueError(
             f"{name}: expected each block {name}[i] to be C-contiguous, got shape {shape} "
             f"with strides {strides}; use a view whose trailing axes are contiguous "
@@ -132,7 +134,6 @@ def _describe(array, name: str) -> Part:
         block_shape=tuple(shape[1:]),
         dtype=dtype,
         writeable=writeable,
-        array=array,
     )
 
 

@@ -1,32 +1,158 @@
-"""Command line: ``python -m cupy_swap [demo|bench] ...`` (also ``cupy-swap``).
+"""Command line: ``python -m cupy_swap [demo|bench|info|calibrate] ...`` (also ``cupy-swap``).
 
 ``demo`` (the default) swaps a demo cache in and out, prints GB/s against the
 contiguous-memcpy ceiling, and checks every byte.  ``bench`` prints the
 seed's table (swap in / out of 1 and 1250 pages) or any sweep you ask for.
+``info`` says what the library found; ``calibrate`` stores per-device
+thresholds.
+
+Arguments are checked (argparse, exit 2) before anything looks for a GPU;
+without a usable GPU every command exits with :data:`EXIT_NO_GPU` (3).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import sys
 import time
 
 from . import __version__
-from .bench import HOST_LAYOUTS, SwapCase, gpu_status, run_bidir, run_case, run_with_gemm
+from .bench import HOST_LAYOUTS, SwapCase, gpu_status, run_bidir, run_case, run_with_gemm, swapper_settings
 
 PAGE_BYTES = 16 * 8 * 128 * 2  # 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB
 PAGE_TEXT = (
     "page = one block of one layer's K or V cache: "
     "16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB (vLLM, Llama-3-8B)"
 )
+DEMO_PAGES = 1250
+
+EXIT_OK = 0
+EXIT_MISMATCH = 1  # a swap's bytes did not match (demo, bench)
+EXIT_USAGE = 2  # argparse's own code for a bad command line
+EXIT_NO_GPU = 3  # no usable NVIDIA GPU: no driver, no device, driver too old, or no CuPy
+
+# One line per command: the top-level --help lists them in plain text.
+COMMANDS = {
+    "demo": f"swap {DEMO_PAGES} random 32 KiB pages out and in; print GB/s against memcpy; check every byte",
+    "bench": f"the seed's table (1 and {DEMO_PAGES} pages, in and out), or a sweep of your own",
+    "info": "what the library found: GPUs, host mapping, copy engines, modes, calibration",
+    "calibrate": "measure the kernel / copy-engine thresholds of this GPU and store them",
+}
+COMMANDS_TEXT = (
+    "commands (demo runs when none is given):\n"
+    + "\n".join(f"  {name:<10} {line}" for name, line in COMMANDS.items())
+    + "\n\n`cupy-swap COMMAND --help` lists a command's options."
+)
+
+EXIT_TEXT = f"""\
+exit status:
+  {EXIT_OK}  success
+  {EXIT_MISMATCH}  a swap's bytes did not match
+  {EXIT_USAGE}  bad command line (checked before any GPU is looked for)
+  {EXIT_NO_GPU}  no usable NVIDIA GPU (no driver, no device, a driver too old, or CuPy missing)"""
+
+# The CUresult the no-GPU diagnosis names.
+_CUDA_ERROR_NO_DEVICE = 100
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def probe_driver():
+    """What the NVIDIA driver says, through ``libcuda.so.1`` directly (no
+    CuPy, no CUDA runtime).
+
+    Returns
+    -------
+    None or dict
+        None when ``libcuda.so.1`` cannot be loaded (no driver); else
+        ``{"init": CUresult of cuInit(0), "version": driver CUDA version
+        (e.g. 12040) or None, "devices": device count or None}``.
+    """
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    out = {"init": None, "version": None, "devices": None}
+    try:
+        v = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+            out["version"] = v.value
+        out["init"] = lib.cuInit(0)
+        n = ctypes.c_int(0)
+        if out["init"] == 0 and lib.cuDeviceGetCount(ctypes.byref(n)) == 0:
+            out["devices"] = n.value
+    except (AttributeError, OSError):  # a libcuda without these symbols: say what we know
+        pass
+    return out
+
+
+def _runtime_version():
+    try:
+        from cupy.cuda import runtime
+
+        return runtime.runtimeGetVersion()
+    except Exception:
+        return None
+
+
+def explain_no_gpu(what: str, driver, runtime_version) -> str:
+    """Why no GPU answered, in words that point at the real fix.
+
+    ``what`` is :func:`cupy_swap.bench.gpu_status`'s reason, ``driver`` what
+    :func:`probe_driver` found, ``runtime_version`` the CUDA runtime CuPy
+    loaded (or None).  The CUDA runtime reports a missing driver as
+    "driver version is insufficient"; that is only said when a driver is
+    there and really older than the runtime.
+    """
+    if what.startswith("CuPy is not installed"):
+        return what
+    if driver is None:
+        return (
+            "no NVIDIA driver found (libcuda.so.1 cannot be loaded): this machine has no NVIDIA GPU, "
+            "or its driver is not installed"
+        )
+    drv, init, devices = driver.get("version"), driver.get("init"), driver.get("devices")
+    drv_text = f"NVIDIA driver for CUDA {_cuda_version(drv)}" if drv else "NVIDIA driver"
+    if init == _CUDA_ERROR_NO_DEVICE or devices == 0:
+        return (
+            f"the {drv_text} is installed but sees no GPU (check CUDA_VISIBLE_DEVICES, "
+            "and that the device is present: nvidia-smi)"
+        )
+    if init not in (None, 0):
+        return f"the {drv_text} is installed but does not start (cuInit returned CUresult {init}; try nvidia-smi)"
+    too_old = "InsufficientDriver" in what or "insufficient" in what
+    if too_old and drv and runtime_version and drv < runtime_version:
+        major = drv // 1000
+        other = (
+            f", or install cupy-swap[cuda{major}]"
+            if major in (12, 13) and major != runtime_version // 1000
+            else ""
+        )
+        return (
+            f"the {drv_text} is older than the CUDA {_cuda_version(runtime_version)} runtime CuPy uses: "
+            f"upgrade the driver{other}"
+        )
+    return what
+
+
+def no_gpu_message(what: str) -> str:
+    """The whole no-GPU message (without the ``cupy_swap:`` prefix)."""
+    return explain_no_gpu(what, probe_driver(), _runtime_version())
 
 
 def _require_gpu() -> str:
     ok, what = gpu_status()
     if not ok:
-        print(f"cupy_swap: {what}.\nThis command needs an NVIDIA GPU with a working driver.", file=sys.stderr)
-        raise SystemExit(2)
+        print(
+            f"cupy_swap: {no_gpu_message(what)}.\n"
+            f"This command needs an NVIDIA GPU and its driver (exit status {EXIT_NO_GPU}: no usable GPU).",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_NO_GPU)
     return what
 
 
@@ -114,37 +240,93 @@ def _goal_cases() -> list[SwapCase]:
     return cases
 
 
+def demo_footprint(pages: int = DEMO_PAGES, page_bytes: int = PAGE_BYTES) -> int:
+    """Bytes the demo allocates on each side (pinned host memory, and GPU
+    memory) for one direction: :class:`cupy_swap.bench.CaseBuffers`' cache of
+    ``max(2 * pages, pages + 1)`` blocks plus one contiguous ``pages``-block
+    buffer for the memcpy ceiling.  The two directions run one after the
+    other."""
+    return (max(2 * pages, pages + 1) + pages) * page_bytes
+
+
 def cmd_demo(args) -> int:
     what = _require_gpu()
     print(f"cupy_swap {__version__} demo on {what}")
     print(PAGE_TEXT)
+    mb = demo_footprint() / 1e6
+    print(f"allocates {mb:.0f} MB of pinned host memory and {mb:.0f} MB of GPU memory per direction")
     ok_all = True
     for direction in ("out", "in"):
-        r = run_case(SwapCase(direction, PAGE_BYTES, 1250), reps=args.reps, baseline=False)
+        r = run_case(SwapCase(direction, PAGE_BYTES, DEMO_PAGES), reps=args.reps, baseline=False)
         ok_all &= r["verified"]
         print(
-            f"swap {direction:>3} 1250 random pages ({r['bytes'] / 1e6:.1f} MB): {r['gbps']:.1f} GB/s, "
+            f"swap {direction:>3} {DEMO_PAGES} random pages ({r['bytes'] / 1e6:.1f} MB): {r['gbps']:.1f} GB/s, "
             f"{r['ratio']:.2f} of a contiguous cudaMemcpyAsync ({r['ceiling_gbps']:.1f} GB/s); "
             f"bit-exact: {'yes' if r['verified'] else 'NO'}"
         )
-    return 0 if ok_all else 1
+    return EXIT_OK if ok_all else EXIT_MISMATCH
 
 
 def _parse_sizes(text: str) -> list[int]:
+    """``"4k,32KiB,2m,16b,48"`` -> byte counts.
+
+    Raises
+    ------
+    ValueError
+        For a token that is not a positive whole number with an optional
+        ``b``, ``k``/``KiB`` or ``m``/``MiB`` suffix.
+    """
     out = []
-    for tok in text.split(","):
-        tok = tok.strip().lower()
+    for raw in text.split(","):
+        tok = raw.strip().lower()
         mult = 1
         for suffix, m in (("kib", 1 << 10), ("k", 1 << 10), ("mib", 1 << 20), ("m", 1 << 20), ("b", 1)):
             if tok.endswith(suffix):
                 tok, mult = tok[: -len(suffix)], m
                 break
+        if not tok.strip().isdigit() or int(tok) <= 0:
+            raise ValueError(f"{raw.strip()!r} is not a size such as 4096, 4k, 32KiB or 2m")
         out.append(int(tok) * mult)
     return out
 
 
+def _sizes_arg(text: str) -> list[int]:
+    try:
+        return _parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return n
+
+
+def _counts_arg(text: str) -> list[int]:
+    return [_positive_int(t.strip()) for t in text.split(",")]
+
+
+def _choices_arg(allowed: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        out = [t.strip() for t in text.split(",")]
+        bad = [t for t in out if t not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(map(repr, bad))} not among {', '.join(allowed)} (a comma list of those)"
+            )
+        return out
+
+    parse.__name__ = "comma list"  # argparse names the type in its messages
+    return parse
+
+
 def _header(args) -> list[str]:
-    head = environment_lines()
+    head = environment_lines() + [swapper_settings()]  # the thresholds `auto` runs with
     for line in head:
         print(line)
     print(PAGE_TEXT)
@@ -168,7 +350,7 @@ def cmd_bench(args) -> int:
         rows = []
         for layout, text in HOST_LAYOUTS.items():
             r = run_bidir(
-                _parse_sizes(args.block_bytes)[0],
+                args.block_bytes[0],
                 args.bidir_blocks,
                 layout=layout,
                 reps=args.reps,
@@ -198,15 +380,13 @@ def cmd_bench(args) -> int:
         if args.sweep == "goals":
             cases = _goal_cases()
         else:
-            sizes = _parse_sizes(args.block_bytes)
-            counts = [int(c) for c in args.counts.split(",")]
             cases = [
                 SwapCase(d, b, n, args.layers, args.contiguous)
-                for b in sizes
-                for n in counts
-                for d in args.directions.split(",")
+                for b in args.block_bytes
+                for n in args.counts
+                for d in args.directions
             ]
-        modes = args.modes.split(",")
+        modes = args.modes
         print()
         print(TABLE_HEAD)
         results = []
@@ -229,7 +409,7 @@ def cmd_bench(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_MISMATCH
 
 
 def cmd_info(args) -> int:
@@ -238,8 +418,8 @@ def cmd_info(args) -> int:
     ok, what = gpu_status()
     print(f"cupy_swap {__version__}")
     if not ok:
-        print(f"GPU: none ({what})")
-        return 2
+        print(f"GPU: none ({no_gpu_message(what)})")
+        return EXIT_NO_GPU
     import cupy
     from cupy.cuda import runtime
 
@@ -280,37 +460,70 @@ def cmd_calibrate(args) -> int:
 
     result, path = calibrate(reps=args.reps, progress=print)
     print(f"wrote {path}: {json.dumps(result)}")
-    return 0
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cupy-swap", description=__doc__.split("\n\n")[0])
+    """The command line.  Every argument is checked here, so a bad one is
+    reported (exit 2) before any command looks for a GPU."""
+    p = argparse.ArgumentParser(
+        prog="cupy-swap",
+        usage="%(prog)s [-h] [--version] [COMMAND [options]]",
+        description="Swap paged KV-cache blocks between GPU memory and pinned host memory; "
+        "measure and check it on this machine.",
+        epilog=f"{COMMANDS_TEXT}\n\n{EXIT_TEXT}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"cupy_swap {__version__}")
-    sub = p.add_subparsers(dest="command")
-    d = sub.add_parser("demo", help="swap a demo cache in and out; print GB/s and check bytes")
-    d.add_argument("--reps", type=int, default=30)
-    b = sub.add_parser("bench", help="the seed's table, or a sweep of your own")
-    b.add_argument("--block-bytes", default=str(PAGE_BYTES), help="comma list, e.g. 4k,32k,2m")
-    b.add_argument("--counts", default="1,1250", help="comma list of block counts")
-    b.add_argument("--directions", default="in,out")
-    b.add_argument("--layers", type=int, default=1, help="parts per side (layers x K/V)")
+    # The commands are listed once, in the epilog; argparse's own list is hidden.
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
+
+    def command(name: str):
+        return sub.add_parser(
+            name,
+            description=COMMANDS[name],
+            epilog=EXIT_TEXT,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    d = command("demo")
+    d.add_argument("--reps", type=_positive_int, default=30, help="timed repetitions per direction")
+    b = command("bench")
+    b.add_argument(
+        "--block-bytes", type=_sizes_arg, default=str(PAGE_BYTES), help="comma list, e.g. 4k,32k,2m"
+    )
+    b.add_argument("--counts", type=_counts_arg, default="1,1250", help="comma list of block counts")
+    b.add_argument(
+        "--directions", type=_choices_arg(("in", "out")), default="in,out", help="in, out or in,out"
+    )
+    b.add_argument("--layers", type=_positive_int, default=1, help="parts per side (layers x K/V)")
     b.add_argument("--contiguous", action="store_true", help="consecutive blocks instead of random")
-    b.add_argument("--max-ctas", type=int, default=None, help="CTA budget (default: library default)")
-    b.add_argument("--modes", default="auto", help="comma list of auto,kernel,dma,staged to compare")
+    b.add_argument(
+        "--max-ctas", type=_positive_int, default=None, help="CTA budget (default: library default)"
+    )
+    b.add_argument(
+        "--modes",
+        type=_choices_arg(("auto", "kernel", "dma", "staged")),
+        default="auto",
+        help="comma list of auto,kernel,dma,staged to compare",
+    )
     b.add_argument("--sweep", choices=("goals",), help="the performance goals' cases instead of the table")
     b.add_argument("--bidir", action="store_true", help="swap-in and swap-out together on two streams")
-    b.add_argument("--bidir-blocks", type=int, default=1250)
+    b.add_argument("--bidir-blocks", type=_positive_int, default=1250)
     b.add_argument(
-        "--bidir-rounds", type=int, default=10, help="pairs queued back to back for the sustained figure"
+        "--bidir-rounds",
+        type=_positive_int,
+        default=10,
+        help="pairs queued back to back for the sustained figure",
     )
     b.add_argument("--with-gemm", action="store_true", help="interference with a matmul, CTA budgets 4-32")
-    b.add_argument("--reps", type=int, default=30)
+    b.add_argument("--reps", type=_positive_int, default=30)
     b.add_argument("--no-baseline", action="store_true", help="skip one-memcpy-per-block")
     b.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
-    i = sub.add_parser("info", help="what the library found: GPUs, host mapping, copy engines, modes")
+    i = command("info")
     i.set_defaults(reps=0)
-    c = sub.add_parser("calibrate", help="measure kernel vs copy-engine thresholds; store them per device")
-    c.add_argument("--reps", type=int, default=20)
+    c = command("calibrate")
+    c.add_argument("--reps", type=_positive_int, default=20)
     return p
 
 

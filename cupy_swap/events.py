@@ -52,11 +52,16 @@ def swap_event_class():
     return SwapEvent
 
 
-def wait_handle(item) -> tuple[int, object | None]:
+def wait_handle(item, device: int | None = None) -> tuple[int, object | None]:
     """Turn one ``wait_for`` entry into a raw event handle to wait on.
 
-    Returns ``(event_ptr, keepalive)``; streams get an event recorded on
-    them now, which ``keepalive`` holds until the wait is enqueued.
+    Events are waited on as they are (a stream may wait for an event of
+    another GPU).  Streams get an event recorded on them now, on the GPU the
+    stream belongs to, which ``keepalive`` holds until the wait is enqueued.
+
+    Returns
+    -------
+    (event_ptr, keepalive) : (int, object or None)
     """
     import cupy
 
@@ -65,7 +70,7 @@ def wait_handle(item) -> tuple[int, object | None]:
     handle = getattr(item, "cuda_event", None)  # torch.cuda.Event
     if isinstance(handle, int):
         return handle, None
-    from .interop import stream_handle
+    from .interop import stream_device, stream_handle
 
     try:
         stream = stream_handle(item)
@@ -74,6 +79,19 @@ def wait_handle(item) -> tuple[int, object | None]:
             f"wait_for: expected events or streams (CuPy or torch) or raw stream handles, "
             f"got {type(item).__name__}"
         ) from None
-    ev = cupy.cuda.Event(disable_timing=True)
-    cupy.cuda.runtime.eventRecord(ev.ptr, stream)
+    owner = stream_device(item)
+    if owner is None or owner == device or device is None:
+        ev = cupy.cuda.Event(disable_timing=True)
+        try:
+            cupy.cuda.runtime.eventRecord(ev.ptr, stream)
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            raise ValueError(
+                f"wait_for: could not record an event on stream handle {stream:#x} ({e}); a raw "
+                f"handle must be a stream of GPU {device}, the swapper's device: pass a stream of "
+                f"another GPU as its CuPy or torch object, or an event recorded on it"
+            ) from None
+        return ev.ptr, ev
+    with cupy.cuda.Device(owner):  # events are recorded on their own device's streams
+        ev = cupy.cuda.Event(disable_timing=True)
+        cupy.cuda.runtime.eventRecord(ev.ptr, stream)
     return ev.ptr, ev

@@ -23,14 +23,12 @@ queued replay may still read.  Replay on the stream you pass to
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from . import kernels
 from .descriptor import descriptor_words, write_descriptor
 from .driver import stream_is_capturing
-from .interop import stream_handle
+from .interop import on_device, stream_on_device
 from .plan import check_mapping_for
 
 __all__ = ["GraphSwap"]
@@ -65,7 +63,8 @@ class GraphSwap:
         import cupy
 
         self.swapper = swapper
-        self.layout = swapper._layout(src, dst)
+        with on_device(swapper.device):  # DLPack conversion and pointer queries act on it
+            self.layout = swapper._layout(src, dst)
         if any(a is None for a in self.layout.src_addrs + self.layout.dst_addrs):
             raise ValueError(
                 "src, dst: graph swaps run the kernel, which needs host memory mapped into the GPU's "
@@ -103,20 +102,25 @@ class GraphSwap:
         """
         sw = self.swapper
         mapping = check_mapping_for(self.layout, block_mapping, sw.max_blocks)
-        with _on_device(sw.device):
-            handle = stream_handle(stream)
+        with on_device(sw.device):
+            handle = stream_on_device(stream, sw.device)
             if stream_is_capturing(handle):
                 raise RuntimeError(
                     "set_mapping: expected a stream that is not capturing; stage the mapping before "
                     "replaying the graph, and capture only launch()"
                 )
             event = sw._cupy_event(disable_timing=True)
-            slot = sw._acquire()
-            words = write_descriptor(slot.host_words, self.layout, mapping, True)
-            slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
-            sw._upload(slot, self._desc.data.ptr, words, handle)
-            sw._runtime.eventRecord(event.ptr, handle)
-            slot.event = event
+            held: list = []
+            recorded = False
+            try:
+                slot = sw._acquire(held)
+                words = write_descriptor(slot.host_words, self.layout, mapping, True)
+                slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
+                sw._upload(slot, self._desc.data.ptr, words, handle)
+                sw._runtime.eventRecord(event.ptr, handle)
+                recorded = True
+            finally:
+                sw._release(held, event if recorded else None, handle)
         self.num_pairs = int(mapping.shape[0])
         return event
 
@@ -124,23 +128,8 @@ class GraphSwap:
         """Enqueue the swap kernel on ``stream``: the call to capture.  Reads
         the pair count and pairs staged by the last :meth:`set_mapping` that
         precedes it on the stream."""
-        with _on_device(self.swapper.device):
-            handle = stream_handle(stream)
+        with on_device(self.swapper.device):
+            handle = stream_on_device(stream, self.swapper.device)
             self.swapper._driver.launchKernel(
                 self._fn, self._grid, 1, 1, self._threads, 1, 1, 0, handle, self._args.ptr, 0
             )
-
-
-@contextlib.contextmanager
-def _on_device(device: int):
-    """Make ``device`` current for the block (the kernel was loaded there)."""
-    from cupy.cuda import runtime
-
-    prev = runtime.getDevice()
-    if prev != device:
-        runtime.setDevice(device)
-    try:
-        yield
-    finally:
-        if prev != device:
-            runtime.setDevice(prev)

@@ -3,11 +3,12 @@ speaking ``__cuda_array_interface__``, DLPack or ``__array_interface__``)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
 
-__all__ = ["convert_array", "stream_handle"]
+__all__ = ["convert_array", "stream_handle", "stream_device", "stream_on_device", "on_device"]
 
 
 def _torch_tensor(obj):
@@ -77,3 +78,44 @@ def stream_handle(stream) -> int:
         f"stream: expected a cupy.cuda.Stream, a torch.cuda.Stream or an int handle, "
         f"got {type(stream).__name__}"
     )
+
+
+def stream_device(stream) -> int | None:
+    """GPU ordinal a CuPy or torch stream object belongs to; None for raw
+    handles and None (which follow the current device)."""
+    device_id = getattr(stream, "device_id", None)  # cupy.cuda.Stream (-1: the null streams, any device)
+    if isinstance(device_id, int):
+        return device_id if device_id >= 0 else None
+    device = getattr(stream, "device", None)  # torch.cuda.Stream
+    index = getattr(device, "index", None)
+    return index if isinstance(index, int) else None
+
+
+def stream_on_device(stream, device: int) -> int:
+    """:func:`stream_handle` of a ``stream=`` argument, after checking that a
+    stream object belongs to ``device`` (a kernel cannot be launched on a
+    stream of another GPU)."""
+    handle = stream_handle(stream)
+    if stream is not None and not isinstance(stream, int):
+        owner = stream_device(stream)
+        if owner is not None and owner != device:
+            raise ValueError(
+                f"stream: expected a stream of GPU {device} (the swapper's device), got one of "
+                f"GPU {owner}; use a BlockSwapper(device={owner}) or make the stream on GPU {device}"
+            )
+    return handle
+
+
+@contextlib.contextmanager
+def on_device(device: int):
+    """Make GPU ``device`` current inside the block (and restore the caller's)."""
+    from cupy.cuda import runtime
+
+    prev = runtime.getDevice()
+    if prev != device:
+        runtime.setDevice(device)
+    try:
+        yield
+    finally:
+        if prev != device:
+            runtime.setDevice(prev)

@@ -94,6 +94,12 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
         ) from None
     if m.size == 0 and m.shape[0] == 0 and (m.ndim == 1 or m.ndim == 2 and m.shape[1] in (0, 2)):
         return np.empty((0, 2), dtype=np.int64)
+    if m.dtype.kind in "fO" and _python_int_too_large(block_mapping):
+        # NumPy stacks ints beyond 64 bits as float64 or objects: say what is wrong.
+        raise IndexError(
+            "block_mapping: expected block indices that fit in int64, got a Python int outside "
+            f"[{np.iinfo(np.int64).min}, {np.iinfo(np.int64).max}]"
+        )
     if m.dtype.kind not in "iu":
         raise TypeError(
             f"block_mapping: expected integer block indices, got dtype {m.dtype}"
@@ -113,6 +119,19 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
     if m.dtype == np.uint64 and m.size and int(m.max()) > np.iinfo(np.int64).max:
         raise IndexError(f"block_mapping: block index {int(m.max())} does not fit in int64")
     return np.ascontiguousarray(m, dtype=np.int64)
+
+
+def _python_int_too_large(block_mapping) -> bool:
+    """True when a list/tuple mapping holds a Python int that no int64
+    holds (only called on the error path, so the loop costs nothing)."""
+    if not isinstance(block_mapping, (list, tuple)):
+        return False
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    for row in block_mapping:
+        for v in row if isinstance(row, (list, tuple)) else (row,):
+            if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and not lo <= int(v) <= hi:
+                return True
+    return False
 
 
 def _check_column(col: np.ndarray, limit: int, side: str, part_name: str) -> None:
@@ -178,7 +197,8 @@ def may_have_runs(m: np.ndarray, column: int | None = None) -> bool:
     if n < 2:
         return False
     cols = (0, 1) if column is None else (column,)
-    for i in (0, n // 3, (2 * n) // 3, n - 2):
+    # Row pairs (i, i + 1) spread over the mapping; i <= n - 2 keeps i + 1 in it.
+    for i in (0, min(n // 3, n - 2), min((2 * n) // 3, n - 2), n - 2):
         if all(m.item(i + 1, c) - m.item(i, c) == 1 for c in cols):
             return True
     return False

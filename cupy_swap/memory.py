@@ -26,6 +26,7 @@ __all__ = [
     "unregister_host",
     "is_pinned",
     "host_alias",
+    "note_swap_device",
     "uva_disabled_by_env",
 ]
 
@@ -259,15 +260,42 @@ def register_host(array: np.ndarray) -> None:
     _registry.add(_Range(ptr, ptr + nbytes, alias - ptr if alias else None, False))
 
 
+# GPUs that BlockSwappers were created for: their queued swaps may still
+# read or write registered memory.
+_swap_devices: set[int] = set()
+
+
+def note_swap_device(device: int) -> None:
+    """Remember that swaps may be queued on GPU ``device`` (see
+    :func:`unregister_host`)."""
+    _swap_devices.add(int(device))
+
+
 def unregister_host(array: np.ndarray) -> None:
-    """Undo :func:`register_host` for the same array (same start address)."""
+    """Undo :func:`register_host` for the same array (same start address).
+
+    Swaps on the memory may still be queued: the call first waits for all
+    work queued on every GPU a ``BlockSwapper`` was created for
+    (``cudaDeviceSynchronize``), so no queued copy reads or writes the range
+    after it is unpinned.  Do not call it while a stream captures a graph,
+    and do not replay graphs that swap to or from the range afterwards.
+    """
     ptr, _ = _contiguous_span(array, "array")
     r = _registry.find(ptr, 1)
     if r is None or r.start != ptr or r.owned:
         raise ValueError("array: expected an array passed to cupy_swap.register_host (same start address)")
+    runtime = _runtime()
+    if _swap_devices:
+        prev = runtime.getDevice()
+        try:
+            for device in sorted(_swap_devices):
+                runtime.setDevice(device)
+                runtime.deviceSynchronize()
+        finally:
+            runtime.setDevice(prev)
     _registry.remove(ptr)
     _generation[0] += 1
-    _runtime().hostUnregister(ptr)
+    runtime.hostUnregister(ptr)
 
 
 def is_pinned(array: np.ndarray) -> bool:

@@ -325,6 +325,8 @@ def _resolve_part(part: Part, device: int, mapped: bool) -> int | None:
             )
         return part.ptr
     lo, hi = part.span()
+    if hi == lo or part.block_bytes == 0:
+        return part.ptr  # no byte of it is ever copied: pinned or not, no alias needed
     alias = memory.host_alias(lo, hi - lo) if mapped else 0
     if not mapped and memory.host_pinned_unmapped(lo):
         return None

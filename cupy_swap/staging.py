@@ -33,6 +33,7 @@ from .blocks import DEVICE, Part
 __all__ = [
     "CopyGroup",
     "copy_groups",
+    "groups_problem",
     "staging_parts",
     "group_regions",
     "chunk_sizes",
@@ -110,9 +111,28 @@ def copy_groups(parts: list[Part]) -> list[CopyGroup] | None:
     return None if members else groups
 
 
-def staging_parts(
-    host: list[Part], groups: list[CopyGroup], base: int, rows: int, device: int, owner
-) -> list[Part]:
+def groups_problem(parts: list[Part]) -> str:
+    """Why :func:`copy_groups` refused ``parts``, in words (error path only)."""
+    for p in parts:
+        if p.block_stride < 0:
+            return (
+                f"copies runs of host blocks in ascending address order, but {p.name} has a "
+                f"negative block stride ({p.block_stride} bytes: a reversed view); pass the "
+                f"forward array and reverse the mapping instead"
+            )
+    for p in parts:
+        if p.num_blocks > 1 and p.block_stride < p.block_bytes:
+            return (
+                f"copies whole host rows, but {p.name}'s blocks overlap (block stride "
+                f"{p.block_stride} bytes for {p.block_bytes}-byte blocks)"
+            )
+    return (
+        "copies whole runs of host rows, but the host parts' rows hold bytes of arrays that "
+        "are not in this swap (pass every view of a block-first pool, or packed arrays)"
+    )
+
+
+def staging_parts(host: list[Part], groups: list[CopyGroup], base: int, rows: int, device: int) -> list[Part]:
     """The parts of the staging arena at ``base``, ``rows`` blocks deep:
     group ``g`` occupies ``rows * row_bytes`` bytes after the groups before
     it, with the same row geometry as on the host, so each run copies byte
@@ -134,7 +154,6 @@ def staging_parts(
                 block_shape=p.block_shape,
                 dtype=p.dtype,
                 writeable=True,
-                array=owner,
             )
     return out
 
@@ -407,6 +426,11 @@ class RowRing:
             if entry[2] is None:
                 entry[2] = event
 
+    def drop_unsettled(self) -> None:
+        """Forget the regions of the swap being placed (it failed and its
+        work could not be fenced); other regions keep their events."""
+        self.busy = [e for e in self.busy if e[2] is not None]
+
     def events(self) -> list:
         """The distinct events that busy rows wait for."""
         return list({id(e[2]): e[2] for e in self.busy if e[2] is not None}.values())
@@ -455,11 +479,6 @@ class Stager:
             self.start = cupy.cuda.Event(disable_timing=True)
         self.base = memory.data.ptr
         self._memory = memory  # last: it marks the stager ready
-
-    @property
-    def owner(self):
-        """The staging allocation (kept alive by parts that point into it)."""
-        return self._memory
 
     def layout_for(self, groups: list[CopyGroup], bytes_per_pair: int) -> None:
         """Lay the ring out for ``groups``.  Work that read the arena under

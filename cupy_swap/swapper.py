@@ -15,10 +15,12 @@ slots that is only a wait when more than ``ring_size`` swaps are queued.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import threading
 import warnings
+import weakref
 
 import numpy as np
 
@@ -27,7 +29,7 @@ from .descriptor import MAX_PARTS, descriptor_words, write_descriptor
 from .dma import DmaCopier, copy_count
 from .driver import stream_is_capturing
 from .events import swap_event_class, wait_handle
-from .interop import stream_handle
+from .interop import on_device, stream_on_device
 from .mapping import may_have_runs
 from .plan import (
     DIRECTION_TEXT,
@@ -47,6 +49,7 @@ from .staging import (
     chunk_copies,
     chunk_sizes,
     group_regions,
+    groups_problem,
     kernel_pairs,
     plan_chunks,
     staging_parts,
@@ -82,9 +85,15 @@ _H2D, _D2H = 1, 2  # cudaMemcpyKind
 
 class _Slot:
     """One ring entry: pinned staging words, their device copy, the packed
-    kernel arguments for both, and the event behind the last launch."""
+    kernel arguments for both, and the event behind the last launch.
+
+    ``lock`` is held by the swap that owns the slot, from the moment it is
+    taken until that swap's event is recorded and stored in ``event``: a
+    thread that comes round the ring meanwhile waits for the lock, then for
+    the event, and never rewrites a descriptor that a queued launch reads."""
 
     def __init__(self, host_words: np.ndarray, device_ptr: int):
+        self.lock = threading.Lock()
         self.host_words = host_words.view(np.int64)
         self.table_serial = -1  # which layout's part table the slot holds
         self.host_ptr = host_words.ctypes.data
@@ -140,29 +149,63 @@ class _KernelArgs:
         return self.ptr
 
 
+def _items(src, dst) -> tuple:
+    """The caller's array objects of a ``(src, dst)`` argument pair (a
+    list's items, not the mutable list)."""
+    items = [*(src if isinstance(src, (list, tuple)) else (src,))]
+    items += [*(dst if isinstance(dst, (list, tuple)) else (dst,))]
+    return tuple(items)
+
+
+def _signature(obj) -> tuple:
+    """What can change in place about an array without changing its
+    identity: NumPy shape, strides and writeability (``a.shape = ...``,
+    ``a.flags.writeable = False``); CuPy shape and strides; a torch
+    tensor's address, shape and strides (``set_``, ``as_strided_``,
+    ``.data =``)."""
+    if isinstance(obj, np.ndarray):
+        return (obj.shape, obj.strides, obj.flags.writeable)
+    data_ptr = getattr(obj, "data_ptr", None)
+    if data_ptr is not None:  # torch.Tensor
+        return (data_ptr(), obj.shape, obj.stride())
+    return (getattr(obj, "shape", None), getattr(obj, "strides", None))
+
+
+def _weak(obj):
+    """A weak reference to ``obj``, or a strong one for the rare object
+    that cannot be referenced weakly (held until the entry is evicted)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
 class _CachedLayout:
-    """A cache entry: the layout, and the caller's objects themselves (a
-    list's items, not the mutable list) so their ids stay unique while the
-    entry lives.  torch tensors can be re-pointed at other storage in place
-    (``set_``, ``.data =``), so their address and shape are re-checked."""
+    """A cache entry: the layout, weak references to the caller's objects
+    (so a cached layout never keeps a dropped cache or pool alive, and a
+    recycled ``id`` is told apart from the object it was), and each
+    object's :func:`_signature` at check time, compared on every hit."""
 
-    __slots__ = ("held", "generation", "layout", "tensors")
+    __slots__ = ("refs", "generation", "layout", "signature")
 
-    def __init__(self, src, dst, layout):
-        items = [*(src if isinstance(src, (list, tuple)) else (src,))]
-        items += [*(dst if isinstance(dst, (list, tuple)) else (dst,))]
-        self.held = tuple(items)
+    def __init__(self, items: tuple, layout):
+        self.refs = tuple(_weak(obj) for obj in items)
         self.generation = memory.generation()
         self.layout = layout
-        self.tensors = [(t, t.data_ptr(), tuple(t.shape)) for t in items if hasattr(t, "data_ptr")]
+        self.signature = tuple(map(_signature, items))
 
-    def unchanged(self) -> bool:
-        return all(t.data_ptr() == ptr and tuple(t.shape) == shape for t, ptr, shape in self.tensors)
+    def valid_for(self, items: tuple) -> bool:
+        return (
+            self.generation == memory.generation()
+            and all(ref() is obj for ref, obj in zip(self.refs, items))
+            and tuple(map(_signature, items)) == self.signature
+        )
 
 
 def _identity(obj) -> tuple:
     """Cache key of a ``src``/``dst`` argument: the identity of the objects
-    (the cache holds them, so an id cannot be reused while cached)."""
+    (an entry checks through weak references that they are still the
+    objects it was made for)."""
     if isinstance(obj, (list, tuple)):
         return tuple(map(id, obj))
     return (id(obj),)
@@ -204,9 +247,15 @@ class BlockSwapper:
     -----
     The checked layout of a ``(src, dst)`` argument pair is cached by the
     identity of the arrays, so calls that pass the same arrays again only
-    check the mapping (torch tensors are also re-checked for a new storage
-    address or shape).  Do not assign a NumPy array's ``shape`` or
-    ``strides`` in place between calls.
+    check the mapping.  The cache holds the arrays weakly (dropping a cache
+    or pool frees it) and re-checks on every hit what can change in place:
+    shapes, strides, a NumPy array's writeability, a torch tensor's address.
+
+    One swapper may be shared by many threads: each swap takes its own
+    descriptor slot, and a slot is rewritten only after the swap that last
+    used it has been enqueued and its launch has finished.  ``last_path``
+    then tells the path of whichever swap ended last; the returned event's
+    ``path`` is per call.
 
     Examples
     --------
@@ -247,6 +296,7 @@ class BlockSwapper:
         if device is None:
             device = cupy.cuda.runtime.getDevice()
         self.device = int(device)
+        memory.note_swap_device(self.device)  # unregister_host waits for its swaps
         self.ring_waits = 0  # times swap() had to wait for a slot (ring full)
         # Tuning knobs (benchmarks/tune.py); defaults are the measured best.
         self._unroll = DEFAULT_UNROLL
@@ -258,6 +308,7 @@ class BlockSwapper:
         from .calibration import load_calibration
 
         calibrated = load_calibration(self.device) or {}
+        self.calibrated = bool(calibrated)  # thresholds below come from `calibrate`
         self.dma_min_copy_bytes = calibrated.get("dma_min_copy_bytes", DMA_MIN_COPY_BYTES)
         self.dma_max_copies = calibrated.get("dma_max_copies", DMA_MAX_COPIES)
         self.staged_min_bytes = calibrated.get("staged_min_bytes", STAGED_MIN_BYTES)
@@ -370,17 +421,21 @@ class BlockSwapper:
     def plan(self, src, dst, block_mapping) -> SwapPlan:
         """Check a swap and return its :class:`~cupy_swap.plan.SwapPlan`
         without launching anything."""
-        layout = self._layout(src, dst)
+        with on_device(self.device):
+            layout = self._layout(src, dst)
         return SwapPlan(layout, check_mapping_for(layout, block_mapping, self.max_blocks))
 
     # ------------------------------------------------------------ internals
     def _layout(self, src, dst) -> Layout:
         """The checked, resolved layout of ``(src, dst)``, cached by the
-        identity of the objects passed.  A hit is trusted unless a registered
-        range went away or a torch tensor was pointed at other storage."""
+        identity of the objects passed.  A hit is used only while those
+        objects are alive, unchanged in place (see :func:`_signature`) and
+        no registered range went away.  Call with this swapper's device
+        current (DLPack conversion and pointer queries act on it)."""
         key = (_identity(src), _identity(dst))
+        items = _items(src, dst)
         entry = self._layouts.get(key)
-        if entry is not None and entry.generation == memory.generation() and entry.unchanged():
+        if entry is not None and entry.valid_for(items):
             return entry.layout
         layout = check_layout(src, dst)
         if len(layout.src) > self.max_parts:
@@ -388,9 +443,10 @@ class BlockSwapper:
         resolve_layout(layout, self.device)
         layout.serial = next(self._serial)
         with self._lock:
+            self._layouts.pop(key, None)
             if len(self._layouts) >= _LAYOUT_CACHE_SIZE:
                 self._layouts.pop(next(iter(self._layouts)))
-            self._layouts[key] = _CachedLayout(src, dst, layout)
+            self._layouts[key] = _CachedLayout(items, layout)
         return layout
 
     def choose_path(self, layout: Layout, mapping, mode: str, capturing: bool = False) -> str:
@@ -461,10 +517,7 @@ class BlockSwapper:
         if capturing:
             return "cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()", None
         if layout.host_groups is None:
-            return (
-                "copies whole runs of host rows, but the host parts' rows hold bytes of arrays that "
-                "are not in this swap (pass every view of a block-first pool, or packed arrays)"
-            ), None
+            return groups_problem(layout.src if layout.direction == IN else layout.dst), None
         stager = self._stagers[layout.direction]
         rows = stager.rows(layout.bytes_per_pair)
         if rows < 2:
@@ -489,6 +542,20 @@ class BlockSwapper:
         return "", plan_chunks(m, sizes, _HOST_COLUMN[layout.direction])
 
     def _swap(self, src, dst, block_mapping, stream, want, mode, wait_for, timing):
+        runtime = self._runtime
+        prev = runtime.getDevice()
+        if prev != self.device:
+            # Everything below acts on our device: DLPack conversion, pointer
+            # queries, events, the default stream and the launches.
+            runtime.setDevice(self.device)
+        try:
+            return self._swap_here(src, dst, block_mapping, stream, want, mode, wait_for, timing)
+        finally:
+            if prev != self.device:
+                runtime.setDevice(prev)
+
+    def _swap_here(self, src, dst, block_mapping, stream, want, mode, wait_for, timing):
+        """:meth:`_swap` with this swapper's device current."""
         layout = self._layout(src, dst)
         if want is not None and layout.direction != want:
             method = "swap_in" if want == IN else "swap_out"
@@ -501,57 +568,73 @@ class BlockSwapper:
             mapping = check_mapping_for(layout, block_mapping, self.max_blocks)
         mode = self.mode if mode is None else _check_mode(mode)
         timed = self.timing if timing is None else bool(timing)
-        waits = _as_sequence(wait_for)
         runtime = self._runtime
-        prev = runtime.getDevice()
-        if prev != self.device:
-            runtime.setDevice(self.device)  # events, default stream and launch on our device
+        handle = stream_on_device(stream, self.device)
+        waits = [wait_handle(w, self.device) for w in _as_sequence(wait_for)]
+        capturing = stream_is_capturing(handle)
+        moves = len(mapping) and layout.bytes_per_pair  # else: nothing to copy
+        path, chunks = self._route(layout, mapping, mode, capturing) if moves else ("none", None)
+        event = self._event_class(disable_timing=not timed)
+        event.path, event.nbytes, event.start = path, len(mapping) * layout.bytes_per_pair, None
+        held: list[_Slot] = []  # descriptor slots this swap took (locked until gated)
+        recorded = False
         try:
-            handle = stream_handle(stream)
-            capturing = stream_is_capturing(handle)
-            path, chunks = self._route(layout, mapping, mode, capturing) if len(mapping) else ("none", None)
-            event = self._event_class(disable_timing=not timed)
-            event.path, event.nbytes, event.start = path, len(mapping) * layout.bytes_per_pair, None
-            waits = [wait_handle(w) for w in waits]
             for ev_ptr, _ in waits:
                 runtime.streamWaitEvent(handle, ev_ptr, 0)
             if timed:
                 event.start = self._cupy_event()
                 runtime.eventRecord(event.start.ptr, handle)
-            slots = ()
             if path == "kernel":
-                slots = (self._launch(layout, mapping, handle, capturing),)
+                self._launch(layout, mapping, handle, capturing, held)
             elif path == "dma":
                 self._dma.copy(layout, mapping, handle, capturing)
             elif path == "staged":
-                slots = (self._staged(layout, chunks, handle),)
+                self._staged(layout, chunks, handle, held)
             runtime.eventRecord(event.ptr, handle)
-            for slot in slots:
-                slot.event = event  # only a recorded event may gate the slot's reuse
+            recorded = True
         finally:
-            if prev != self.device:
-                runtime.setDevice(prev)
+            if held:
+                self._release(held, event if recorded else None, handle)
         self.last_path = path
         return event
 
-    def _launch(self, layout: Layout, mapping, handle: int, capturing: bool) -> _Slot:
-        """Write the descriptor into a ring slot, launch the kernel, and
-        return the slot (the caller gates its reuse with an event)."""
-        slot, args = self._write_slot(layout, mapping, handle, capturing)
-        self._launch_range(layout, args, 0, len(mapping), handle)
-        return slot
+    def _release(self, held: list, event, handle: int) -> None:
+        """Gate each slot in ``held`` behind ``event`` (recorded after the
+        swap's launches) and unlock it.  ``event`` None: the swap failed
+        after taking its slot, and a launch that reads it may be queued, so
+        the slot is gated behind a fence recorded on ``handle`` (or, if even
+        that fails, the device is drained first)."""
+        if event is None:
+            try:
+                event = self._cupy_event(disable_timing=True)
+                self._runtime.eventRecord(event.ptr, handle)
+            except Exception:
+                event = None
+                with contextlib.suppress(Exception):
+                    self._runtime.deviceSynchronize()  # nothing queued reads the slot any more
+        for slot in held:
+            if event is not None:
+                slot.event = event
+            slot.lock.release()
 
-    def _write_slot(self, layout: Layout, mapping, handle: int, capturing: bool) -> tuple[_Slot, _KernelArgs]:
-        """Write a descriptor into a free slot; returns the slot and the
-        arguments that point the kernel at it (large mappings are first
-        copied to the slot's device buffer on ``handle``)."""
-        slot = self._retire_slot() if capturing else self._acquire()
+    def _launch(self, layout: Layout, mapping, handle: int, capturing: bool, held: list) -> None:
+        """Write the descriptor into a ring slot (appended to ``held``; the
+        caller gates its reuse) and launch the kernel."""
+        args = self._write_slot(layout, mapping, handle, capturing, held)
+        self._launch_range(layout, args, 0, len(mapping), handle)
+
+    def _write_slot(self, layout: Layout, mapping, handle: int, capturing: bool, held: list) -> _KernelArgs:
+        """Write a descriptor into a free slot (eager swaps: a ring slot,
+        locked and appended to ``held``); returns the arguments that point
+        the kernel at it (large mappings are first copied to the slot's
+        device buffer on ``handle``)."""
+        slot = self._retire_slot() if capturing else self._acquire(held)
         end = write_descriptor(slot.host_words, layout, mapping, slot.table_serial != layout.serial)
         slot.table_serial = layout.serial
         if len(mapping) <= self.descriptor_from_host_max_pairs:
-            return slot, slot.alias_args
+            return slot.alias_args
         self._upload(slot, slot.device_ptr, end, handle)
-        return slot, slot.device_args
+        return slot.device_args
 
     def _upload(self, slot: _Slot, dst_ptr: int, words: int, handle: int) -> None:
         """Copy the first ``words`` 64-bit words of ``slot``'s descriptor to
@@ -575,8 +658,8 @@ class BlockSwapper:
         fn = kernels.get_function(self.device, layout.width, self.unroll, self.kernel_defines)
         self._driver.launchKernel(fn, grid, 1, 1, threads, 1, 1, 0, handle, params, 0)
 
-    def _staged(self, layout: Layout, plan: StagedPlan, handle: int) -> _Slot:
-        """Enqueue a staged swap and return its descriptor slot.
+    def _staged(self, layout: Layout, plan: StagedPlan, handle: int, held: list) -> None:
+        """Enqueue a staged swap; its descriptor slot is appended to ``held``.
 
         A swap-in runs, per chunk: on the stager's copy stream, waits for
         the scatters that last read the chunk's staging rows, the
@@ -594,12 +677,12 @@ class BlockSwapper:
         with st.lock:
             st.ensure()
             try:
-                return self._enqueue_staged(layout, plan, handle, st)
+                self._enqueue_staged(layout, plan, handle, st, held)
             except BaseException:
                 self._fence_after_failure(st, handle)
                 raise
 
-    def _enqueue_staged(self, layout: Layout, plan: StagedPlan, handle: int, st: Stager) -> _Slot:
+    def _enqueue_staged(self, layout: Layout, plan: StagedPlan, handle: int, st: Stager, held: list) -> None:
         """The body of :meth:`_staged` (``st.lock`` held)."""
         rt = self._runtime
         groups, bpp = layout.host_groups, layout.bytes_per_pair
@@ -639,7 +722,7 @@ class BlockSwapper:
             ahead = next((c for c, p in enumerate(places) if p[2]), k)
             for c in range(ahead):
                 copy_in(c)
-            slot, args = self._write_slot(half, kernel_pairs(plan, chunk_rows), handle, False)
+            args = self._write_slot(half, kernel_pairs(plan, chunk_rows), handle, False, held)
             for c in range(k):
                 if c >= ahead:
                     copy_in(c)
@@ -647,7 +730,7 @@ class BlockSwapper:
                 self._launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
                 settle(c, handle)
         else:
-            slot, args = self._write_slot(half, kernel_pairs(plan, chunk_rows, gpu_first=True), handle, False)
+            args = self._write_slot(half, kernel_pairs(plan, chunk_rows, gpu_first=True), handle, False, held)
             for c in range(k):
                 free_rows(c)
                 self._launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
@@ -658,14 +741,18 @@ class BlockSwapper:
                 self._dma.issue(srcs, dsts, sizes, copier, _D2H)
                 settle(c, copier)
             rt.streamWaitEvent(handle, freed[-1].ptr, 0)  # the swap ends when its last copy has landed
-        return slot
 
     def _fence_after_failure(self, st: Stager, handle: int) -> None:
         """A staged swap failed halfway: mark every row it placed as read by
         work that ends after everything it may have queued on either stream,
-        so the ring stays sound.  Best effort: if even that fails, forget the
-        ring's layout (and its events) instead."""
+        so the ring stays sound.  If no event can be recorded, wait on the
+        host for every stream that may touch the arena and every event a
+        busy row waits for, after which no row is busy and the ring starts
+        afresh; if even that fails (a broken context), drop only this
+        swap's unsettled rows and keep every other row's barrier."""
         rt = self._runtime
+        if st.ring is None:
+            return  # failed before placing anything
         try:
             on_caller, fence = st.event(), st.event()
             rt.eventRecord(on_caller.ptr, handle)
@@ -673,8 +760,17 @@ class BlockSwapper:
             rt.eventRecord(fence.ptr, st.stream.ptr)
             st.ring.settle_all(fence)
             st.release([on_caller])
+            return
         except Exception:
+            pass
+        try:
+            rt.streamSynchronize(handle)
+            rt.streamSynchronize(st.stream.ptr)
+            for event in st.ring.events():
+                event.synchronize()
             st.ring, st.geometry = None, None
+        except Exception:
+            st.ring.drop_unsettled()
 
     def _wait_all(self, stream: int, events: list, stager: Stager) -> None:
         """Make ``stream`` wait for ``events``, then give them back to the
@@ -690,23 +786,27 @@ class BlockSwapper:
         half = layout.staging_layout
         if half is None:
             host = layout.src if layout.direction == IN else layout.dst
-            parts = staging_parts(
-                host, layout.host_groups, stager.base, arena_rows, self.device, stager.owner
-            )
+            parts = staging_parts(host, layout.host_groups, stager.base, arena_rows, self.device)
             pair = (parts, layout.dst) if layout.direction == IN else (layout.src, parts)
             half = resolve_layout(layout_from_parts(*pair), self.device)
             half.serial = next(self._serial)
             layout.staging_layout = half
         return half
 
-    def _acquire(self) -> _Slot:
-        """The next ring slot, once the last launch that read it has finished."""
+    def _acquire(self, held: list) -> _Slot:
+        """The next ring slot, locked and appended to ``held``, once the swap
+        that last used it has been enqueued (its lock) and its launch has
+        finished (its event).  The caller unlocks it with :meth:`_release`."""
         with self._lock:
             slot = self._slots[self._next]
             self._next = (self._next + 1) % len(self._slots)
-        if slot.event is not None and not slot.event.done:
-            self.ring_waits += 1
-            slot.event.synchronize()
+        slot.lock.acquire()
+        held.append(slot)
+        event = slot.event
+        if event is not None and not event.done:
+            with self._lock:
+                self.ring_waits += 1
+            event.synchronize()
         return slot
 
     def _retire_slot(self) -> _Slot:

@@ -73,9 +73,12 @@ def test_graph_replays_queued_back_to_back(rng):
 
 
 def test_graph_capture_with_torch(rng):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip(
+        "torch",
+        reason='needs PyTorch: pip install torch, or the torch extra (pip install -e ".[cuda12,test,torch]")',
+    )
     if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+        pytest.skip("needs PyTorch with CUDA (this torch build or machine has none)")
     sw = cs.BlockSwapper(max_blocks=128)
     host = torch.empty((300, 2048), dtype=torch.float16).pin_memory()
     host.view(torch.int16).copy_(
@@ -147,9 +150,12 @@ def test_wait_for_orders_after_producer(rng):
 
 
 def test_torch_streams_accepted(rng):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip(
+        "torch",
+        reason='needs PyTorch: pip install torch, or the torch extra (pip install -e ".[cuda12,test,torch]")',
+    )
     if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+        pytest.skip("needs PyTorch with CUDA (this torch build or machine has none)")
     sw = cs.BlockSwapper(max_blocks=16)
     host, gpu = _setup(rng)
     s = torch.cuda.Stream()

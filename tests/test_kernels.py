@@ -14,9 +14,16 @@ def test_sources_are_found_and_includes_inlined():
     src = kernels.kernel_source()
     assert '#include "' not in src
     assert "CUPY_SWAP_MAX_PARTS" in src  # from swap_desc.cuh
-    for w in kernels.WIDTHS:
-        for u in kernels.UNROLLS:
-            assert kernels.kernel_name(w, u)  # every combination has a name
+    names = {kernels.kernel_name(w, u) for w in kernels.WIDTHS for u in kernels.UNROLLS}
+    assert names == {f"cupy_swap_w{w}_u{u}" for w in (16, 8, 4, 2, 1) for u in (2, 4, 8)}
+    for w in kernels.WIDTHS:  # each width is instantiated (test_compiles_with_nvrtc checks the cubin)
+        assert f", {w})" in src
+
+
+def test_kernel_name_rejects_unknown_shapes():
+    assert kernels.kernel_name(16, 4) == "cupy_swap_w16_u4"
+    with pytest.raises(ValueError, match="no kernel for width=3"):
+        kernels.kernel_name(3, 4)
 
 
 def test_descriptor_constants_match_python():

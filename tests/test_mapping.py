@@ -65,6 +65,14 @@ def test_huge_uint64_rejected():
         normalize_mapping(np.array([[2**63, 0]], dtype=np.uint64))
 
 
+@pytest.mark.parametrize("mapping", [[[2**63, 0]], [[0, -(2**63) - 1]], [(2**64, 1)], [[2**63, -1]]])
+def test_python_ints_beyond_int64_rejected_as_such(mapping):
+    """NumPy stacks these as float64 or objects; the message must not blame floats."""
+    with pytest.raises(IndexError, match="fit in int64") as e:
+        normalize_mapping(mapping)
+    assert "float" not in str(e.value)
+
+
 def test_negative_index_rejected():
     m = normalize_mapping([(0, 1), (-1, 2)])
     with pytest.raises(IndexError, match=r"source block index must be >= 0, got -1 in row 1"):

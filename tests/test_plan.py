@@ -39,11 +39,53 @@ def test_non_contiguous_block_rejected():
         as_parts(a, "src")
 
 
-def test_zero_d_and_empty_blocks_rejected():
+def test_zero_d_rejected():
     with pytest.raises(ValueError, match="ndim >= 1"):
         as_parts(np.float32(1.0).reshape(()), "src")
-    with pytest.raises(ValueError, match="at least one byte"):
-        as_parts(np.zeros((4, 0)), "dst")
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [
+        np.zeros((0, 16), np.float32),
+        np.lib.stride_tricks.as_strided(np.zeros(4, np.float32), (0, 16), (4, 12)),  # any strides
+        np.zeros((16, 4), np.float32).T[:0],  # (0, 16), F-order strides
+        np.zeros((4, 0), np.float32),  # zero-byte blocks
+        np.zeros((3, 2, 0, 5), np.uint8),
+    ],
+)
+def test_empty_arrays_are_parts(empty):
+    """As NumPy's own flags treat them: an array with no elements has no
+    layout to get wrong, so it is accepted whatever its strides."""
+    (p,) = as_parts(empty, "src")
+    assert p.num_blocks == empty.shape[0]
+    assert p.block_bytes == empty.dtype.itemsize * int(np.prod(empty.shape[1:]))
+
+
+def test_empty_part_with_empty_mapping_moves_nothing():
+    host = np.zeros((0, 16), np.uint8)
+    gpu = _fake_device(np.lib.stride_tricks.as_strided(np.zeros(4, np.uint8), (0, 16), (7, 3)), "dst")
+    layout = layout_from_parts(as_parts(host, "src"), [gpu])
+    assert check_mapping_for(layout, []).shape == (0, 2)
+    with pytest.raises(IndexError, match="out of range for src with 0 blocks"):
+        check_mapping_for(layout, [(0, 0)])
+    zero_bytes = layout_from_parts(
+        as_parts(np.zeros((4, 0), np.uint8), "src"), [_fake_device(np.zeros((4, 0), np.uint8), "dst")]
+    )
+    assert zero_bytes.bytes_per_pair == 0
+    assert check_mapping_for(zero_bytes, [(0, 1)]).tolist() == [[0, 1]]
+
+
+def test_parts_do_not_keep_arrays_alive():
+    import gc
+    import weakref
+
+    a = np.zeros((4, 8), np.uint8)
+    ref = weakref.ref(a)
+    parts = as_parts([a, a[:, :4]], "src")
+    del a
+    gc.collect()
+    assert ref() is None and len(parts) == 2
 
 
 def test_wrong_types_rejected():
@@ -63,8 +105,12 @@ def test_host_to_host_rejected():
         check_swap(a, b, [(0, 1)])
 
 
+_ALIVE: list = []  # parts hold no reference to their arrays: the tests keep them alive
+
+
 def _fake_device(array: np.ndarray, name: str) -> Part:
     """A part that claims to be GPU memory, to exercise checks without a GPU."""
+    _ALIVE.append(array)
     (p,) = as_parts(array, name)
     return dataclasses.replace(p, location=DEVICE, device=0)
 
@@ -272,6 +318,19 @@ def test_may_have_runs():
     run = np.column_stack((np.arange(100, 1100), np.arange(1000)))
     assert may_have_runs(run)
     assert not may_have_runs(run[:1])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7])
+@pytest.mark.parametrize("column", [None, 0, 1])
+def test_may_have_runs_short_mappings(n, column):
+    """Every sampled row pair lies inside the mapping (2 or 3 rows used to
+    read row n)."""
+    from cupy_swap.mapping import may_have_runs
+
+    run = np.column_stack((np.arange(n) + 5, np.arange(n)))
+    assert may_have_runs(run, column=column)
+    scattered = np.column_stack((np.arange(n) * 3, np.arange(n) * 5))
+    assert not may_have_runs(scattered, column=column)
 
 
 def test_may_have_runs_in_one_column():

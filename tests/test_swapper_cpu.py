@@ -1,6 +1,7 @@
 """Pieces of the swapper that need no GPU."""
 
 import ctypes
+import warnings
 
 import pytest
 
@@ -25,3 +26,55 @@ def test_argument_checks():
     assert _positive_int(3, "x") == 3
     with pytest.raises(TypeError, match="x: expected a positive int, got bool"):
         _positive_int(True, "x")
+
+
+def test_layout_cache_entry_holds_arrays_weakly():
+    import gc
+    import weakref
+
+    import numpy as np
+
+    from cupy_swap.swapper import _CachedLayout
+
+    pool, other = np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8)
+    entry = _CachedLayout((pool, other), layout=object())
+    assert entry.valid_for((pool, other))
+    assert not entry.valid_for((other, pool))
+    ref = weakref.ref(pool)
+    del pool
+    gc.collect()
+    assert ref() is None  # the entry did not keep the dropped pool alive
+    recycled = np.zeros((8, 4), np.uint8)  # may get the dead array's id
+    assert not entry.valid_for((recycled, other))
+
+
+def test_layout_cache_entry_sees_in_place_changes():
+    import numpy as np
+
+    from cupy_swap.swapper import _CachedLayout
+
+    a, b = np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8)
+    entry = _CachedLayout((a, b), layout=object())
+    b.flags.writeable = False  # a destination made read-only after its first swap
+    assert not entry.valid_for((a, b))
+    b.flags.writeable = True
+    assert entry.valid_for((a, b))
+    with warnings.catch_warnings():  # NumPy 2.5 deprecates it; older ones allow it silently
+        warnings.simplefilter("ignore", DeprecationWarning)
+        a.shape = (4, 8)  # reshaped in place
+    assert not entry.valid_for((a, b))
+
+
+def test_staged_refusals_name_the_real_reason():
+    import numpy as np
+
+    from cupy_swap.blocks import as_parts
+    from cupy_swap.staging import copy_groups, groups_problem
+
+    pool = np.zeros((10, 2, 16), np.uint8)
+    reversed_view = as_parts(pool[::-1].reshape(10, 32), "dst")
+    assert copy_groups(reversed_view) is None
+    assert "negative block stride" in groups_problem(reversed_view)
+    half = as_parts(pool[:, 0], "dst")  # the other half of each row is not in the swap
+    assert copy_groups(half) is None
+    assert "bytes of arrays that are not in this swap" in groups_problem(half)

@@ -1,0 +1,198 @@
+"""Edges that once went wrong on a real GPU: lifetimes (cached layouts,
+unregistered memory), in-place changes between calls, failures half-way,
+empty arrays, short mappings under ``auto``, and messages."""
+
+import gc
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+
+import cupy_swap as cs
+from cupy_swap import memory
+from cupy_swap.bench import random_mapping
+
+from .test_swap_gpu import POISON, check_swap, poison, rand_fill
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+_SPIN_SOURCE = r"""
+extern "C" __global__ void spin(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
+
+
+def spin(stream, ms: float) -> None:
+    """Keep ``stream`` busy on the GPU for about ``ms`` milliseconds, so work
+    queued behind it is certainly still queued when the host acts next."""
+    kernel = cp.RawKernel(_SPIN_SOURCE, "spin")
+    khz = cp.cuda.Device().attributes["ClockRate"]
+    with stream:
+        kernel((1,), (1,), (np.int64(ms * khz),))
+
+
+# ---------------------------------------------------------------- auto routing
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("block", [400 << 10, 512 << 10])
+@pytest.mark.parametrize("as_type", ["numpy_scalars", "int64_array", "gpu_to_gpu"])
+def test_auto_with_two_or_three_pairs(rng, n, block, as_type):
+    """Blocks between 1 MiB / n and 1 MiB with a mapping that misses the
+    short-list fast path: the run sampling once read past the last row."""
+    sw = cs.BlockSwapper(max_blocks=16)
+    src = cs.empty_pinned((8, block), np.uint8) if as_type != "gpu_to_gpu" else cp.empty((8, block), cp.uint8)
+    dst = cp.empty((8, block), cp.uint8)
+    rand_fill(src, rng)
+    poison(dst)
+    m = random_mapping(n, 8, 8, rng)
+    mapping = [(np.int64(s), np.int64(d)) for s, d in m] if as_type == "numpy_scalars" else m
+    ev = check_swap(sw, src, dst, mapping)
+    assert ev.path in ("kernel", "dma")
+
+
+# ----------------------------------------------------------------- empty arrays
+def test_empty_parts_and_empty_mappings_move_nothing():
+    sw = cs.BlockSwapper(max_blocks=16)
+    empty_host = np.lib.stride_tricks.as_strided(
+        np.zeros(4, np.uint8), (0, 16), (3, 7)
+    )  # pageable, any strides
+    ev = sw.swap_in(empty_host, cp.empty((0, 16), cp.uint8), [])
+    ev.synchronize()
+    assert ev.path == "none" and ev.nbytes == 0
+    # Zero-byte blocks: indices are checked, no byte moves.
+    ev = sw.swap_out(cp.empty((4, 0), cp.float16), cs.empty_pinned((4, 0), np.float16), [(0, 3), (1, 2)])
+    ev.synchronize()
+    assert ev.path == "none" and ev.nbytes == 0
+    with pytest.raises(IndexError, match="out of range"):
+        sw.swap_in(empty_host, cp.empty((0, 16), cp.uint8), [(0, 0)])
+
+
+# ---------------------------------------------------------- lifetimes, caching
+def test_layout_cache_does_not_keep_arrays_alive(rng):
+    sw = cs.BlockSwapper(max_blocks=16)
+    pool = cs.empty_pinned((64, 4096), np.uint8)
+    gpu = cp.empty((32, 4096), cp.uint8)
+    rand_fill(gpu, rng)
+    sw.swap_out(gpu, pool, [(0, 1), (3, 2)]).synchronize()
+    start, buffer, gpu_ref = pool.ctypes.data, weakref.ref(pool.base), weakref.ref(gpu)
+    del pool, gpu
+    gc.collect()
+    assert buffer() is None and gpu_ref() is None  # the swapper's cache let both go
+    assert memory._registry.find(start, 1) is None  # and the pinned pool was freed
+
+
+def test_destination_made_read_only_after_a_swap_is_refused(rng):
+    sw = cs.BlockSwapper(max_blocks=16)
+    host = cs.empty_pinned((8, 256), np.uint8)
+    gpu = cp.empty((8, 256), cp.uint8)
+    rand_fill(gpu, rng)
+    sw.swap_out(gpu, host, [(0, 0)]).synchronize()
+    host.flags.writeable = False
+    before = host.copy()
+    with pytest.raises(ValueError, match="read-only"):
+        sw.swap_out(gpu, host, [(1, 1)])
+    assert np.array_equal(host, before)
+
+
+def test_numpy_array_reshaped_in_place_is_checked_again(rng):
+    sw = cs.BlockSwapper(max_blocks=16)
+    host = cs.empty_pinned((8, 256), np.uint8)
+    rand_fill(host, rng)
+    gpu = cp.empty((8, 256), cp.uint8)
+    poison(gpu)
+    check_swap(sw, host, gpu, [(3, 0)])
+    with warnings.catch_warnings():  # NumPy 2.5 deprecates it; older ones allow it silently
+        warnings.simplefilter("ignore", DeprecationWarning)
+        host.shape = (16, 128)  # same object, new geometry: the cached layout no longer holds
+    with pytest.raises(ValueError, match="block shape"):
+        sw.swap_in(host, gpu, [(0, 0)])
+
+
+def test_torch_tensor_restrided_in_place_is_checked_again(rng):
+    torch = pytest.importorskip("torch", reason="needs PyTorch (pip install torch, or the `torch` extra)")
+    if not torch.cuda.is_available():
+        pytest.skip("needs PyTorch built with CUDA")
+    sw = cs.BlockSwapper(max_blocks=16)
+    host = cs.empty_pinned((8, 64), np.uint8)
+    rand_fill(host, rng)
+    base = torch.zeros(8 * 128, dtype=torch.uint8, device="cuda")
+    t = base.as_strided((8, 64), (128, 1))
+    sw.swap_in(host, t, [(0, 0)]).synchronize()
+    t.as_strided_((8, 64), (64, 1))  # same object, address and shape; new block stride
+    base.fill_(POISON)
+    sw.swap_in(host, t, [(2, 5), (7, 1)]).synchronize()
+    got = t.cpu().numpy()
+    assert np.array_equal(got[5], host[2]) and np.array_equal(got[1], host[7])
+    assert (got[[0, 2, 3, 4, 6, 7]] == POISON).all()
+
+
+def test_unregister_waits_for_queued_swaps(rng):
+    sw = cs.BlockSwapper(max_blocks=64)
+    pool = np.empty((128, 64 << 10), np.uint8)
+    cs.register_host(pool)
+    gpu = cp.empty((64, 64 << 10), cp.uint8)
+    rand_fill(gpu, rng)
+    m = random_mapping(64, 64, 128, rng)
+    stream = cp.cuda.Stream(non_blocking=True)
+    spin(stream, 300)  # the swap-out below is still queued when unregister_host is called
+    ev = sw.swap_out(gpu, pool, m, stream=stream)
+    cs.unregister_host(pool)
+    assert ev.done  # it waited for the swap before unpinning
+    assert np.array_equal(pool[m[:, 1]], cp.asnumpy(gpu)[m[:, 0]])
+
+
+# ------------------------------------------------------- failure half-way
+def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
+    """A staged swap that fails after launching its first scatter: the
+    scatter is still queued, so the next swap must not rewrite the
+    descriptor slot it reads (ring of one slot) until it has run."""
+    block, n = 32 << 10, 1200
+    sw = cs.BlockSwapper(max_blocks=2048, ring_size=1)
+    host = cs.empty_pinned((2 * n, block), np.uint8)
+    gpu = cp.empty((2 * n, block), cp.uint8)
+    rand_fill(host, rng)
+    poison(gpu)
+    m = np.column_stack((np.arange(n) + 7, rng.choice(2 * n, n, replace=False)))
+    calls = []
+    real = sw._launch_range
+
+    def fails_on_second_chunk(*args):
+        calls.append(args)
+        if len(calls) == 2:
+            raise RuntimeError("injected failure")
+        return real(*args)
+
+    monkeypatch.setattr(sw, "_launch_range", fails_on_second_chunk)
+    stream = cp.cuda.Stream(non_blocking=True)
+    spin(stream, 500)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        sw.swap_in(host, gpu, m, stream=stream, mode="staged")
+    monkeypatch.undo()
+    # Another swap on another stream takes the only slot with a new descriptor.
+    other_src = cs.empty_pinned((300, 4096), np.uint8)
+    other_dst = cp.empty((300, 4096), cp.uint8)
+    rand_fill(other_src, rng)
+    poison(other_dst)
+    check_swap(sw, other_src, other_dst, random_mapping(200, 300, 300, rng), mode="kernel")
+    stream.synchronize()
+    got = cp.asnumpy(gpu)
+    landed = np.array([np.array_equal(got[d], host[s]) for s, d in m])
+    untouched = np.array([(got[d] == POISON).all() for _, d in m])
+    assert landed.any()  # the first chunk's scatter ran ...
+    assert (landed | untouched).all()  # ... with its own descriptor, never another's
+    # The staging ring is sound after the failure: a full staged swap lands.
+    poison(gpu)
+    check_swap(sw, host, gpu, m, mode="staged")
+
+
+# ------------------------------------------------------------------- messages
+def test_staged_on_reversed_host_view_names_the_stride(rng):
+    sw = cs.BlockSwapper(max_blocks=64)
+    host = cs.empty_pinned((64, 4096), np.uint8)
+    gpu = cp.empty((64, 4096), cp.uint8)
+    with pytest.raises(ValueError, match="negative block stride"):
+        sw.swap_in(host[::-1], gpu, [(0, 0), (1, 1)], mode="staged")

@@ -1,0 +1,80 @@
+"""A swapper on the second GPU, driven while the first is current: its
+arrays, streams and waits are handled on its own device.  Each test
+prepares its GPU-1 data on GPU 1 and waits for it there, so no swap races
+the preparation."""
+
+import numpy as np
+import pytest
+
+import cupy_swap as cs
+from cupy_swap.bench import random_mapping
+
+from .test_edge_cases_gpu import spin
+from .test_swap_gpu import check_swap, poison, rand_fill
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
+
+cp = pytest.importorskip("cupy")
+
+
+def _gpu1_array(shape, rng=None):
+    with cp.cuda.Device(1):
+        a = cp.empty(shape, cp.uint8)
+        rand_fill(a, rng) if rng is not None else poison(a)
+        cp.cuda.Device(1).synchronize()
+    return a
+
+
+@pytest.mark.parametrize("mode", ["kernel", "dma", "staged", "auto"])
+def test_second_gpu_swapper_while_first_is_current(rng, mode):
+    sw1 = cs.BlockSwapper(max_blocks=2048, device=1)
+    host = cs.empty_pinned((1500, 4096), np.uint8)
+    rand_fill(host, rng)
+    gpu1 = _gpu1_array((1200, 4096))
+    host_run = np.column_stack((np.arange(1000) + 11, rng.choice(1200, 1000, replace=False)))
+    mapping = host_run if mode == "staged" else random_mapping(1000, 1500, 1200, rng)
+    with cp.cuda.Device(0):
+        ev = check_swap(sw1, host, gpu1, mapping, mode=mode)
+        assert cp.cuda.runtime.getDevice() == 0  # the caller's device is restored
+    assert ev.path == mode or mode == "auto" and ev.path in ("kernel", "dma", "staged")
+
+
+def test_second_gpu_torch_tensors_while_first_is_current(rng):
+    torch = pytest.importorskip("torch", reason="needs PyTorch (pip install torch, or the `torch` extra)")
+    sw1 = cs.BlockSwapper(max_blocks=64, device=1)
+    host = torch.empty((64, 1024), dtype=torch.uint8).pin_memory()
+    host.copy_(torch.from_numpy(rng.integers(0, 256, (64, 1024), dtype=np.uint8)))
+    gpu1 = torch.full((32, 1024), 0xA5, dtype=torch.uint8, device="cuda:1")
+    torch.cuda.synchronize(1)
+    m = random_mapping(20, 64, 32, rng)
+    with cp.cuda.Device(0):
+        sw1.swap_in(host, gpu1, m).synchronize()
+    got = gpu1.cpu().numpy()
+    assert np.array_equal(got[m[:, 1]], host.numpy()[m[:, 0]])
+
+
+def test_second_gpu_waits_for_a_first_gpu_stream(rng):
+    """``wait_for=`` a stream of GPU 0 orders a GPU-1 swap after it (a
+    cross-device event wait), and a GPU-0 ``stream=`` is refused clearly."""
+    sw1 = cs.BlockSwapper(max_blocks=64, device=1)
+    host = cs.zeros_pinned((64, 1 << 16), np.uint8)
+    gpu1 = _gpu1_array((64, 1 << 16), rng)
+    with cp.cuda.Device(0):
+        producer = cp.cuda.Stream(non_blocking=True)
+        spin(producer, 200)
+        producer_done = producer.record()
+        ev = sw1.swap_out(gpu1, host, [(i, i) for i in range(64)], wait_for=producer)
+        ev.synchronize()
+        assert producer_done.done  # the swap (microseconds) ran only after the 200 ms producer
+        assert np.array_equal(host, cp.asnumpy(gpu1))
+        with pytest.raises(ValueError, match="stream: expected a stream of GPU 1"):
+            sw1.swap_out(gpu1, host, [(0, 0)], stream=producer)
+
+
+def test_swapper_refuses_arrays_of_the_other_gpu(rng):
+    sw0 = cs.BlockSwapper(max_blocks=8, device=0)
+    host = cs.empty_pinned((8, 64), np.uint8)
+    gpu1 = _gpu1_array((8, 64))
+    with pytest.raises(ValueError, match=r"dst: expected an array on GPU 0 .*got one on GPU 1"):
+        sw0.swap_in(host, gpu1, [(0, 0)])
+    assert np.all(cp.asnumpy(gpu1) == 0xA5)

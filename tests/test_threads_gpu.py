@@ -1,0 +1,74 @@
+"""One swapper shared by many threads: every swap of every thread lands
+bit-exactly, whatever the ring size (a small ring makes threads come round
+to each other's descriptor slots all the time)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import cupy_swap as cs
+from cupy_swap.bench import random_mapping
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+THREADS = 8
+SWAPS_PER_THREAD = 40
+
+
+def _worker(sw, seed, gpu, host, results, index):
+    """Alternate swap-outs and swap-ins of random sizes on this thread's own
+    stream and arrays, without waiting in between; then compare with a NumPy
+    replay of the same swaps in order."""
+    try:
+        rng = np.random.default_rng(seed)
+        stream = cp.cuda.Stream(non_blocking=True)
+        ref_gpu, ref_host = cp.asnumpy(gpu), host.copy()
+        g_blocks, h_blocks = gpu.shape[0], host.shape[0]
+        for i in range(SWAPS_PER_THREAD):
+            # Both sides of the descriptor cut-over (64 pairs: read from
+            # pinned memory below, uploaded to the device above).
+            n = int(rng.choice([1, 5, 63, 64, 65, 200]))
+            if i % 2:
+                m = random_mapping(n, h_blocks, g_blocks, rng)
+                sw.swap_in(host, gpu, m, stream=stream, mode="kernel")
+                ref_gpu[m[:, 1]] = ref_host[m[:, 0]]
+            else:
+                m = random_mapping(n, g_blocks, h_blocks, rng)
+                sw.swap_out(gpu, host, m.tolist() if n < 16 else m, stream=stream)
+                ref_host[m[:, 1]] = ref_gpu[m[:, 0]]
+        stream.synchronize()
+        results[index] = np.array_equal(cp.asnumpy(gpu), ref_gpu) and np.array_equal(host, ref_host)
+    except BaseException as e:  # reported by the main thread
+        results[index] = e
+
+
+@pytest.mark.parametrize("ring_size", [1, 2, 16])
+def test_many_threads_share_one_swapper(ring_size):
+    sw = cs.BlockSwapper(max_blocks=256, ring_size=ring_size)
+    rng = np.random.default_rng(ring_size)
+    arrays = []
+    for t in range(THREADS):
+        # A different block size per thread: a descriptor read with another
+        # thread's part table would move the wrong bytes.
+        block = 256 * (t + 1) + 16 * t
+        gpu = cp.asarray(rng.integers(0, 256, (300, block), dtype=np.uint8))
+        host = cs.empty_pinned((400, block), np.uint8)
+        host[:] = rng.integers(0, 256, host.shape, dtype=np.uint8)
+        arrays.append((gpu, host))
+    cp.cuda.Device().synchronize()
+    results = [None] * THREADS
+    threads = [
+        threading.Thread(target=_worker, args=(sw, 1000 * ring_size + t, gpu, host, results, t))
+        for t, (gpu, host) in enumerate(arrays)
+    ]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t, r in enumerate(results):
+        if isinstance(r, BaseException):
+            raise r
+        assert r is True, f"thread {t}: swaps came out wrong"
