@@ -19,21 +19,25 @@ pytestmark = pytest.mark.gpu
 
 cp = pytest.importorskip("cupy")
 
+# %globaltimer counts nanoseconds whatever the clocks do (clock64 counts SM
+# cycles, and CUDA 13 no longer reports the clock rate to convert them).
 _SPIN_SOURCE = r"""
-extern "C" __global__ void spin(long long cycles) {
-    const long long start = clock64();
-    while (clock64() - start < cycles) {}
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
 }
 """
 
 
 def spin(stream, ms: float) -> None:
-    """Keep ``stream`` busy on the GPU for about ``ms`` milliseconds, so work
-    queued behind it is certainly still queued when the host acts next."""
+    """Keep ``stream`` busy on the GPU for ``ms`` milliseconds, so work queued
+    behind it is certainly still queued when the host acts next."""
     kernel = cp.RawKernel(_SPIN_SOURCE, "spin")
-    khz = cp.cuda.Device().attributes["ClockRate"]
     with stream:
-        kernel((1,), (1,), (np.int64(ms * khz),))
+        kernel((1,), (1,), (np.uint64(ms * 1e6),))
 
 
 # ---------------------------------------------------------------- auto routing
@@ -140,6 +144,7 @@ def test_unregister_waits_for_queued_swaps(rng):
     stream = cp.cuda.Stream(non_blocking=True)
     spin(stream, 300)  # the swap-out below is still queued when unregister_host is called
     ev = sw.swap_out(gpu, pool, m, stream=stream)
+    assert not ev.done  # still queued behind the spin
     cs.unregister_host(pool)
     assert ev.done  # it waited for the swap before unpinning
     assert np.array_equal(pool[m[:, 1]], cp.asnumpy(gpu)[m[:, 0]])
@@ -171,6 +176,7 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
     spin(stream, 500)
     with pytest.raises(RuntimeError, match="injected failure"):
         sw.swap_in(host, gpu, m, stream=stream, mode="staged")
+    assert not stream.done  # the first chunk's scatter is still queued behind the spin
     monkeypatch.undo()
     # Another swap on another stream takes the only slot with a new descriptor.
     other_src = cs.empty_pinned((300, 4096), np.uint8)
