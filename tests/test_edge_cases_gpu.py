@@ -142,6 +142,7 @@ def test_unregister_waits_for_queued_swaps(rng):
     rand_fill(gpu, rng)
     m = random_mapping(64, 64, 128, rng)
     stream = cp.cuda.Stream(non_blocking=True)
+    sw.swap_out(gpu, pool, m, stream=stream).synchronize()  # compiles and loads the kernels first
     spin(stream, 300)  # the swap-out below is still queued when unregister_host is called
     ev = sw.swap_out(gpu, pool, m, stream=stream)
     assert not ev.done  # still queued behind the spin
@@ -162,6 +163,17 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
     rand_fill(host, rng)
     poison(gpu)
     m = np.column_stack((np.arange(n) + 7, rng.choice(2 * n, n, replace=False)))
+    other_src = cs.empty_pinned((300, 4096), np.uint8)
+    other_dst = cp.empty((300, 4096), cp.uint8)
+    rand_fill(other_src, rng)
+    other_mapping = random_mapping(200, 300, 300, rng)
+    # Compile and load every kernel first, so the host work below takes
+    # microseconds and everything queued behind the spin is still queued.
+    check_swap(sw, host, gpu, m, mode="staged")
+    check_swap(sw, other_src, other_dst, other_mapping, mode="kernel")
+    poison(gpu)
+    poison(other_dst)
+    cp.cuda.Device().synchronize()
     calls = []
     real = sw._launch_range
 
@@ -179,11 +191,8 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
     assert not stream.done  # the first chunk's scatter is still queued behind the spin
     monkeypatch.undo()
     # Another swap on another stream takes the only slot with a new descriptor.
-    other_src = cs.empty_pinned((300, 4096), np.uint8)
-    other_dst = cp.empty((300, 4096), cp.uint8)
-    rand_fill(other_src, rng)
-    poison(other_dst)
-    check_swap(sw, other_src, other_dst, random_mapping(200, 300, 300, rng), mode="kernel")
+    other = cp.cuda.Stream(non_blocking=True)
+    check_swap(sw, other_src, other_dst, other_mapping[::-1].copy(), mode="kernel", stream=other)
     stream.synchronize()
     got = cp.asnumpy(gpu)
     landed = np.array([np.array_equal(got[d], host[s]) for s, d in m])

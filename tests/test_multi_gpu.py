@@ -59,8 +59,11 @@ def test_second_gpu_waits_for_a_first_gpu_stream(rng):
     sw1 = cs.BlockSwapper(max_blocks=64, device=1)
     host = cs.zeros_pinned((64, 1 << 16), np.uint8)
     gpu1 = _gpu1_array((64, 1 << 16), rng)
+    sw1.swap_out(gpu1, host, [(0, 0), (1, 1)]).synchronize()  # kernels compiled and loaded first
     with cp.cuda.Device(0):
         producer = cp.cuda.Stream(non_blocking=True)
+        spin(producer, 1)  # compiled and loaded first
+        producer.synchronize()
         spin(producer, 200)
         producer_done = producer.record()
         ev = sw1.swap_out(gpu1, host, [(i, i) for i in range(64)], wait_for=producer)
