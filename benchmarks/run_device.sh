@@ -2,7 +2,8 @@
 # Everything the GPU has to do for a release, from the source tree:
 #   bash benchmarks/run_device.sh tests   # the README's test command (every test, GPU ones included)
 #   bash benchmarks/run_device.sh bench   # every figure the README and RESULTS.md quote
-#   bash benchmarks/run_device.sh all     # both
+#   bash benchmarks/run_device.sh peers   # bench --peers and --host-time (issue 10's baseline)
+#   bash benchmarks/run_device.sh all     # tests and bench
 # Results land in $OUT (or ./device-out): at most eight files, as the device
 # tool brings back.  benchmarks/make_tables.py turns them into
 # benchmarks/results/RESULTS.md and the README's tables.
@@ -27,5 +28,8 @@ if [[ $what == bench || $what == all ]]; then
         --benchmark-json "$OUT/pytest_benchmark.json" 2>&1 | tail -4 || status=1
     python3 benchmarks/breakdown.py >"$OUT/breakdown.txt" 2>&1 || status=1
     cat "$OUT/breakdown.txt"
+fi
+if [[ $what == peers ]]; then
+    python3 -m cupy_swap bench --peers --host-time --json "$OUT/peers.json" 2>&1 | tail -130 || status=1
 fi
 exit $status

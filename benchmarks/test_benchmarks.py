@@ -61,3 +61,39 @@ def test_swap(benchmark, case):
         ceiling_gbps=case.total_bytes / ceiling["latency_s"] / 1e9,
         ratio=ceiling["latency_s"] / median,
     )
+
+
+PEER_BENCH_CASES = [
+    SwapCase("in", 4 * KIB, 16),
+    SwapCase("in", 32 * KIB, 1250),
+    SwapCase("out", 32 * KIB, 1250),
+]
+
+
+@pytest.mark.parametrize("case", PEER_BENCH_CASES, ids=lambda c: c.label().replace(" ", ""))
+@pytest.mark.parametrize(
+    "contender",
+    ["seed_upload", "seed_resident", "graph_memcpy", "batch_memcpy", "cupy_swap", "cupy_swap_prepared"],
+)
+def test_peer(benchmark, case, contender):
+    """The contenders of ``bench --peers`` (cupy_swap/peers.py), one blocking
+    call per round."""
+    import cupy
+    import numpy as np
+
+    from cupy_swap import BlockSwapper
+    from cupy_swap.peers import contender_calls
+
+    bufs = CaseBuffers(case, np.random.default_rng(0))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    call = contender_calls(bufs, stream, BlockSwapper(max_blocks=case.num_blocks))[contender]
+
+    def one_call():
+        call()
+        stream.synchronize()
+
+    benchmark.pedantic(one_call, rounds=30, warmup_rounds=3)
+    assert bufs.verify()
+    benchmark.extra_info.update(
+        bytes=case.total_bytes, gbps=case.total_bytes / benchmark.stats.stats.median / 1e9
+    )

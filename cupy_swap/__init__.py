@@ -9,12 +9,13 @@ Public API::
 """
 
 from .memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
-from .swapper import BlockSwapper
+from .swapper import BlockSwapper, PreparedSwap
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BlockSwapper",
+    "PreparedSwap",
     "empty_pinned",
     "zeros_pinned",
     "register_host",

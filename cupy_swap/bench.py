@@ -30,6 +30,8 @@ __all__ = [
     "bidir_mapping",
     "fill_random",
     "swapper_settings",
+    "run_host_time",
+    "HOST_TIME_MODES",
 ]
 
 
@@ -498,3 +500,92 @@ def run_with_gemm(budgets=(4, 8, 16, 32), *, block_bytes=32768, n=1250, size=819
             }
         )
     return out
+
+
+HOST_TIME_MODES = ("auto", "kernel", "dma", "staged")
+# Mapping forms a caller passes: an int64 array, a list of pairs, vLLM's
+# int64 CPU tensor (when torch is there), and the array to a prepared op.
+HOST_TIME_FORMS = ("array", "list", "torch", "prepared")
+
+
+def run_host_time(*, counts=(1, 16, 1250), reps: int = 200, seed: int = 0) -> dict:
+    """Host time of one call (submit only; the stream is synchronized after
+    each call, outside the clock), median of ``reps``, for one part of
+    32 KiB blocks and 64 parts of 4 KiB blocks (a block-first host pool,
+    32 layers x K/V), every mode and mapping form, swap-in, next to a bare
+    ``cudaMemcpyAsync`` call of one 32 KiB block measured the same way.
+
+    ``staged`` swaps get a mapping whose host blocks are one run (the only
+    kind it takes); the others get random distinct blocks.
+
+    Returns
+    -------
+    dict
+        ``{"memcpy_us": float, "rows": [{"parts", "block_bytes", "n", "mode",
+        "form", "path", "host_us", "ratio"}, ...]}``; ``ratio`` is host time
+        over the bare memcpy call's.
+    """
+    import cupy
+    from cupy.cuda import runtime
+
+    from .swapper import BlockSwapper
+
+    torch = None
+    try:
+        import torch  # noqa: F401  (vLLM passes its mapping as an int64 CPU tensor)
+    except ImportError:
+        pass
+    rng = np.random.default_rng(seed)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    flat_host = memory.empty_pinned((32768,), np.uint8)
+    flat_gpu = cupy.empty((32768,), dtype=cupy.uint8)
+    args = (flat_gpu.data.ptr, flat_host.ctypes.data, 32768, runtime.memcpyHostToDevice, stream.ptr)
+
+    def bare_memcpy():
+        runtime.memcpyAsync(*args)
+
+    host_time(bare_memcpy, stream, reps=20)  # warm-up
+    memcpy_s = host_time(bare_memcpy, stream, reps)
+    rows = []
+    for parts, block in ((1, 32768), (64, 4096)):
+        for n in counts:
+            bufs = CaseBuffers(SwapCase("in", block, n, parts), rng)
+            sw = BlockSwapper(max_blocks=max(n, 1))
+            src, dst = bufs.src, bufs.dst
+            op = sw.prepare(src, dst)
+            runs = np.column_stack((np.arange(n), rng.choice(bufs.gpu_blocks, n, replace=False)))
+            for mode in HOST_TIME_MODES:
+                m = runs.astype(np.int64) if mode == "staged" else bufs.mapping
+                forms = {
+                    "array": m,
+                    "list": m.tolist(),
+                    "torch": torch.from_numpy(m) if torch is not None else None,
+                }
+                for form in HOST_TIME_FORMS:
+                    if forms.get(form, m) is None:
+                        continue
+                    call = _host_time_call(sw, op, src, dst, forms.get(form, m), form, mode, stream)
+                    k = reps if n * parts <= 1250 else max(20, reps // 8)
+                    host_time(call, stream, reps=3)  # warm-up: compile, allocate, cache the layout
+                    seconds = host_time(call, stream, reps=k)
+                    rows.append(
+                        {
+                            "parts": parts,
+                            "block_bytes": block,
+                            "n": n,
+                            "mode": mode,
+                            "form": form,
+                            "path": sw.last_path,
+                            "host_us": seconds * 1e6,
+                            "ratio": seconds / memcpy_s,
+                        }
+                    )
+    return {"memcpy_us": memcpy_s * 1e6, "rows": rows}
+
+
+def _host_time_call(sw, op, src, dst, mapping, form: str, mode: str, stream):
+    """One call of the host-time table: through the prepared op, or
+    ``swap()`` with the mapping in the given form."""
+    if form == "prepared":
+        return lambda: op(mapping, stream=stream, mode=mode)
+    return lambda: sw.swap(src, dst, mapping, stream=stream, mode=mode)

@@ -20,6 +20,7 @@ import time
 
 from . import __version__
 from .bench import HOST_LAYOUTS, SwapCase, gpu_status, run_bidir, run_case, run_with_gemm, swapper_settings
+from .peers import CONTENDERS as PEER_NAMES
 
 PAGE_BYTES = 16 * 8 * 128 * 2  # 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB
 PAGE_TEXT = (
@@ -376,7 +377,12 @@ def cmd_bench(args) -> int:
                 f"(+{100 * r['gemm_slowdown']:.1f}%), swaps {r['swap_gbps']:.1f} GB/s"
             )
         report["with_gemm"] = rows
-    if not (args.bidir or args.with_gemm) or args.sweep:
+    if args.peers:
+        report["peers"] = rows = _bench_peers(args.reps)
+        ok &= all(r[name + "_ok"] for r in rows for name in PEER_NAMES)
+    if args.host_time:
+        report["host_time"] = _bench_host_time(args.reps)
+    if not (args.bidir or args.with_gemm or args.peers or args.host_time) or args.sweep:
         if args.sweep == "goals":
             cases = _goal_cases()
         else:
@@ -410,6 +416,53 @@ def cmd_bench(args) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return EXIT_OK if ok else EXIT_MISMATCH
+
+
+PEER_HEAD = ("seed+up", "seed", "graph", "batch", "swap()", "prepared")
+
+
+def _bench_peers(reps: int) -> list:
+    """``bench --peers``: every contender of :mod:`cupy_swap.peers` on the
+    24 cases, GB/s, the leader marked with ``*``."""
+    from .peers import PEER_CASES, run_peers_case
+
+    print(
+        "\npeers: blocking GB/s (submit + synchronize, median), one part, random distinct blocks; "
+        "* = fastest contender; seed+up = the seed's kernel with the mapping uploaded per call, "
+        "seed = with the mapping already on the GPU, graph = one cudaMemcpyAsync per block "
+        "replayed from a CUDA graph, batch = cuMemcpyBatchAsync with prebuilt arrays"
+    )
+    print(f"{'case':<22} {'memcpy':>7} " + " ".join(f"{h:>9}" for h in PEER_HEAD) + "  auto path")
+    rows = []
+    for case in PEER_CASES:
+        r = run_peers_case(case, reps=min(reps, 20) if case.total_bytes > (1 << 28) else reps)
+        rows.append(r)
+        cells = []
+        for name in PEER_NAMES:
+            mark = "*" if r["lead"] == name else ("!" if not r[name + "_ok"] else " ")
+            cells.append(f"{r[name]:8.2f}{mark}")
+        print(
+            f"{case.label():<22} {r['ceiling_gbps']:7.2f} " + " ".join(cells) + f"  {r['path']}", flush=True
+        )
+    return rows
+
+
+def _bench_host_time(reps: int) -> dict:
+    """``bench --host-time``: host time per call against a bare memcpy call."""
+    from .bench import run_host_time
+
+    result = run_host_time(reps=max(reps, 200))
+    print(
+        f"\nhost time per call (submit only, median; swap-in), against a bare cudaMemcpyAsync call: "
+        f"{result['memcpy_us']:.1f} us"
+    )
+    print(f"{'parts x block':<16} {'n':>5} {'mode':<7} {'form':<9} {'path':<7} {'us':>8} {'x memcpy':>9}")
+    for r in result["rows"]:
+        print(
+            f"{r['parts']:>3} x {r['block_bytes'] // 1024:>3} KiB    {r['n']:>5} {r['mode']:<7} {r['form']:<9} "
+            f"{r['path']:<7} {r['host_us']:8.1f} {r['ratio']:9.2f}"
+        )
+    return result
 
 
 def cmd_info(args) -> int:
@@ -517,6 +570,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="pairs queued back to back for the sustained figure",
     )
     b.add_argument("--with-gemm", action="store_true", help="interference with a matmul, CTA budgets 4-32")
+    b.add_argument(
+        "--peers",
+        action="store_true",
+        help="the seed's kernel, per-block memcpy in a CUDA graph and cuMemcpyBatchAsync beside cupy_swap",
+    )
+    b.add_argument(
+        "--host-time", action="store_true", help="host time per call, every mode, against a bare memcpy call"
+    )
     b.add_argument("--reps", type=_positive_int, default=30)
     b.add_argument("--no-baseline", action="store_true", help="skip one-memcpy-per-block")
     b.add_argument("--json", metavar="FILE", help="also write every figure to FILE")

@@ -39,9 +39,9 @@ def copy_list(layout, mapping: np.ndarray):
         ``P`` parts times ``R`` runs, part-major.
     """
     runs = contiguous_runs(mapping)
-    dsts, srcs, sizes = [], [], []
+    dsts, srcs, sizes = [np.empty(0, np.int64)], [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     # Host parts are addressed by their host address: copies need no mapping.
-    for s, d in zip(layout.src, layout.dst):
+    for s, d in _moving(layout):
         s_base, d_base = s.ptr, d.ptr
         if _packed(s) and _packed(d):
             # Packed blocks: a whole run is one contiguous range.
@@ -58,6 +58,12 @@ def copy_list(layout, mapping: np.ndarray):
         np.concatenate(srcs).astype(np.uint64),
         np.concatenate(sizes).astype(np.uint64),
     )
+
+
+def _moving(layout) -> list:
+    """``(src part, dst part)`` pairs whose blocks hold bytes (zero-byte
+    parts get no copies)."""
+    return [(s, d) for s, d in zip(layout.src, layout.dst) if s.block_bytes]
 
 
 def _packed(part) -> bool:
@@ -79,7 +85,7 @@ def small_copy_list(layout, pairs: list) -> tuple[list, list, list]:
     """:func:`copy_list` for a short list of ``(s, d)`` pairs, in plain Python."""
     dsts, srcs, sizes = [], [], []
     runs = None
-    for s_part, d_part in zip(layout.src, layout.dst):
+    for s_part, d_part in _moving(layout):
         if _packed(s_part) and _packed(d_part):
             runs = runs if runs is not None else _python_runs(pairs)
             part_runs = runs
@@ -96,7 +102,8 @@ def copy_count(layout, mapping) -> tuple[int, int]:
     """How many copies the copy-engine path would issue, and the size in
     bytes of the largest, without building the copy list.  ``mapping`` is an
     ``(N, 2)`` array or a short list of pairs."""
-    packed = [_packed(s) and _packed(d) for s, d in zip(layout.src, layout.dst)]
+    pairs = _moving(layout)
+    packed = [_packed(s) and _packed(d) for s, d in pairs]
     n = len(mapping)
     runs, longest = n, 1
     if any(packed):
@@ -108,7 +115,7 @@ def copy_count(layout, mapping) -> tuple[int, int]:
             cont = (step[:, 0] == 1) & (step[:, 1] == 1)
             runs, longest = n - int(np.count_nonzero(cont)), _longest_true_run(cont) + 1
     copies = sum(runs if p else n for p in packed)
-    largest = max((longest if p else 1) * part.block_bytes for p, part in zip(packed, layout.src))
+    largest = max(((longest if p else 1) * s.block_bytes for p, (s, _) in zip(packed, pairs)), default=0)
     return copies, largest
 
 

@@ -52,12 +52,17 @@ def swap_event_class():
     return SwapEvent
 
 
-def wait_handle(item, device: int | None = None) -> tuple[int, object | None]:
+def wait_handle(
+    item, device: int | None = None, caller_device: int | None = None
+) -> tuple[int, object | None]:
     """Turn one ``wait_for`` entry into a raw event handle to wait on.
 
     Events are waited on as they are (a stream may wait for an event of
     another GPU).  Streams get an event recorded on them now, on the GPU the
-    stream belongs to, which ``keepalive`` holds until the wait is enqueued.
+    stream belongs to: its own for CuPy and torch stream objects, else
+    ``caller_device`` (the null and per-thread default streams and raw
+    handles act on whatever device was current, so the caller's).
+    ``keepalive`` holds the event until the wait is enqueued.
 
     Returns
     -------
@@ -70,7 +75,7 @@ def wait_handle(item, device: int | None = None) -> tuple[int, object | None]:
     handle = getattr(item, "cuda_event", None)  # torch.cuda.Event
     if isinstance(handle, int):
         return handle, None
-    from .interop import stream_device, stream_handle
+    from .interop import on_device, stream_device, stream_handle
 
     try:
         stream = stream_handle(item)
@@ -80,18 +85,15 @@ def wait_handle(item, device: int | None = None) -> tuple[int, object | None]:
             f"got {type(item).__name__}"
         ) from None
     owner = stream_device(item)
-    if owner is None or owner == device or device is None:
-        ev = cupy.cuda.Event(disable_timing=True)
+    if owner is None:
+        owner = caller_device if caller_device is not None else device
+    with on_device(owner if owner is not None else cupy.cuda.runtime.getDevice()):
+        ev = cupy.cuda.Event(disable_timing=True)  # events are recorded on their own device's streams
         try:
             cupy.cuda.runtime.eventRecord(ev.ptr, stream)
         except cupy.cuda.runtime.CUDARuntimeError as e:
             raise ValueError(
-                f"wait_for: could not record an event on stream handle {stream:#x} ({e}); a raw "
-                f"handle must be a stream of GPU {device}, the swapper's device: pass a stream of "
-                f"another GPU as its CuPy or torch object, or an event recorded on it"
+                f"wait_for: could not record an event on stream handle {stream:#x} of GPU {owner} ({e}); "
+                f"pass a stream of another GPU as its CuPy or torch object, or an event recorded on it"
             ) from None
-        return ev.ptr, ev
-    with cupy.cuda.Device(owner):  # events are recorded on their own device's streams
-        ev = cupy.cuda.Event(disable_timing=True)
-        cupy.cuda.runtime.eventRecord(ev.ptr, stream)
     return ev.ptr, ev

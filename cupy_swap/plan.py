@@ -348,9 +348,12 @@ def resolve_layout(layout: Layout, device: int) -> Layout:
     layout.dst_addrs = [_resolve_part(p, device, mapped) for p in layout.dst]
     layout.kernel_ok = None not in layout.src_addrs and None not in layout.dst_addrs
     layout.unmapped_reason = "" if layout.kernel_ok else why
-    values = [a for a in layout.src_addrs + layout.dst_addrs if a is not None]
-    values += [p.block_stride for p in layout.src] + [p.block_stride for p in layout.dst]
-    values += [p.block_bytes for p in layout.src]
+    # Parts with zero-byte blocks move nothing: their (arbitrary) addresses
+    # and strides must not narrow the vectors of the others.
+    moving = [i for i, p in enumerate(layout.src) if p.block_bytes]
+    values = [a for i in moving for a in (layout.src_addrs[i], layout.dst_addrs[i]) if a is not None]
+    values += [p.block_stride for i in moving for p in (layout.src[i], layout.dst[i])]
+    values += [layout.src[i].block_bytes for i in moving]
     width = vector_width(values)
     units = [p.block_bytes // width for p in layout.src]
     table = np.empty((len(units), PART_WORDS), dtype=np.int64)

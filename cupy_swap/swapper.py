@@ -55,7 +55,7 @@ from .staging import (
     staging_parts,
 )
 
-__all__ = ["BlockSwapper", "DEFAULT_MAX_CTAS", "DEFAULT_UNROLL"]
+__all__ = ["BlockSwapper", "PreparedSwap", "DEFAULT_MAX_CTAS", "DEFAULT_UNROLL"]
 
 DEFAULT_MAX_CTAS = 8
 DEFAULT_UNROLL = 4
@@ -159,16 +159,18 @@ def _items(src, dst) -> tuple:
 
 def _signature(obj) -> tuple:
     """What can change in place about an array without changing its
-    identity: NumPy shape, strides and writeability (``a.shape = ...``,
-    ``a.flags.writeable = False``); CuPy shape and strides; a torch
-    tensor's address, shape and strides (``set_``, ``as_strided_``,
-    ``.data =``)."""
+    identity: NumPy shape, strides, dtype and writeability (``a.shape =
+    ...``, ``a.flags.writeable = False``); CuPy shape, strides and dtype; a
+    torch tensor's address, shape, strides and dtype (``set_``,
+    ``as_strided_``, ``.data =``).  NumPy 1.x also lets ``a.data = buf``
+    re-point an array in place (deprecated, gone in NumPy 2): that is not
+    re-checked, as reading the address costs more than the rest."""
     if isinstance(obj, np.ndarray):
-        return (obj.shape, obj.strides, obj.flags.writeable)
+        return (obj.shape, obj.strides, obj.dtype, obj.flags.writeable)
     data_ptr = getattr(obj, "data_ptr", None)
     if data_ptr is not None:  # torch.Tensor
-        return (data_ptr(), obj.shape, obj.stride())
-    return (getattr(obj, "shape", None), getattr(obj, "strides", None))
+        return (data_ptr(), obj.shape, obj.stride(), obj.dtype)
+    return (getattr(obj, "shape", None), getattr(obj, "strides", None), getattr(obj, "dtype", None))
 
 
 def _weak(obj):
@@ -411,6 +413,22 @@ class BlockSwapper:
         """:meth:`swap` that only accepts GPU -> host."""
         return self._swap(gpu_src, host_dst, block_mapping, stream, OUT, mode, wait_for, timing)
 
+    def prepare(self, src, dst) -> PreparedSwap:
+        """Check ``src`` and ``dst`` once and return a :class:`PreparedSwap`
+        that swaps between them for any mapping: ``op(block_mapping,
+        stream=..., wait_for=...)``.
+
+        Everything that does not depend on the mapping (parts, device
+        aliases, overlap analysis, the part table) is done here, so a call
+        of the op costs only the mapping checks and the launch.  The op
+        holds ``src`` and ``dst`` and uses the geometry checked here: do
+        not reshape, restride or re-point them in place afterwards
+        (``swap()`` re-checks that on every call; a prepared op does not).
+        """
+        with on_device(self.device):
+            layout = self._layout(src, dst)
+        return PreparedSwap(self, layout, (src, dst))
+
     def graph_swap(self, src, dst):
         """A swap of fixed parts whose mapping changes between CUDA-graph
         replays: see :class:`cupy_swap.graph.GraphSwap`."""
@@ -549,14 +567,22 @@ class BlockSwapper:
             # queries, events, the default stream and the launches.
             runtime.setDevice(self.device)
         try:
-            return self._swap_here(src, dst, block_mapping, stream, want, mode, wait_for, timing)
+            return self._swap_here(src, dst, block_mapping, stream, want, mode, wait_for, timing, prev)
         finally:
             if prev != self.device:
                 runtime.setDevice(prev)
 
-    def _swap_here(self, src, dst, block_mapping, stream, want, mode, wait_for, timing):
+    def _swap_here(self, src, dst, block_mapping, stream, want, mode, wait_for, timing, caller_device):
         """:meth:`_swap` with this swapper's device current."""
         layout = self._layout(src, dst)
+        return self._run(layout, block_mapping, stream, want, mode, wait_for, timing, caller_device)
+
+    def _run(self, layout: Layout, block_mapping, stream, want, mode, wait_for, timing, caller_device):
+        """The hot path, for a checked layout (this swapper's device current):
+        check the mapping, route, enqueue, record the event.
+        ``caller_device`` was current when the caller called: ``wait_for``
+        streams that belong to no device in particular (the null and
+        per-thread default streams, raw handles) are the caller's."""
         if want is not None and layout.direction != want:
             method = "swap_in" if want == IN else "swap_out"
             raise ValueError(
@@ -570,7 +596,9 @@ class BlockSwapper:
         timed = self.timing if timing is None else bool(timing)
         runtime = self._runtime
         handle = stream_on_device(stream, self.device)
-        waits = [wait_handle(w, self.device) for w in _as_sequence(wait_for)]
+        waits = [wait_handle(w, self.device, caller_device) for w in _as_sequence(wait_for)]
+        for ev_ptr, _ in waits:  # first: waiting on a capturing stream makes this one capture too
+            runtime.streamWaitEvent(handle, ev_ptr, 0)
         capturing = stream_is_capturing(handle)
         moves = len(mapping) and layout.bytes_per_pair  # else: nothing to copy
         path, chunks = self._route(layout, mapping, mode, capturing) if moves else ("none", None)
@@ -579,8 +607,6 @@ class BlockSwapper:
         held: list[_Slot] = []  # descriptor slots this swap took (locked until gated)
         recorded = False
         try:
-            for ev_ptr, _ in waits:
-                runtime.streamWaitEvent(handle, ev_ptr, 0)
             if timed:
                 event.start = self._cupy_event()
                 runtime.eventRecord(event.start.ptr, handle)
@@ -604,18 +630,20 @@ class BlockSwapper:
         after taking its slot, and a launch that reads it may be queued, so
         the slot is gated behind a fence recorded on ``handle`` (or, if even
         that fails, the device is drained first)."""
-        if event is None:
-            try:
-                event = self._cupy_event(disable_timing=True)
-                self._runtime.eventRecord(event.ptr, handle)
-            except Exception:
-                event = None
-                with contextlib.suppress(Exception):
-                    self._runtime.deviceSynchronize()  # nothing queued reads the slot any more
-        for slot in held:
-            if event is not None:
-                slot.event = event
-            slot.lock.release()
+        try:
+            if event is None:
+                try:
+                    event = self._cupy_event(disable_timing=True)
+                    self._runtime.eventRecord(event.ptr, handle)
+                except Exception:
+                    event = None
+                    with contextlib.suppress(Exception):
+                        self._runtime.deviceSynchronize()  # nothing queued reads the slot any more
+        finally:
+            for slot in held:  # unlocked whatever happens, or the ring would stall for good
+                if event is not None:
+                    slot.event = event
+                slot.lock.release()
 
     def _launch(self, layout: Layout, mapping, handle: int, capturing: bool, held: list) -> None:
         """Write the descriptor into a ring slot (appended to ``held``; the
@@ -801,12 +829,16 @@ class BlockSwapper:
             slot = self._slots[self._next]
             self._next = (self._next + 1) % len(self._slots)
         slot.lock.acquire()
-        held.append(slot)
-        event = slot.event
-        if event is not None and not event.done:
-            with self._lock:
-                self.ring_waits += 1
-            event.synchronize()
+        try:
+            event = slot.event
+            if event is not None and not event.done:
+                with self._lock:
+                    self.ring_waits += 1
+                event.synchronize()
+        except BaseException:
+            slot.lock.release()  # not written: its event still gates it
+            raise
+        held.append(slot)  # from here on this swap may write it, so its release gates it
         return slot
 
     def _retire_slot(self) -> _Slot:
@@ -831,6 +863,56 @@ class BlockSwapper:
         threads = min(cap, max(32, -(-per_cta // 32) * 32))
         grid = min(self.max_ctas, -(-units // (threads * self.unroll)))
         return max(grid, 1), threads
+
+
+class PreparedSwap:
+    """A swap between fixed ``src`` and ``dst``, checked once; call it with
+    a mapping.  Made by :meth:`BlockSwapper.prepare`.
+
+    Parameters of a call
+    --------------------
+    block_mapping : array-like of shape (N, 2)
+        ``(src_block, dst_block)`` rows, ``N <= max_blocks``.
+    stream, mode, wait_for, timing
+        As for :meth:`BlockSwapper.swap`.
+
+    Returns a ``SwapEvent``, as :meth:`BlockSwapper.swap` does.
+
+    Attributes
+    ----------
+    direction : str
+        ``"in"``, ``"out"`` or ``"gpu->gpu"``.
+    bytes_per_pair : int
+        Bytes one mapping row moves, all parts together.
+    """
+
+    __slots__ = ("_swapper", "_layout", "_held", "direction", "bytes_per_pair")
+
+    def __init__(self, swapper: BlockSwapper, layout: Layout, held: tuple):
+        self._swapper = swapper
+        self._layout = layout
+        self._held = held  # the caller's arrays stay alive as long as the op
+        self.direction = layout.direction
+        self.bytes_per_pair = layout.bytes_per_pair
+
+    def __call__(self, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
+        sw = self._swapper
+        runtime = sw._runtime
+        prev = runtime.getDevice()
+        if prev != sw.device:
+            runtime.setDevice(sw.device)
+        try:
+            return sw._run(self._layout, block_mapping, stream, None, mode, wait_for, timing, prev)
+        finally:
+            if prev != sw.device:
+                runtime.setDevice(prev)
+
+    def __repr__(self) -> str:
+        parts = len(self._layout.src)
+        return (
+            f"PreparedSwap({DIRECTION_TEXT[self.direction]}, {parts} part{'s' * (parts != 1)}, "
+            f"{self.bytes_per_pair} bytes per pair, GPU {self._swapper.device})"
+        )
 
 
 _warned: list = []

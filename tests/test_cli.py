@@ -85,7 +85,13 @@ def test_info_without_gpu_exits_3():
 def test_no_gpu_main_exit_code_in_process(monkeypatch, capsys):
     monkeypatch.setattr(cli, "gpu_status", lambda: (False, "no CUDA GPU is available (test)"))
     monkeypatch.setattr(cli, "probe_driver", lambda: None)
-    for argv in ([], ["bench", "--counts", "3"], ["calibrate"]):
+    for argv in (
+        [],
+        ["bench", "--counts", "3"],
+        ["bench", "--peers"],
+        ["bench", "--host-time"],
+        ["calibrate"],
+    ):
         with pytest.raises(SystemExit) as e:
             cli.main(argv)
         assert e.value.code == EXIT_NO_GPU

@@ -42,20 +42,78 @@ def spin(stream, ms: float) -> None:
 
 # ---------------------------------------------------------------- auto routing
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("block", [400 << 10, 512 << 10])
-@pytest.mark.parametrize("as_type", ["numpy_scalars", "int64_array", "gpu_to_gpu"])
-def test_auto_with_two_or_three_pairs(rng, n, block, as_type):
+@pytest.mark.parametrize("block", [512 << 10, 768 << 10])
+@pytest.mark.parametrize("as_type", ["numpy_scalars", "in_place_gpu", "torch_tensor"])
+def test_auto_with_two_or_three_pairs(rng, monkeypatch, n, block, as_type):
     """Blocks between 1 MiB / n and 1 MiB with a mapping that misses the
-    short-list fast path: the run sampling once read past the last row."""
+    short-list fast path (NumPy scalars, vLLM's int64 CPU tensor, an
+    in-place GPU -> GPU swap): the run sampling once read past the last row."""
+    import cupy_swap.swapper as swapper_module
+
+    sampled = []
+    real = swapper_module.may_have_runs
+    monkeypatch.setattr(swapper_module, "may_have_runs", lambda *a, **k: sampled.append(1) or real(*a, **k))
     sw = cs.BlockSwapper(max_blocks=16)
-    src = cs.empty_pinned((8, block), np.uint8) if as_type != "gpu_to_gpu" else cp.empty((8, block), cp.uint8)
-    dst = cp.empty((8, block), cp.uint8)
-    rand_fill(src, rng)
-    poison(dst)
-    m = random_mapping(n, 8, 8, rng)
-    mapping = [(np.int64(s), np.int64(d)) for s, d in m] if as_type == "numpy_scalars" else m
-    ev = check_swap(sw, src, dst, mapping)
-    assert ev.path in ("kernel", "dma")
+    blocks = rng.permutation(8)
+    m = np.column_stack((blocks[:n], blocks[n : 2 * n]))  # sources and destinations disjoint
+    if as_type == "in_place_gpu":
+        src = dst = cp.empty((8, block), cp.uint8)
+        rand_fill(src, rng)
+        expected = cp.asnumpy(src)
+        expected[m[:, 1]] = expected[m[:, 0]]
+        sw.swap(src, dst, m).synchronize()
+        assert np.array_equal(cp.asnumpy(dst), expected)
+    else:
+        src = cs.empty_pinned((8, block), np.uint8)
+        dst = cp.empty((8, block), cp.uint8)
+        rand_fill(src, rng)
+        poison(dst)
+        if as_type == "torch_tensor":
+            torch = pytest.importorskip(
+                "torch", reason="needs PyTorch (pip install torch, or the `torch` extra)"
+            )
+            mapping = torch.from_numpy(m.astype(np.int64))
+        else:
+            mapping = [(np.int64(s), np.int64(d)) for s, d in m]
+        check_swap(sw, src, dst, mapping)
+    assert sampled  # the mapping went through the run sampling
+
+
+def test_ring_slot_left_gated_when_waiting_for_it_fails(rng):
+    """A swap that cannot wait for its slot's last launch leaves the slot
+    locked by nobody and still gated by that launch's event."""
+    sw = cs.BlockSwapper(max_blocks=16, ring_size=1)
+
+    class Broken:
+        @property
+        def done(self):
+            raise RuntimeError("event query failed")
+
+    slot = sw._slots[0]
+    slot.event = broken = Broken()
+    host = cs.empty_pinned((4, 64), np.uint8)
+    gpu = cp.empty((4, 64), cp.uint8)
+    with pytest.raises(RuntimeError, match="event query failed"):
+        sw.swap_in(host, gpu, [(0, 1), (2, 3)], mode="kernel")
+    assert slot.event is broken and not slot.lock.locked()
+    slot.event = None
+    rand_fill(host, rng)
+    poison(gpu)
+    check_swap(sw, host, gpu, [(0, 1), (2, 3)], mode="kernel")
+
+
+def test_parts_with_zero_byte_blocks_beside_others(rng):
+    sw = cs.BlockSwapper(max_blocks=64)
+    empty_host = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (40, 0), (3, 1))  # odd stride
+    for mode in ("kernel", "dma", "auto"):
+        host = [cs.empty_pinned((40, 4096), np.uint8), empty_host, cs.empty_pinned((40, 48), np.uint8)]
+        gpu = [cp.empty((30, 4096), cp.uint8), cp.empty((30, 0), cp.uint8), cp.empty((30, 48), cp.uint8)]
+        for a in host:
+            rand_fill(a, rng)
+        for a in gpu:
+            poison(a)
+        ev = check_swap(sw, host, gpu, random_mapping(17, 40, 30, rng), mode=mode)
+        assert ev.nbytes == 17 * (4096 + 48)
 
 
 # ----------------------------------------------------------------- empty arrays

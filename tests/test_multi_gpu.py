@@ -74,6 +74,25 @@ def test_second_gpu_waits_for_a_first_gpu_stream(rng):
             sw1.swap_out(gpu1, host, [(0, 0)], stream=producer)
 
 
+def test_wait_for_the_callers_default_stream(rng):
+    """``wait_for=`` CuPy's null stream (``device_id`` -1, what
+    ``get_current_stream()`` gives by default) is the caller's device's."""
+    sw1 = cs.BlockSwapper(max_blocks=64, device=1)
+    host = cs.zeros_pinned((64, 1 << 16), np.uint8)
+    gpu1 = _gpu1_array((64, 1 << 16), rng)
+    sw1.swap_out(gpu1, host, [(0, 0)]).synchronize()  # kernels compiled and loaded first
+    with cp.cuda.Device(0):
+        null = cp.cuda.Stream.null
+        spin(null, 1)
+        null.synchronize()
+        spin(null, 200)  # the caller's work on GPU 0's default stream
+        producer_done = null.record()
+        ev = sw1.swap_out(gpu1, host, [(i, i) for i in range(64)], wait_for=cp.cuda.get_current_stream())
+        ev.synchronize()
+        assert producer_done.done
+    assert np.array_equal(host, cp.asnumpy(gpu1))
+
+
 def test_swapper_refuses_arrays_of_the_other_gpu(rng):
     sw0 = cs.BlockSwapper(max_blocks=8, device=0)
     host = cs.empty_pinned((8, 64), np.uint8)

@@ -1,0 +1,194 @@
+"""The contenders cupy_swap is measured against (``bench --peers``), all
+on the same buffers, the same random mapping and the same stream, in one
+run, each checked bit-exactly after it is timed.
+
+Contenders that need no other project:
+
+* **seed kernel, mapping uploaded per call**: the seed pull request's
+  design (``../shared/seed/``): one CTA of 1024 threads per block, 8-byte
+  words, a grid of one CTA per mapping row (so every SM), launched through
+  ``cupy.RawKernel`` with no checks; the mapping is copied to the GPU on
+  every call, as the seed did with its pinned buffer.
+* **seed kernel, mapping on the GPU**: the same launch with the mapping
+  already in device memory (an upper bound for that design).
+* **per-block memcpy, CUDA graph**: one ``cudaMemcpyAsync`` per block,
+  captured once into a CUDA graph and replayed (no per-call Python).
+* **cuMemcpyBatchAsync**: one batch call over prebuilt pointer arrays,
+  one copy per block.
+
+and cupy_swap itself through ``swap()`` and through a prepared op
+(:meth:`BlockSwapper.prepare`), both in ``auto`` mode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import memory
+from .bench import CaseBuffers, SwapCase, memcpy_ceiling, time_blocking
+
+__all__ = ["SEED_KERNEL_SOURCE", "CONTENDERS", "PEER_CASES", "contender_calls", "run_peers_case"]
+
+SEED_KERNEL_SOURCE = r"""
+extern "C" __global__ void __launch_bounds__(1024)
+seed_swap_blocks(const long long* __restrict__ src, long long* __restrict__ dst,
+                 const long long* __restrict__ mapping, long long words_per_block) {
+    const long long s = mapping[2 * blockIdx.x];
+    const long long d = mapping[2 * blockIdx.x + 1];
+    const long long* from = src + s * words_per_block;
+    long long* to = dst + d * words_per_block;
+    for (long long i = threadIdx.x; i < words_per_block; i += blockDim.x) {
+        to[i] = from[i];
+    }
+}
+"""
+
+# Column order of the table; "lead" marks the best of these per row.
+CONTENDERS = (
+    "seed_upload",
+    "seed_resident",
+    "graph_memcpy",
+    "batch_memcpy",
+    "cupy_swap",
+    "cupy_swap_prepared",
+)
+KIB, MIB = 1 << 10, 1 << 20
+PEER_CASES = [
+    SwapCase(d, b, n)
+    for d in ("in", "out")
+    for b in (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
+    for n in (1, 16, 1250)
+]
+
+
+def _device_address(part) -> int:
+    """Device-visible address of a part's block 0 (host: its alias)."""
+    if isinstance(part, np.ndarray):
+        alias = memory.host_alias(part.ctypes.data, part.nbytes)
+        if not alias:
+            raise ValueError("peers: expected mapped pinned host memory (the seed kernel needs it)")
+        return alias
+    return part.data.ptr
+
+
+def _raw_address(part) -> int:
+    return part.ctypes.data if isinstance(part, np.ndarray) else part.data.ptr
+
+
+def contender_calls(bufs: CaseBuffers, stream, swapper) -> dict:
+    """``name -> fn`` that enqueues one swap of the case on ``stream``."""
+    import cupy
+    from cupy.cuda import runtime
+
+    from .dma import DmaCopier
+
+    case = bufs.case
+    (src,), (dst,) = bufs.src, bufs.dst
+    m = bufs.mapping
+    n, block = len(m), case.block_bytes
+    kernel = cupy.RawKernel(SEED_KERNEL_SOURCE, "seed_swap_blocks")
+    words = np.int64(block // 8)
+    src_dev, dst_dev = np.uint64(_device_address(src)), np.uint64(_device_address(dst))
+    with stream:
+        resident = cupy.asarray(m)
+    stream.synchronize()
+
+    def seed_upload():
+        with stream:
+            on_gpu = cupy.asarray(m)  # the mapping goes up with every call
+            kernel((n,), (1024,), (src_dev, dst_dev, on_gpu, words))
+
+    def seed_resident():
+        with stream:
+            kernel((n,), (1024,), (src_dev, dst_dev, resident, words))
+
+    kind = runtime.memcpyHostToDevice if case.direction == "in" else runtime.memcpyDeviceToHost
+    s_base, d_base = _raw_address(src), _raw_address(dst)
+    s_stride, d_stride = src.strides[0], dst.strides[0]
+    srcs = (s_base + m[:, 0] * s_stride).astype(np.uint64)
+    dsts = (d_base + m[:, 1] * d_stride).astype(np.uint64)
+    sizes = np.full(n, block, dtype=np.uint64)
+    stream.begin_capture()
+    for d, s in zip(dsts.tolist(), srcs.tolist()):
+        runtime.memcpyAsync(d, s, block, kind, stream.ptr)
+    graph = stream.end_capture()
+    if hasattr(graph, "upload"):
+        graph.upload(stream)  # instantiate now, not inside the first timed launch
+
+    def graph_memcpy():
+        graph.launch(stream)
+
+    copier = DmaCopier()
+
+    def batch_memcpy():
+        copier.issue(dsts, srcs, sizes, stream.ptr, kind)
+
+    op = swapper.prepare(src, dst)
+    src_list, dst_list = bufs.src, bufs.dst
+
+    def cupy_swap():
+        swapper.swap(src_list, dst_list, m, stream=stream)
+
+    def cupy_swap_prepared():
+        op(m, stream=stream)
+
+    calls = {
+        "seed_upload": seed_upload,
+        "seed_resident": seed_resident,
+        "graph_memcpy": graph_memcpy,
+        "batch_memcpy": batch_memcpy,
+        "cupy_swap": cupy_swap,
+        "cupy_swap_prepared": cupy_swap_prepared,
+    }
+    assert tuple(calls) == CONTENDERS
+    return calls
+
+
+def _poison(part) -> None:
+    if isinstance(part, np.ndarray):
+        part[...] = 0xA5
+    else:
+        part.fill(0xA5)
+
+
+def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0) -> dict:
+    """Every contender on one case: blocking GB/s (submit + synchronize,
+    median of ``reps``), the memcpy ceiling, bit-exactness, and the leader.
+
+    Returns
+    -------
+    dict
+        ``direction, block_bytes, num_blocks, bytes, ceiling_gbps`` and, per
+        contender ``name``: ``name`` (GB/s), ``name + "_ok"`` (bool);
+        ``lead``: the fastest contender's name; ``path``: what cupy_swap's
+        ``auto`` chose.
+    """
+    import cupy
+
+    from .swapper import BlockSwapper
+
+    if case.parts != 1:
+        raise ValueError(f"case: expected one part (the peers copy one array), got {case.parts}")
+    rng = np.random.default_rng(seed)
+    bufs = CaseBuffers(case, rng, spare=2 if case.total_bytes < (1 << 30) else 1)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    swapper = BlockSwapper(max_blocks=max(case.num_blocks, 1))
+    calls = contender_calls(bufs, stream, swapper)
+    row = {
+        "direction": case.direction,
+        "block_bytes": case.block_bytes,
+        "num_blocks": case.num_blocks,
+        "bytes": case.total_bytes,
+    }
+    ceiling = memcpy_ceiling(bufs, stream, reps)
+    row["ceiling_gbps"] = case.total_bytes / ceiling["latency_s"] / 1e9
+    for name, fn in calls.items():
+        for part in bufs.dst:
+            _poison(part)
+        stream.synchronize()
+        t = time_blocking(fn, stream, reps)
+        row[name] = case.total_bytes / t["latency_s"] / 1e9
+        row[name + "_ok"] = bufs.verify()
+    row["path"] = swapper.last_path
+    row["lead"] = max(CONTENDERS, key=lambda name: row[name])
+    return row

@@ -1,0 +1,102 @@
+"""Prepared swaps (``sw.prepare(src, dst)``): bit-exact in every direction
+and mode, holding their arrays, and the measuring code of ``bench --peers``
+and ``bench --host-time`` on small cases (correctness only: timings belong
+to the benchmarks)."""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import cupy_swap as cs
+from cupy_swap.bench import random_mapping
+
+from .test_swap_gpu import DIRECTIONS, check_swap, make, poison, rand_fill
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+
+class _Op:
+    """Adapts a prepared op to ``check_swap``'s ``sw.swap(src, dst, m)``."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def swap(self, src, dst, mapping, **kw):
+        return self.op(mapping, **kw)
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("mode", ["auto", "kernel", "dma"])
+@pytest.mark.parametrize("n", [1, 17, 1250])
+def test_prepared_swap_is_bit_exact(rng, direction, mode, n):
+    skind, dkind = DIRECTIONS[direction]
+    src = [make(skind, (n + 9, 4096), np.uint8) for _ in range(3)]
+    dst = [make(dkind, (n + 11, 4096), np.uint8) for _ in range(3)]
+    for a in src:
+        rand_fill(a, rng)
+    for a in dst:
+        poison(a)
+    sw = cs.BlockSwapper(max_blocks=2048)
+    op = sw.prepare(src, dst)
+    assert isinstance(op, cs.PreparedSwap) and op.bytes_per_pair == 3 * 4096
+    for _ in range(3):  # several calls, new mappings
+        ev = check_swap(_Op(op), src, dst, random_mapping(n, n + 9, n + 11, rng), mode=mode)
+        assert ev.path == mode or mode == "auto"
+
+
+def test_prepared_staged_swap(rng):
+    sw = cs.BlockSwapper(max_blocks=2048)
+    host = cs.empty_pinned((1500, 32 << 10), np.uint8)
+    gpu = cp.empty((1300, 32 << 10), cp.uint8)
+    rand_fill(host, rng)
+    poison(gpu)
+    op = sw.prepare(host, gpu)
+    m = np.column_stack((np.arange(1000) + 3, rng.choice(1300, 1000, replace=False)))
+    assert check_swap(_Op(op), host, gpu, m, mode="staged").path == "staged"
+
+
+def test_prepared_swap_checks_mappings_and_holds_its_arrays(rng):
+    sw = cs.BlockSwapper(max_blocks=16)
+    host = cs.empty_pinned((8, 256), np.uint8)
+    op = sw.prepare(host, cp.empty((4, 256), cp.uint8))
+    ref = weakref.ref(host)
+    del host
+    gc.collect()
+    assert ref() is not None  # the op keeps its arrays alive
+    with pytest.raises(IndexError, match="out of range"):
+        op([(0, 4)])
+    with pytest.raises(ValueError, match="distinct destination"):
+        op([(0, 1), (2, 1)])
+    with pytest.raises(ValueError, match="dst: expected an array on GPU|host memory on both sides"):
+        sw.prepare(np.zeros((4, 8), np.uint8), np.zeros((4, 8), np.uint8))
+    assert "host -> GPU" in repr(op)
+
+
+def test_peers_case_runs_every_contender_bit_exactly():
+    from cupy_swap.bench import SwapCase
+    from cupy_swap.peers import CONTENDERS, run_peers_case
+
+    for case in (SwapCase("in", 4096, 16), SwapCase("out", 32768, 1)):
+        row = run_peers_case(case, reps=3)
+        for name in CONTENDERS:
+            assert row[name + "_ok"], name
+            assert row[name] > 0
+        assert row["lead"] in CONTENDERS
+
+
+def test_host_time_table_has_every_mode_and_form():
+    from cupy_swap.bench import HOST_TIME_MODES, run_host_time
+
+    result = run_host_time(counts=(1, 16), reps=5)
+    assert result["memcpy_us"] > 0
+    seen = {(r["parts"], r["n"], r["mode"], r["form"]) for r in result["rows"]}
+    for parts in (1, 64):
+        for n in (1, 16):
+            for mode in HOST_TIME_MODES:
+                for form in ("array", "list", "prepared"):
+                    assert (parts, n, mode, form) in seen
+    assert {r["path"] for r in result["rows"] if r["mode"] == "staged"} == {"staged"}
