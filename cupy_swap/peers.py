@@ -185,7 +185,7 @@ def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0) -> dict:
     for name, fn in calls.items():
         for part in bufs.dst:
             _poison(part)
-        stream.synchronize()
+        cupy.cuda.Device().synchronize()  # the fill ran on the default stream
         t = time_blocking(fn, stream, reps)
         row[name] = case.total_bytes / t["latency_s"] / 1e9
         row[name + "_ok"] = bufs.verify()
