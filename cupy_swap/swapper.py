@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import operator
 import threading
 import warnings
 import weakref
@@ -157,51 +158,91 @@ def _items(src, dst) -> tuple:
     return tuple(items)
 
 
-def _signature(obj) -> tuple:
-    """What can change in place about an array without changing its
-    identity: NumPy shape, strides, dtype and writeability (``a.shape =
-    ...``, ``a.flags.writeable = False``); CuPy shape, strides and dtype; a
-    torch tensor's address, shape, strides and dtype (``set_``,
-    ``as_strided_``, ``.data =``).  NumPy 1.x also lets ``a.data = buf``
-    re-point an array in place (deprecated, gone in NumPy 2): that is not
-    re-checked, as reading the address costs more than the rest."""
-    if isinstance(obj, np.ndarray):
-        return (obj.shape, obj.strides, obj.dtype, obj.flags.writeable)
-    data_ptr = getattr(obj, "data_ptr", None)
-    if data_ptr is not None:  # torch.Tensor
-        return (data_ptr(), obj.shape, obj.stride(), obj.dtype)
-    return (getattr(obj, "shape", None), getattr(obj, "strides", None), getattr(obj, "dtype", None))
+def _is_torch(obj) -> bool:
+    return hasattr(obj, "data_ptr") and not isinstance(obj, np.ndarray)
 
 
-def _weak(obj):
-    """A weak reference to ``obj``, or a strong one for the rare object
-    that cannot be referenced weakly (held until the entry is evicted)."""
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return lambda: obj
+def _torch_state(t) -> tuple:
+    """What ``set_``, ``as_strided_`` and ``.data =`` change in place."""
+    return (t.data_ptr(), t.shape, t.stride())
 
 
 class _CachedLayout:
-    """A cache entry: the layout, weak references to the caller's objects
-    (so a cached layout never keeps a dropped cache or pool alive, and a
-    recycled ``id`` is told apart from the object it was), and each
-    object's :func:`_signature` at check time, compared on every hit."""
+    """A cache entry: the layout, weak references to the caller's objects,
+    and what of them can change in place, compared on every hit.
 
-    __slots__ = ("refs", "generation", "layout", "signature")
+    The references are weak, so a cached layout never keeps a dropped cache
+    or pool alive; when one of the objects dies its callback marks the entry
+    dead, so a recycled ``id`` never finds it and a hit costs no per-object
+    identity check.  Re-checked on a hit (cheap attribute reads): the shape
+    of NumPy and CuPy arrays (in-place reshape), the writeability of NumPy
+    destinations (``a.flags.writeable = False``), and a torch tensor's
+    address, shape and strides.  Not re-checked: assigning a NumPy array's
+    ``strides``, ``dtype`` or ``data`` in place (deprecated or removed in
+    NumPy 2).  A prepared op (:meth:`BlockSwapper.prepare`) re-checks none
+    of this.
+    """
 
-    def __init__(self, items: tuple, layout):
-        self.refs = tuple(_weak(obj) for obj in items)
+    __slots__ = ("__weakref__", "refs", "dead", "generation", "layout", "checks")
+
+    def __init__(self, items: tuple, n_src: int, layout):
+        self.dead = False
+        entry = weakref.ref(self)
+
+        def died(_ref, entry=entry):
+            alive = entry()
+            if alive is not None:
+                alive.dead = True
+
+        self.refs = tuple(_weak(obj, died) for obj in items)
         self.generation = memory.generation()
         self.layout = layout
-        self.signature = tuple(map(_signature, items))
+        # (select, read, expected): ``read`` maps over ``select(items)`` in C
+        # (attrgetter), so a hit costs tens of nanoseconds per array.
+        tensors = [i for i, obj in enumerate(items) if _is_torch(obj)]
+        shaped = [i for i, obj in enumerate(items) if i not in tensors and hasattr(obj, "shape")]
+        dst_numpy = [i for i in range(n_src, len(items)) if isinstance(items[i], np.ndarray)]
+        self.checks = [
+            (_picker(shaped, len(items)), _SHAPE, None),
+            (_picker(dst_numpy, len(items)), _WRITEABLE, None),
+            (_picker(tensors, len(items)), _torch_state, None),
+        ]
+        self.checks = [
+            (pick, read, list(map(read, pick(items)))) for pick, read, _ in self.checks if pick is not None
+        ]
 
     def valid_for(self, items: tuple) -> bool:
         return (
-            self.generation == memory.generation()
-            and all(ref() is obj for ref, obj in zip(self.refs, items))
-            and tuple(map(_signature, items)) == self.signature
+            not self.dead
+            and self.generation == memory.generation()
+            and all(list(map(read, pick(items))) == expected for pick, read, expected in self.checks)
         )
+
+
+_SHAPE = operator.attrgetter("shape")
+_WRITEABLE = operator.attrgetter("flags.writeable")
+
+
+def _picker(indices: list, count: int):
+    """A function selecting ``items[i]`` for ``i`` in ``indices``: a slice
+    when they are consecutive, None when there are none."""
+    if not indices:
+        return None
+    if indices == list(range(indices[0], indices[-1] + 1)):
+        window = slice(indices[0], indices[-1] + 1)
+        return operator.itemgetter(window)
+    pick = operator.itemgetter(*indices)
+    return pick if len(indices) > 1 else (lambda items: (pick(items),))
+
+
+def _weak(obj, callback):
+    """A weak reference to ``obj`` calling ``callback`` when it dies, or a
+    strong one for the rare object that cannot be referenced weakly (held
+    until the entry is evicted)."""
+    try:
+        return weakref.ref(obj, callback)
+    except TypeError:
+        return lambda: obj
 
 
 def _identity(obj) -> tuple:
@@ -251,7 +292,8 @@ class BlockSwapper:
     identity of the arrays, so calls that pass the same arrays again only
     check the mapping.  The cache holds the arrays weakly (dropping a cache
     or pool frees it) and re-checks on every hit what can change in place:
-    shapes, strides, a NumPy array's writeability, a torch tensor's address.
+    shapes, a NumPy destination's writeability, a torch tensor's address,
+    shape and strides.  :meth:`prepare` skips even those checks.
 
     One swapper may be shared by many threads: each swap takes its own
     descriptor slot, and a slot is rewritten only after the swap that last
@@ -447,7 +489,7 @@ class BlockSwapper:
     def _layout(self, src, dst) -> Layout:
         """The checked, resolved layout of ``(src, dst)``, cached by the
         identity of the objects passed.  A hit is used only while those
-        objects are alive, unchanged in place (see :func:`_signature`) and
+        objects are alive, unchanged in place (see :class:`_CachedLayout`) and
         no registered range went away.  Call with this swapper's device
         current (DLPack conversion and pointer queries act on it)."""
         key = (_identity(src), _identity(dst))
@@ -464,7 +506,7 @@ class BlockSwapper:
             self._layouts.pop(key, None)
             if len(self._layouts) >= _LAYOUT_CACHE_SIZE:
                 self._layouts.pop(next(iter(self._layouts)))
-            self._layouts[key] = _CachedLayout(items, layout)
+            self._layouts[key] = _CachedLayout(items, len(layout.src), layout)
         return layout
 
     def choose_path(self, layout: Layout, mapping, mode: str, capturing: bool = False) -> str:

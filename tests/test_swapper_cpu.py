@@ -37,15 +37,14 @@ def test_layout_cache_entry_holds_arrays_weakly():
     from cupy_swap.swapper import _CachedLayout
 
     pool, other = np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8)
-    entry = _CachedLayout((pool, other), layout=object())
+    entry = _CachedLayout((pool, other), 1, layout=object())
     assert entry.valid_for((pool, other))
-    assert not entry.valid_for((other, pool))
     ref = weakref.ref(pool)
     del pool
     gc.collect()
     assert ref() is None  # the entry did not keep the dropped pool alive
     recycled = np.zeros((8, 4), np.uint8)  # may get the dead array's id
-    assert not entry.valid_for((recycled, other))
+    assert entry.dead and not entry.valid_for((recycled, other))
 
 
 def test_layout_cache_entry_sees_in_place_changes():
@@ -54,7 +53,9 @@ def test_layout_cache_entry_sees_in_place_changes():
     from cupy_swap.swapper import _CachedLayout
 
     a, b = np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8)
-    entry = _CachedLayout((a, b), layout=object())
+    entry = _CachedLayout((a, b), 1, layout=object())
+    a.flags.writeable = False  # a read-only source is fine
+    assert entry.valid_for((a, b))
     b.flags.writeable = False  # a destination made read-only after its first swap
     assert not entry.valid_for((a, b))
     b.flags.writeable = True
