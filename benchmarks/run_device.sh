@@ -24,7 +24,7 @@ if [[ $what == bench || $what == all ]]; then
     python3 -m cupy_swap bench --bidir --with-gemm --reps 15 --json "$OUT/duplex.json" 2>&1 | tail -14 || status=1
     python3 benchmarks/staged_sweep.py >"$OUT/staged_sweep.txt" 2>&1 || status=1
     tail -22 "$OUT/staged_sweep.txt"
-    python3 -m pytest -q benchmarks/ -p no:cacheprovider -k "32KiBx1250 or 2MiBx1" \
+    python3 -m pytest -q benchmarks/ -p no:cacheprovider -k "test_swap and (32KiBx1250 or 2MiBx1)" \
         --benchmark-json "$OUT/pytest_benchmark.json" 2>&1 | tail -4 || status=1
     python3 benchmarks/breakdown.py >"$OUT/breakdown.txt" 2>&1 || status=1
     cat "$OUT/breakdown.txt"

@@ -430,7 +430,8 @@ def _bench_peers(reps: int) -> list:
         "\npeers: blocking GB/s (submit + synchronize, median), one part, random distinct blocks; "
         "* = fastest contender; seed+up = the seed's kernel with the mapping uploaded per call, "
         "seed = with the mapping already on the GPU, graph = one cudaMemcpyAsync per block "
-        "replayed from a CUDA graph, batch = cuMemcpyBatchAsync with prebuilt arrays"
+        "replayed from a CUDA graph, batch = cuMemcpyBatchAsync with prebuilt arrays (one copy: "
+        "cudaMemcpyAsync); ! = bytes did not match"
     )
     print(f"{'case':<22} {'memcpy':>7} " + " ".join(f"{h:>9}" for h in PEER_HEAD) + "  auto path")
     rows = []
@@ -439,7 +440,7 @@ def _bench_peers(reps: int) -> list:
         rows.append(r)
         cells = []
         for name in PEER_NAMES:
-            mark = "*" if r["lead"] == name else ("!" if not r[name + "_ok"] else " ")
+            mark = "!" if not r[name + "_ok"] else ("*" if r["lead"] == name else " ")
             cells.append(f"{r[name]:8.2f}{mark}")
         print(
             f"{case.label():<22} {r['ceiling_gbps']:7.2f} " + " ".join(cells) + f"  {r['path']}", flush=True

@@ -3,7 +3,9 @@ that can also report the swap's device time."""
 
 from __future__ import annotations
 
-__all__ = ["swap_event_class", "wait_handle"]
+from typing import NamedTuple
+
+__all__ = ["swap_event_class", "wait_handle", "Wait"]
 
 _cls: list = []
 
@@ -52,29 +54,39 @@ def swap_event_class():
     return SwapEvent
 
 
-def wait_handle(
-    item, device: int | None = None, caller_device: int | None = None
-) -> tuple[int, object | None]:
-    """Turn one ``wait_for`` entry into a raw event handle to wait on.
+class Wait(NamedTuple):
+    """One ``wait_for`` entry, ready to enqueue: the event to wait on, the
+    object that keeps it alive until then, and whether the stream it was
+    recorded on is capturing a graph (waiting on it joins the capture)."""
+
+    event_ptr: int
+    keepalive: object
+    capturing: bool
+
+
+# Raw handles of the legacy and per-thread default streams: they act on
+# whatever device is current, so for ``wait_for`` they are the caller's.
+_DEFAULT_STREAM_HANDLES = (0, 1, 2)
+
+
+def wait_handle(item, device: int | None = None, caller_device: int | None = None) -> Wait:
+    """Turn one ``wait_for`` entry into an event to wait on.
 
     Events are waited on as they are (a stream may wait for an event of
     another GPU).  Streams get an event recorded on them now, on the GPU the
-    stream belongs to: its own for CuPy and torch stream objects, else
-    ``caller_device`` (the null and per-thread default streams and raw
-    handles act on whatever device was current, so the caller's).
-    ``keepalive`` holds the event until the wait is enqueued.
-
-    Returns
-    -------
-    (event_ptr, keepalive) : (int, object or None)
+    stream belongs to: its own for CuPy and torch stream objects; the
+    caller's (``caller_device``) for the default streams (CuPy's
+    ``Stream.null`` and ``Stream.ptds``, raw handles 0, 1, 2); the
+    swapper's (``device``) for other raw handles, as for ``stream=``.
     """
     import cupy
 
     if isinstance(item, cupy.cuda.Event):
-        return item.ptr, None
+        return Wait(item.ptr, None, False)
     handle = getattr(item, "cuda_event", None)  # torch.cuda.Event
     if isinstance(handle, int):
-        return handle, None
+        return Wait(handle, None, False)
+    from .driver import stream_is_capturing
     from .interop import on_device, stream_device, stream_handle
 
     try:
@@ -86,7 +98,8 @@ def wait_handle(
         ) from None
     owner = stream_device(item)
     if owner is None:
-        owner = caller_device if caller_device is not None else device
+        default = stream in _DEFAULT_STREAM_HANDLES
+        owner = caller_device if default and caller_device is not None else device
     with on_device(owner if owner is not None else cupy.cuda.runtime.getDevice()):
         ev = cupy.cuda.Event(disable_timing=True)  # events are recorded on their own device's streams
         try:
@@ -96,4 +109,5 @@ def wait_handle(
                 f"wait_for: could not record an event on stream handle {stream:#x} of GPU {owner} ({e}); "
                 f"pass a stream of another GPU as its CuPy or torch object, or an event recorded on it"
             ) from None
-    return ev.ptr, ev
+        capturing = stream_is_capturing(stream)
+    return Wait(ev.ptr, ev, capturing)

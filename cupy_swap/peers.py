@@ -160,8 +160,9 @@ def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0) -> dict:
     dict
         ``direction, block_bytes, num_blocks, bytes, ceiling_gbps`` and, per
         contender ``name``: ``name`` (GB/s), ``name + "_ok"`` (bool);
-        ``lead``: the fastest contender's name; ``path``: what cupy_swap's
-        ``auto`` chose.
+        ``lead``: the fastest contender that copied bit-exactly; ``path``:
+        what cupy_swap's ``auto`` chose; ``batch_api``: the call behind the
+        ``batch_memcpy`` column.
     """
     import cupy
 
@@ -190,5 +191,12 @@ def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0) -> dict:
         row[name] = case.total_bytes / t["latency_s"] / 1e9
         row[name + "_ok"] = bufs.verify()
     row["path"] = swapper.last_path
-    row["lead"] = max(CONTENDERS, key=lambda name: row[name])
+    from .dma import batch_available
+
+    # DmaCopier sends a single copy through cudaMemcpyAsync, and so does a driver without the batch call.
+    row["batch_api"] = (
+        "cuMemcpyBatchAsync" if batch_available() and case.num_blocks > 1 else "cudaMemcpyAsync"
+    )
+    passed = [name for name in CONTENDERS if row[name + "_ok"]]
+    row["lead"] = max(passed, key=lambda name: row[name]) if passed else None
     return row

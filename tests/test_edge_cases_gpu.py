@@ -262,6 +262,26 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
     check_swap(sw, host, gpu, m, mode="staged")
 
 
+def test_refused_route_enqueues_no_wait_on_a_capturing_stream(rng):
+    """``wait_for=`` a capturing stream would pull the swap's stream into the
+    capture; a swap refused for capture (staged) must refuse before that, so
+    the capture still ends cleanly."""
+    sw = cs.BlockSwapper(max_blocks=64)
+    host = cs.empty_pinned((64, 4096), np.uint8)
+    gpu = cp.empty((64, 4096), cp.uint8)
+    capturing = cp.cuda.Stream(non_blocking=True)
+    other = cp.cuda.Stream(non_blocking=True)
+    capturing.begin_capture()
+    try:
+        with pytest.raises(ValueError, match="cannot be captured"):
+            sw.swap_in(
+                host, gpu, [(i, i) for i in range(32)], mode="staged", stream=other, wait_for=capturing
+            )
+    finally:
+        graph = capturing.end_capture()  # fails if `other` joined the capture and never rejoined
+    assert graph is not None and not other.is_capturing()
+
+
 # ------------------------------------------------------------------- messages
 def test_staged_on_reversed_host_view_names_the_stride(rng):
     sw = cs.BlockSwapper(max_blocks=64)

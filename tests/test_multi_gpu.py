@@ -93,6 +93,19 @@ def test_wait_for_the_callers_default_stream(rng):
     assert np.array_equal(host, cp.asnumpy(gpu1))
 
 
+def test_wait_for_a_raw_handle_of_the_swappers_gpu(rng):
+    """A raw (int) stream handle in ``wait_for`` is taken as the swapper's
+    GPU's, as for ``stream=``, whatever device the caller has current."""
+    sw1 = cs.BlockSwapper(max_blocks=8, device=1)
+    host = cs.zeros_pinned((8, 4096), np.uint8)
+    gpu1 = _gpu1_array((8, 4096), rng)
+    with cp.cuda.Device(1):
+        producer = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.Device(0):
+        sw1.swap_out(gpu1, host, [(i, i) for i in range(8)], wait_for=producer.ptr).synchronize()
+    assert np.array_equal(host, cp.asnumpy(gpu1))
+
+
 def test_swapper_refuses_arrays_of_the_other_gpu(rng):
     sw0 = cs.BlockSwapper(max_blocks=8, device=0)
     host = cs.empty_pinned((8, 64), np.uint8)

@@ -100,3 +100,20 @@ def test_host_time_table_has_every_mode_and_form():
                 for form in ("array", "list", "prepared"):
                     assert (parts, n, mode, form) in seen
     assert {r["path"] for r in result["rows"] if r["mode"] == "staged"} == {"staged"}
+
+
+def test_prepared_swap_after_its_pool_is_unregistered(rng):
+    """An op made on a registered pool resolves its aliases again once the
+    pool is unregistered, and refuses clearly instead of reaching unmapped
+    memory."""
+    sw = cs.BlockSwapper(max_blocks=16)
+    pool = np.empty((16, 4096), np.uint8)
+    cs.register_host(pool)
+    gpu = cp.empty((16, 4096), cp.uint8)
+    rand_fill(gpu, rng)
+    op = sw.prepare(gpu, pool)
+    op([(0, 1), (2, 3)], mode="kernel").synchronize()
+    assert np.array_equal(pool[[1, 3]], cp.asnumpy(gpu)[[0, 2]])
+    cs.unregister_host(pool)
+    with pytest.raises(ValueError, match="page-locked"):
+        op([(4, 5)], mode="kernel")
