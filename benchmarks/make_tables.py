@@ -21,7 +21,8 @@ FILES_NOTE = """
 - `staged_sweep.txt`: `benchmarks/staged_sweep.py`, kernel against staged swaps by size.
 - `pytest_benchmark.json`: the pytest-benchmark suite on its 32 KiB x 1250 and 2 MiB x 1 cases.
 - `pytest.log`, `goals.log`: the full test run on the device and the sweep's console output.
-- `pytest_x2.log`: the full test run on two H200s (`nvidia-h200-x2`), multi-GPU tests included.
+- `pytest_x2.log`: the full test run on two H200s (`nvidia-h200-x2`), multi-GPU tests included,
+  on a later commit (named in its second line).
 - `earlier/`: results of earlier commits that NOTES.md quotes (each file names its commit there).
 
 Every file here was written by one call of `benchmarks/run_device.sh` on the commit above.
