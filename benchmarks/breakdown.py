@@ -11,7 +11,7 @@ import cupy
 import numpy as np
 
 from cupy_swap import BlockSwapper
-from cupy_swap.bench import CaseBuffers, SwapCase, host_time, memcpy_ceiling, time_blocking
+from cupy_swap.tools.bench import CaseBuffers, SwapCase, host_time, memcpy_ceiling, time_blocking
 
 KIB = 1 << 10
 

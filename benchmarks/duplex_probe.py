@@ -19,7 +19,7 @@ import numpy as np
 from cupy.cuda import runtime
 
 from cupy_swap import BlockSwapper, memory
-from cupy_swap.bench import fill_random
+from cupy_swap.tools.bench import fill_random
 
 H2D, D2H, DEFAULT = 1, 2, 4
 

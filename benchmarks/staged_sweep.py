@@ -13,7 +13,7 @@ import cupy
 import numpy as np
 
 from cupy_swap import BlockSwapper
-from cupy_swap.bench import (
+from cupy_swap.tools.bench import (
     CaseBuffers,
     SwapCase,
     bidir_mapping,

@@ -9,7 +9,7 @@ contiguous-memcpy ceiling of the same bytes is measured once per case and
 
 import pytest
 
-from cupy_swap.bench import CaseBuffers, SwapCase, gpu_status, memcpy_ceiling
+from cupy_swap.tools.bench import CaseBuffers, SwapCase, gpu_status, memcpy_ceiling
 
 GPU_OK, GPU_WHY = gpu_status()
 pytestmark = pytest.mark.skipif(not GPU_OK, reason=f"needs a CUDA GPU: {GPU_WHY}")
@@ -82,7 +82,7 @@ def test_peer(benchmark, case, contender):
     import numpy as np
 
     from cupy_swap import BlockSwapper
-    from cupy_swap.peers import contender_calls
+    from cupy_swap.tools.peers import contender_calls
 
     bufs = CaseBuffers(case, np.random.default_rng(0))
     stream = cupy.cuda.Stream(non_blocking=True)

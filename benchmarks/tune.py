@@ -6,8 +6,8 @@ Run on a GPU machine::
 
 For each case it builds the buffers once, measures the contiguous-memcpy
 ceiling, then this library under several configurations (CTA budget, loads
-in flight per thread, CTA size cap, descriptor read from a device copy or
-from pinned host memory).  It also measures the host time spent inside
+descriptor read from a device copy or from pinned host memory, or the
+pairs passed inline).  It also measures the host time spent inside
 ``swap()``.  Results feed ``benchmarks/NOTES.md``.
 """
 
@@ -22,7 +22,7 @@ import cupy
 import numpy as np
 
 from cupy_swap import BlockSwapper
-from cupy_swap.bench import CaseBuffers, SwapCase, memcpy_ceiling, time_blocking
+from cupy_swap.tools.bench import CaseBuffers, SwapCase, memcpy_ceiling, time_blocking
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -47,11 +47,11 @@ def measure(case, configs, reps, rng):
     src, dst, m = bufs.src, bufs.dst, bufs.mapping
     for cfg in configs:
         sw = BlockSwapper(max_blocks=case.num_blocks, max_ctas=cfg["ctas"])
-        sw.unroll = cfg["unroll"]
-        sw.max_threads = cfg.get("threads", 1024 if cfg["unroll"] < 8 else 512)
-        if "desc_host" in cfg:
+        if "desc_host" in cfg:  # the descriptor form, read from pinned memory or uploaded
             sw.descriptor_from_host_max_pairs = 1 << 30 if cfg["desc_host"] else 0
-        sw.kernel_defines = tuple(cfg.get("defines", ()))
+            sw._launcher.max_inline_pairs = 0
+        if "inline" in cfg:
+            sw._launcher.max_inline_pairs = cfg["inline"]
         sw.mode = cfg.get("mode", "kernel")
         t = time_blocking(lambda sw=sw: sw.swap(src, dst, m, stream=stream), stream, reps)
         ok = bufs.verify() if (case.total_bytes < (512 << 20) or cfg is configs[0] or "mode" in cfg) else None
@@ -111,24 +111,18 @@ def main():
     rng = np.random.default_rng(0)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     if args.sweep == "shape":
-        # Launch-shape and cache-policy sweep (experiments 1-3 in NOTES.md).
-        ctas = [4, 8, 16, 32, sms]
-        large = [{"ctas": c, "unroll": 4} for c in ctas]
-        large += [{"ctas": 16, "unroll": u} for u in (2, 8)]
-        large += [{"ctas": 16, "unroll": 4, "threads": t} for t in (256, 512)]
-        variants = [
-            ["CUPY_SWAP_WARP_RUNS=0"],
-            ["CUPY_SWAP_LOAD=1", "CUPY_SWAP_STORE=1"],
-            ["CUPY_SWAP_LOAD=2"],
-        ]
-        large += [{"ctas": 16, "unroll": 4, "defines": v} for v in variants]
+        # CTA budget sweep (experiment 3 in NOTES.md).  The unroll, CTA-size
+        # and cache-hint variants of experiments 4-6 were decided and left the
+        # product kernel (item 27); commit 4ee5a2f still has them.
+        large = [{"ctas": c} for c in (4, 8, 16, 32, sms)]
     else:
         # Paths: kernel against copy engines against auto.
-        large = [{"ctas": c, "unroll": 4} for c in (8, 16, 32)]
-        large += [{"ctas": 16, "unroll": 4, "mode": m} for m in ("dma", "auto")]
-    small = [{"ctas": 16, "unroll": 4, "desc_host": h, "host_time": True} for h in (False, True)]
-    small += [{"ctas": 16, "unroll": 4, "mode": m, "host_time": True} for m in ("dma", "auto")]
-    big = [{"ctas": 16, "unroll": 4}, {"ctas": 16, "unroll": 4, "mode": "auto"}]
+        large = [{"ctas": c} for c in (8, 16, 32)]
+        large += [{"ctas": 16, "mode": m} for m in ("dma", "auto")]
+    small = [{"ctas": 16, "desc_host": h, "host_time": True} for h in (False, True)]
+    small += [{"ctas": 16, "inline": 1792, "host_time": True}]
+    small += [{"ctas": 16, "mode": m, "host_time": True} for m in ("dma", "auto")]
+    big = [{"ctas": 16}, {"ctas": 16, "mode": "auto"}]
     cases = []
     for d in ("out", "in"):
         cases.append((SwapCase(d, 32 * KIB, 1250, parts=64), big))
@@ -153,14 +147,14 @@ def main():
         print(
             f"{r['case']:<36} ceil {r['ceiling_gbps']:6.2f} GB/s {r['ceiling_latency_us']:9.1f} us | best "
             f"{best['ratio']:.3f} (dev {best['device_ratio']:.3f}) with "
-            f"{ {k: v for k, v in best.items() if k in ('ctas', 'unroll', 'threads', 'desc_host')} }",
+            f"{ {k: v for k, v in best.items() if k in ('ctas', 'inline', 'desc_host')} }",
             flush=True,
         )
         for row in r["rows"]:
             extra = f" host {row['host_us']:.1f} us" if "host_us" in row else ""
             defs = ",".join(d.replace("CUPY_SWAP_", "") for d in row.get("defines", []))
             print(
-                f"    ctas={row['ctas']:>3} u={row['unroll']} thr={row.get('threads', '-')!s:>4} "
+                f"    ctas={row['ctas']:>3} inline={row.get('inline', '-')!s:>4} "
                 f"dh={int(row.get('desc_host', False))} {row.get('mode', 'kernel'):<6} {defs:<22} lat {row['latency_us']:9.1f} us ratio "
                 f"{row['ratio']:.3f} dev {row['device_ratio']:.3f}{extra} {row['path']} {'-' if row['verified'] is None else 'ok' if row['verified'] else 'BAD'}",
                 flush=True,

@@ -8,7 +8,7 @@ Public API::
     event = sw.swap_in(host, gpu_cache, [(src_block, dst_block), ...])
 """
 
-from .memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
+from .cuda.memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
 from .swapper import BlockSwapper, PreparedSwap
 
 __version__ = "0.1.0"

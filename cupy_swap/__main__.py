@@ -1,7 +1,7 @@
-"""``python -m cupy_swap``: see :mod:`cupy_swap.cli`."""
+"""``python -m cupy_swap``: the command-line tools (see ``cupy_swap.tools.cli``)."""
 
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

@@ -10,12 +10,12 @@ Between replays the host calls :meth:`set_mapping`, which
 
 1. checks the mapping (the same checks as ``swap``),
 2. writes header, part table and pairs into a free slot of the swapper's
-   pinned staging ring (a slot is reused only after the event behind its
-   last use has completed, so no queued copy still reads it), and
-3. enqueues one ``cudaMemcpyAsync`` from that slot into the fixed device
-   buffer on ``stream``.
+   pinned descriptor ring (a slot is reused only after the event behind its
+   last use has completed, so no queued upload still reads it), and
+3. enqueues the upload of that slot into the fixed device buffer on
+   ``stream`` (:meth:`cupy_swap.cuda.launcher.Launcher.stage_descriptor`).
 
-Because that copy is stream-ordered, it runs after every replay already
+Because that upload is stream-ordered, it runs after every replay already
 queued on ``stream`` and before the next one: the host never writes memory a
 queued replay may still read.  Replay on the stream you pass to
 ``set_mapping`` (or order the two streams yourself).
@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels
-from .descriptor import descriptor_words, write_descriptor
-from .driver import stream_is_capturing
-from .interop import on_device, stream_on_device
-from .plan import check_mapping_for
+from .core.mapping import check_mapping_for
+from .cuda.abi import descriptor_words
+from .cuda.streams import on_device, stream_is_capturing, stream_on_device
 
 __all__ = ["GraphSwap"]
 
@@ -37,14 +35,19 @@ __all__ = ["GraphSwap"]
 class GraphSwap:
     """A graph-capturable swap of fixed parts with a per-replay mapping.
 
+    Made by :meth:`BlockSwapper.graph_swap`.
+
     Parameters
     ----------
-    swapper : BlockSwapper
-        Supplies the device, the limits, the staging ring and the launch
-        shape.
-    src, dst : array or sequence of arrays
-        The parts, as for :meth:`BlockSwapper.swap`.  Host parts must be
-        mapped pinned memory (the kernel path).
+    launcher : cupy_swap.cuda.launcher.Launcher
+        The swapper's launcher: kernel functions, launch shape, descriptor ring.
+    layout : Layout
+        The checked, resolved parts.  Host parts must be mapped pinned
+        memory (the kernel path).
+    held : tuple
+        The caller's ``(src, dst)``, kept alive.
+    max_blocks : int
+        Most pairs one replay may carry.
 
     Examples
     --------
@@ -59,29 +62,24 @@ class GraphSwap:
     ...     graph.launch(stream)
     """
 
-    def __init__(self, swapper, src, dst):
+    def __init__(self, launcher, layout, held: tuple, max_blocks: int):
         import cupy
 
-        self.swapper = swapper
-        with on_device(swapper.device):  # DLPack conversion and pointer queries act on it
-            self.layout = swapper._layout(src, dst)
-        if any(a is None for a in self.layout.src_addrs + self.layout.dst_addrs):
+        if not layout.kernel_ok:
             raise ValueError(
                 "src, dst: graph swaps run the kernel, which needs host memory mapped into the GPU's "
                 "address space; this system cannot map it (see `python -m cupy_swap info`)"
             )
-        self._held = (src, dst)
-        parts = len(self.layout.src)
-        with cupy.cuda.Device(swapper.device):
-            self._desc = cupy.zeros(descriptor_words(parts, swapper.max_blocks), dtype=np.int64)
-        from .swapper import _KernelArgs  # the swapper's argument packing
-
-        self._args = _KernelArgs(self._desc.data.ptr)
-        self._args.set(parts, self.layout.units_per_pair, -1)  # -1: count from the buffer
-        self._grid, self._threads = swapper._launch_shape(swapper.max_blocks * self.layout.units_per_pair)
-        self._fn = kernels.get_function(
-            swapper.device, self.layout.width, swapper.unroll, swapper.kernel_defines
-        )
+        self._launcher = launcher
+        self.device = launcher.device
+        self.layout = layout
+        self.max_blocks = max_blocks
+        self._held = held  # the caller's arrays live as long as the graph swap
+        with cupy.cuda.Device(self.device):
+            self._desc = cupy.zeros(descriptor_words(len(layout.src), max_blocks), dtype=np.int64)
+            self._fn, self._grid, self._threads, self._args = launcher.replay_args(
+                layout, self._desc.data.ptr, max_blocks
+            )
         self.num_pairs = 0
 
     def set_mapping(self, block_mapping, *, stream=None):
@@ -100,27 +98,18 @@ class GraphSwap:
         cupy.cuda.Event
             Recorded after the staging copy.
         """
-        sw = self.swapper
-        mapping = check_mapping_for(self.layout, block_mapping, sw.max_blocks)
-        with on_device(sw.device):
-            handle = stream_on_device(stream, sw.device)
+        mapping = check_mapping_for(self.layout, block_mapping, self.max_blocks)
+        with on_device(self.device):
+            handle = stream_on_device(stream, self.device)
             if stream_is_capturing(handle):
                 raise RuntimeError(
                     "set_mapping: expected a stream that is not capturing; stage the mapping before "
                     "replaying the graph, and capture only launch()"
                 )
-            event = sw._cupy_event(disable_timing=True)
-            held: list = []
-            recorded = False
-            try:
-                slot = sw._acquire(held)
-                words = write_descriptor(slot.host_words, self.layout, mapping, True)
-                slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
-                sw._upload(slot, self._desc.data.ptr, words, handle)
-                sw._runtime.eventRecord(event.ptr, handle)
-                recorded = True
-            finally:
-                sw._release(held, event if recorded else None, handle)
+            layout = self.layout
+            event = self._launcher.stage_descriptor(
+                layout.table, layout.units_per_pair, mapping, self._desc.data.ptr, handle
+            )
         self.num_pairs = int(mapping.shape[0])
         return event
 
@@ -128,8 +117,6 @@ class GraphSwap:
         """Enqueue the swap kernel on ``stream``: the call to capture.  Reads
         the pair count and pairs staged by the last :meth:`set_mapping` that
         precedes it on the stream."""
-        with on_device(self.swapper.device):
-            handle = stream_on_device(stream, self.swapper.device)
-            self.swapper._driver.launchKernel(
-                self._fn, self._grid, 1, 1, self._threads, 1, 1, 0, handle, self._args.ptr, 0
-            )
+        with on_device(self.device):
+            handle = stream_on_device(stream, self.device)
+            self._launcher.launch_kernel(self._fn, self._grid, self._threads, handle, self._args.ptr)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupy_swap.bench import gpu_status
-from cupy_swap.cli import no_gpu_message
+from cupy_swap.tools.bench import gpu_status
+from cupy_swap.tools.cli import no_gpu_message
 
 GPU_OK, GPU_WHY = gpu_status()
 

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from cupy_swap import cli
-from cupy_swap.cli import EXIT_NO_GPU, _parse_sizes, build_parser, explain_no_gpu
+from cupy_swap.tools import cli
+from cupy_swap.tools.cli import EXIT_NO_GPU, _parse_sizes, build_parser, explain_no_gpu
 
 from .conftest import GPU_OK
 
@@ -166,7 +166,7 @@ def test_readme_states_the_demo_footprint_and_exit_codes():
     import inspect
     from pathlib import Path
 
-    from cupy_swap.bench import CaseBuffers
+    from cupy_swap.tools.bench import CaseBuffers
 
     # demo_footprint mirrors CaseBuffers: a cache of 2 x N blocks per side plus an N-block buffer.
     assert inspect.signature(CaseBuffers).parameters["spare"].default == 2

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap import memory
-from cupy_swap.bench import random_mapping
+from cupy_swap.cuda import memory
+from cupy_swap.tools.bench import random_mapping
 
 from .test_swap_gpu import POISON, check_swap, poison, rand_fill
 
@@ -48,11 +48,11 @@ def test_auto_with_two_or_three_pairs(rng, monkeypatch, n, block, as_type):
     """Blocks between 1 MiB / n and 1 MiB with a mapping that misses the
     short-list fast path (NumPy scalars, vLLM's int64 CPU tensor, an
     in-place GPU -> GPU swap): the run sampling once read past the last row."""
-    import cupy_swap.swapper as swapper_module
+    import cupy_swap.core.route as route_module
 
     sampled = []
-    real = swapper_module.may_have_runs
-    monkeypatch.setattr(swapper_module, "may_have_runs", lambda *a, **k: sampled.append(1) or real(*a, **k))
+    real = route_module.may_have_runs
+    monkeypatch.setattr(route_module, "may_have_runs", lambda *a, **k: sampled.append(1) or real(*a, **k))
     sw = cs.BlockSwapper(max_blocks=16)
     blocks = rng.permutation(8)
     m = np.column_stack((blocks[:n], blocks[n : 2 * n]))  # sources and destinations disjoint
@@ -82,14 +82,14 @@ def test_auto_with_two_or_three_pairs(rng, monkeypatch, n, block, as_type):
 def test_ring_slot_left_gated_when_waiting_for_it_fails(rng):
     """A swap that cannot wait for its slot's last launch leaves the slot
     locked by nobody and still gated by that launch's event."""
-    sw = cs.BlockSwapper(max_blocks=16, ring_size=1)
+    sw = cs.BlockSwapper(max_blocks=16, ring_size=1, max_inline_pairs=0)  # kernel swaps take ring slots
 
     class Broken:
         @property
         def done(self):
             raise RuntimeError("event query failed")
 
-    slot = sw._slots[0]
+    slot = sw._launcher._slots[0]
     slot.event = broken = Broken()
     host = cs.empty_pinned((4, 64), np.uint8)
     gpu = cp.empty((4, 64), cp.uint8)
@@ -233,7 +233,7 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
     poison(other_dst)
     cp.cuda.Device().synchronize()
     calls = []
-    real = sw._launch_range
+    real = sw._launcher.launch_range
 
     def fails_on_second_chunk(*args):
         calls.append(args)
@@ -241,7 +241,7 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
             raise RuntimeError("injected failure")
         return real(*args)
 
-    monkeypatch.setattr(sw, "_launch_range", fails_on_second_chunk)
+    monkeypatch.setattr(sw._launcher, "launch_range", fails_on_second_chunk)
     stream = cp.cuda.Stream(non_blocking=True)
     spin(stream, 500)
     with pytest.raises(RuntimeError, match="injected failure"):

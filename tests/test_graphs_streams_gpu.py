@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap.bench import random_mapping
+from cupy_swap.tools.bench import random_mapping
 
 pytestmark = pytest.mark.gpu
 

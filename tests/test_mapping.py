@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from cupy_swap.mapping import check_mapping, contiguous_runs, normalize_mapping
+from cupy_swap.core.mapping import check_mapping, contiguous_runs, normalize_mapping
 
 
 @pytest.mark.parametrize(
@@ -102,10 +102,12 @@ def test_contiguous_runs():
 
 
 def test_small_pairs_fast_path():
-    from cupy_swap.mapping import small_pairs
+    from cupy_swap.core.mapping import small_pairs
 
-    assert small_pairs([(1, 2), (3, 4)], 10, 10, 100) == [(1, 2), (3, 4)]
-    assert small_pairs(np.array([[1, 2]], dtype=np.int32), 10, 10, 100) == [(1, 2)]
+    assert small_pairs([(1, 2), (3, 4)], 10, 10, 100) == [1, 2, 3, 4]  # flattened
+    assert small_pairs(np.array([[1, 2]], dtype=np.int32), 10, 10, 100) == [1, 2]
+    assert small_pairs([[1, 2], (3, 4)], 10, 10, 100) == [1, 2, 3, 4]
+    assert small_pairs([(True, 2)], 10, 10, 100) is None  # bools are not block indices
     # Anything unusual falls back to the NumPy path (which raises precisely).
     assert small_pairs([(1, 2), (3, 2)], 10, 10, 100) is None  # duplicate destination
     assert small_pairs([(1, 10)], 10, 10, 100) is None  # out of range

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap import memory
+from cupy_swap.cuda import memory
 
 
 def test_shape_checks():

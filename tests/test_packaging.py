@@ -157,7 +157,7 @@ def test_installed_wheel_loads_kernels(wheel, tmp_path):
         have_nvrtc = False
     compile_line = "cubin = k.compile_with_nvrtc('sm_90')\n" if have_nvrtc else "cubin = k.kernel_source()\n"
     code = (
-        "import cupy_swap, cupy_swap.kernels as k\n"
+        "import cupy_swap, cupy_swap.cuda.kernels as k\n"
         "d = k.kernel_dir()\n"
         "assert str(d).startswith(%r), d\n"
         "assert str(cupy_swap.__file__).startswith(%r)\n"

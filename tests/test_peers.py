@@ -3,7 +3,7 @@ compiles, and the table covers the cases the performance issue names."""
 
 import pytest
 
-from cupy_swap.peers import CONTENDERS, PEER_CASES, SEED_KERNEL_SOURCE
+from cupy_swap.tools.peers import CONTENDERS, PEER_CASES, SEED_KERNEL_SOURCE
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy with NVRTC bindings is needed")
 

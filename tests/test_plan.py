@@ -5,9 +5,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cupy_swap.blocks import DEVICE, HOST, Part, as_parts
-from cupy_swap.descriptor import HEADER_WORDS, PART_WORDS, descriptor_words, write_descriptor
-from cupy_swap.plan import check_mapping_for, check_swap, layout_from_parts, resolve_layout, vector_width
+from cupy_swap.core.layout import check_swap, layout_from_parts, vector_width
+from cupy_swap.core.mapping import check_mapping_for
+from cupy_swap.core.parts import DEVICE, HOST, Part, as_parts
+from cupy_swap.cuda.abi import HEADER_WORDS, PART_WORDS, descriptor_words, write_descriptor
+from cupy_swap.cuda.resolve import resolve_layout
 
 
 def test_part_of_plain_array():
@@ -120,12 +122,12 @@ def _check_overlap(src, dst, mapping):
 
 
 def test_pairing_checks(monkeypatch):
-    import cupy_swap.plan as plan_mod
+    import cupy_swap.core.layout as plan_mod
 
     real = plan_mod.as_parts
 
-    def as_parts_src_on_gpu(obj, name):
-        parts = real(obj, name)
+    def as_parts_src_on_gpu(obj, name, convert=None):
+        parts = real(obj, name, convert)
         return [dataclasses.replace(p, location=DEVICE, device=0) for p in parts] if name == "src" else parts
 
     monkeypatch.setattr(plan_mod, "as_parts", as_parts_src_on_gpu)
@@ -149,7 +151,7 @@ def test_pairing_checks(monkeypatch):
 
 
 def test_mixed_locations_on_one_side_rejected():
-    from cupy_swap.plan import _side_location
+    from cupy_swap.core.layout import _side_location
 
     a = np.zeros((4, 8), dtype=np.float16)
     parts = [_fake_device(a, "src[0]"), as_parts(a, "src[1]")[0]]
@@ -164,7 +166,7 @@ def test_overlapping_destination_blocks_rejected():
     dst = np.lib.stride_tricks.as_strided(a, shape=(8, 16), strides=(8, 1))
     src = np.zeros((8, 16), dtype=np.uint8)
     monkey = _fake_device(src, "src")
-    from cupy_swap.plan import _pair_parts
+    from cupy_swap.core.layout import _pair_parts
 
     with pytest.raises(ValueError, match="dst: expected destination blocks that do not overlap"):
         _pair_parts([monkey], as_parts(dst, "dst"))
@@ -229,11 +231,11 @@ def test_descriptor_layout():
     mapping = check_mapping_for(layout, [(1, 2), (3, 0)])
     out = np.full(descriptor_words(2, 5), 0xDEAD, dtype=np.int64)
     out[:HEADER_WORDS] = 0
-    n = write_descriptor(out, layout, mapping)
+    n = write_descriptor(out, layout.table, layout.units_per_pair, mapping)
     assert n == descriptor_words(2, 2) == HEADER_WORDS + 2 * PART_WORDS + 4
     width = layout.width
     assert width == vector_width([p.ptr for p in src + dst] + [32, 64])
-    assert out[:HEADER_WORDS].tolist() == [2, 2, (32 + 64) // width, 0, 0, 0, 0, 0]
+    assert out[:HEADER_WORDS].tolist() == [2, 2, (32 + 64) // width, 0]
     t = out[HEADER_WORDS : HEADER_WORDS + 2 * PART_WORDS].reshape(2, PART_WORDS)
     assert t[0].tolist() == [src[0].ptr, dst[0].ptr, 32, 32, 32 // width, 0]
     assert t[1].tolist() == [src[1].ptr, dst[1].ptr, 64, 64, 64 // width, 32 // width]
@@ -258,26 +260,26 @@ def test_part_span_negative_stride():
 
 
 def test_copy_list_and_count():
-    from cupy_swap.dma import copy_count, copy_list
+    from cupy_swap.core.copies import copy_count, copy_list
 
     src = [_fake_device(np.zeros((10, 64), np.uint8), "src")]
     dst = [_fake_device(np.zeros((10, 64), np.uint8), "dst")]
     layout = resolve_layout(layout_from_parts(src, dst), device=0)
     m = check_mapping_for(layout, [(0, 5), (1, 6), (2, 7), (9, 0)])
-    assert copy_count(layout, m) == (2, 3 * 64)
+    assert copy_count(layout, m) == 2
     dsts, srcs, sizes = copy_list(layout, m)
     assert sizes.tolist() == [192, 64]
     assert (srcs - src[0].ptr).tolist() == [0, 9 * 64] and (dsts - dst[0].ptr).tolist() == [5 * 64, 0]
     # A strided (block-first) view copies block by block.
     cache = np.zeros((10, 2, 64), np.uint8)
     layout2 = resolve_layout(layout_from_parts([_fake_device(cache[:, 1], "src")], dst), device=0)
-    assert copy_count(layout2, m) == (4, 64)
+    assert copy_count(layout2, m) == 4
     d2, s2, z2 = copy_list(layout2, m)
     assert z2.tolist() == [64] * 4 and (s2 - layout2.src[0].ptr).tolist() == [0, 128, 256, 9 * 128]
 
 
-def test_small_copy_list_matches_numpy_path():
-    from cupy_swap.dma import copy_count, copy_list, small_copy_list
+def test_pair_copies_match_numpy_path():
+    from cupy_swap.core.copies import copy_count, copy_list, pair_copies
 
     src = [
         _fake_device(np.zeros((10, 64), np.uint8), "src"),
@@ -288,12 +290,11 @@ def test_small_copy_list_matches_numpy_path():
         _fake_device(np.zeros((10, 32), np.uint8), "d1"),
     ]
     layout = resolve_layout(layout_from_parts(src, dst), device=0)
-    pairs = [(0, 5), (1, 6), (2, 7), (9, 0)]
-    m = check_mapping_for(layout, pairs)
-    a = [x.tolist() for x in copy_list(layout, m)]
-    b = list(small_copy_list(layout, pairs))
-    assert a == b
-    assert copy_count(layout, pairs) == copy_count(layout, m) == (2 + 4, 3 * 64)
+    for s, d in [(0, 5), (9, 0), (3, 3)]:
+        m = check_mapping_for(layout, [(s, d)])
+        assert [x.tolist() for x in copy_list(layout, m)] == list(pair_copies(layout, s, d))
+    m = check_mapping_for(layout, [(0, 5), (1, 6), (2, 7), (9, 0)])
+    assert copy_count(layout, m) == 2 + 4  # runs of the packed part, blocks of the strided one
 
 
 def test_interleaved_views_never_meet():
@@ -310,7 +311,7 @@ def test_interleaved_views_never_meet():
 
 
 def test_may_have_runs():
-    from cupy_swap.mapping import may_have_runs
+    from cupy_swap.core.mapping import may_have_runs
 
     rng = np.random.default_rng(0)
     random = np.column_stack((rng.permutation(1000), rng.permutation(1000)))
@@ -325,7 +326,7 @@ def test_may_have_runs():
 def test_may_have_runs_short_mappings(n, column):
     """Every sampled row pair lies inside the mapping (2 or 3 rows used to
     read row n)."""
-    from cupy_swap.mapping import may_have_runs
+    from cupy_swap.core.mapping import may_have_runs
 
     run = np.column_stack((np.arange(n) + 5, np.arange(n)))
     assert may_have_runs(run, column=column)
@@ -334,7 +335,7 @@ def test_may_have_runs_short_mappings(n, column):
 
 
 def test_may_have_runs_in_one_column():
-    from cupy_swap.mapping import may_have_runs
+    from cupy_swap.core.mapping import may_have_runs
 
     rng = np.random.default_rng(0)
     host_run = np.column_stack((np.arange(100, 1100), rng.permutation(1000)))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap.bench import random_mapping
+from cupy_swap.tools.bench import random_mapping
 
 from .test_swap_gpu import DIRECTIONS, check_swap, make, poison, rand_fill
 
@@ -77,8 +77,8 @@ def test_prepared_swap_checks_mappings_and_holds_its_arrays(rng):
 
 
 def test_peers_case_runs_every_contender_bit_exactly():
-    from cupy_swap.bench import SwapCase
-    from cupy_swap.peers import CONTENDERS, run_peers_case
+    from cupy_swap.tools.bench import SwapCase
+    from cupy_swap.tools.peers import CONTENDERS, run_peers_case
 
     for case in (SwapCase("in", 4096, 16), SwapCase("out", 32768, 1)):
         row = run_peers_case(case, reps=3)
@@ -89,7 +89,7 @@ def test_peers_case_runs_every_contender_bit_exactly():
 
 
 def test_host_time_table_has_every_mode_and_form():
-    from cupy_swap.bench import HOST_TIME_MODES, run_host_time
+    from cupy_swap.tools.bench import HOST_TIME_MODES, run_host_time
 
     result = run_host_time(counts=(1, 16), reps=5)
     assert result["memcpy_us"] > 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap.bench import random_mapping
+from cupy_swap.tools.bench import random_mapping
 
 from .test_swap_gpu import check_swap, poison, rand_fill
 

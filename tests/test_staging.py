@@ -9,8 +9,8 @@ import zlib
 import numpy as np
 import pytest
 
-from cupy_swap.blocks import DEVICE, as_parts
-from cupy_swap.staging import (
+from cupy_swap.core.parts import DEVICE, as_parts
+from cupy_swap.core.staged_plan import (
     RowRing,
     chunk_copies,
     chunk_sizes,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap.bench import random_mapping
+from cupy_swap.tools.bench import random_mapping
 
 pytestmark = pytest.mark.gpu
 
@@ -404,7 +404,7 @@ def test_partly_registered_range_rejected(swapper):
 
 
 def test_capture_slots_run_out_clearly(rng):
-    sw = cs.BlockSwapper(max_blocks=16, capture_slots=1)
+    sw = cs.BlockSwapper(max_blocks=16, capture_slots=1, max_inline_pairs=0)  # descriptor swaps
     host = cs.empty_pinned((32, 256), np.uint8)
     gpu = cp.empty((32, 256), dtype=cp.uint8)
     stream = cp.cuda.Stream(non_blocking=True)

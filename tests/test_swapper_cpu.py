@@ -1,22 +1,10 @@
 """Pieces of the swapper that need no GPU."""
 
-import ctypes
 import warnings
 
 import pytest
 
-from cupy_swap.swapper import _check_mode, _KernelArgs, _positive_int
-
-
-def test_kernel_args_pack_as_void_pointer_array():
-    args = _KernelArgs(0x7F0000001000)
-    ptr = args.set(n_parts=64, units_per_pair=4096, n_pairs=-1, first_pair=300)
-    slots = (ctypes.c_void_p * 5).from_address(ptr)
-    assert ctypes.c_uint64.from_address(slots[0]).value == 0x7F0000001000
-    assert ctypes.c_int32.from_address(slots[1]).value == 64
-    assert ctypes.c_uint64.from_address(slots[2]).value == 4096
-    assert ctypes.c_int64.from_address(slots[3]).value == -1
-    assert ctypes.c_int64.from_address(slots[4]).value == 300
+from cupy_swap.swapper import _check_mode, _positive_int
 
 
 def test_argument_checks():
@@ -37,7 +25,7 @@ def test_layout_cache_entry_holds_arrays_weakly():
     from cupy_swap.swapper import _CachedLayout
 
     pool, other = np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8)
-    entry = _CachedLayout((pool, other), 1, layout=object())
+    entry = _CachedLayout((pool, other), 1, op=object())
     assert entry.valid_for((pool, other))
     ref = weakref.ref(pool)
     del pool
@@ -53,7 +41,7 @@ def test_layout_cache_entry_sees_in_place_changes():
     from cupy_swap.swapper import _CachedLayout
 
     a, b = np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8)
-    entry = _CachedLayout((a, b), 1, layout=object())
+    entry = _CachedLayout((a, b), 1, op=object())
     a.flags.writeable = False  # a read-only source is fine
     assert entry.valid_for((a, b))
     b.flags.writeable = False  # a destination made read-only after its first swap
@@ -69,8 +57,8 @@ def test_layout_cache_entry_sees_in_place_changes():
 def test_staged_refusals_name_the_real_reason():
     import numpy as np
 
-    from cupy_swap.blocks import as_parts
-    from cupy_swap.staging import copy_groups, groups_problem
+    from cupy_swap.core.parts import as_parts
+    from cupy_swap.core.staged_plan import copy_groups, groups_problem
 
     pool = np.zeros((10, 2, 16), np.uint8)
     reversed_view = as_parts(pool[::-1].reshape(10, 32), "dst")

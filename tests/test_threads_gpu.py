@@ -1,6 +1,7 @@
 """One swapper shared by many threads: every swap of every thread lands
 bit-exactly, whatever the ring size (a small ring makes threads come round
-to each other's descriptor slots all the time)."""
+to each other's descriptor slots all the time), and with inline parameters
+(threads sharing one prepared op write one parameter buffer)."""
 
 import threading
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap.bench import random_mapping
+from cupy_swap.tools.bench import random_mapping
 
 pytestmark = pytest.mark.gpu
 
@@ -45,9 +46,15 @@ def _worker(sw, seed, gpu, host, results, index):
         results[index] = e
 
 
-@pytest.mark.parametrize("ring_size", [1, 2, 16])
-def test_many_threads_share_one_swapper(ring_size):
-    sw = cs.BlockSwapper(max_blocks=256, ring_size=ring_size)
+@pytest.mark.parametrize(
+    ("ring_size", "max_inline_pairs"),
+    [(1, 0), (2, 0), (16, 0), (16, None)],
+    ids=["ring1", "ring2", "ring16", "inline"],
+)
+def test_many_threads_share_one_swapper(ring_size, max_inline_pairs):
+    """Descriptor swaps (``max_inline_pairs=0``) share the ring; inline ones
+    share each layout's parameter buffers."""
+    sw = cs.BlockSwapper(max_blocks=256, ring_size=ring_size, max_inline_pairs=max_inline_pairs)
     rng = np.random.default_rng(ring_size)
     arrays = []
     for t in range(THREADS):
@@ -64,6 +71,46 @@ def test_many_threads_share_one_swapper(ring_size):
         threading.Thread(target=_worker, args=(sw, 1000 * ring_size + t, gpu, host, results, t))
         for t, (gpu, host) in enumerate(arrays)
     ]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t, r in enumerate(results):
+        if isinstance(r, BaseException):
+            raise r
+        assert r is True, f"thread {t}: swaps came out wrong"
+
+
+def test_many_threads_share_one_prepared_op():
+    """One op, eight threads, disjoint destination blocks per thread: the
+    op's inline parameter buffer is written under its lock, so no launch
+    carries another thread's pairs."""
+    sw = cs.BlockSwapper(max_blocks=256)
+    rng = np.random.default_rng(7)
+    host = cs.empty_pinned((4096, 512), np.uint8)
+    host[:] = rng.integers(0, 256, host.shape, dtype=np.uint8)
+    gpu = cp.zeros((THREADS * 200, 512), cp.uint8)
+    op = sw.prepare(host, gpu)
+    results = [None] * THREADS
+
+    def worker(t):
+        try:
+            r = np.random.default_rng(t)
+            stream = cp.cuda.Stream(non_blocking=True)
+            expected = {}
+            for _ in range(SWAPS_PER_THREAD):
+                n = int(r.choice([1, 16, 17, 192, 200]))
+                dst = t * 200 + r.choice(200, n, replace=False)
+                src = r.choice(4096, n, replace=False)
+                op(np.column_stack((src, dst)), stream=stream)
+                expected.update(zip(dst.tolist(), src.tolist()))
+            stream.synchronize()
+            got = cp.asnumpy(gpu[t * 200 : (t + 1) * 200])
+            results[t] = all(np.array_equal(got[d - t * 200], host[s]) for d, s in expected.items())
+        except BaseException as e:
+            results[t] = e
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
     for th in threads:
         th.start()
     for th in threads:

@@ -20,16 +20,12 @@ __all__ = [
     "kernel_source",
     "source_hash",
     "compile_options",
-    "kernel_name",
     "compile_with_nvrtc",
     "get_function",
-    "UNROLLS",
-    "WIDTHS",
+    "has_function",
 ]
 
 MAIN_SOURCE = "block_swap.cu"
-WIDTHS = (16, 8, 4, 2, 1)
-UNROLLS = (2, 4, 8)
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
@@ -37,7 +33,7 @@ def kernel_dir() -> Path:
     """Folder holding the ``*.cu`` sources: inside the installed package
     (wheels carry them as ``cupy_swap/kernels_cu``), else the source tree's
     top-level ``kernels_cu`` (editable installs, running from a checkout)."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the cupy_swap package
     for candidate in (here / "kernels_cu", here.parent / "kernels_cu"):
         if (candidate / MAIN_SOURCE).is_file():
             return candidate
@@ -71,23 +67,9 @@ def source_hash() -> str:
     return hashlib.sha256(kernel_source().encode()).hexdigest()[:16]
 
 
-def compile_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """NVRTC options; ``defines`` are extra ``NAME=VALUE`` macros (benchmark
-    variants of the kernel, see ``block_swap.cu``)."""
-    return ("-std=c++17", f"-DCUPY_SWAP_SOURCE_HASH=0x{source_hash()}ull", *(f"-D{d}" for d in defines))
-
-
-def kernel_name(width: int, unroll: int) -> str:
-    """Name of the kernel that moves ``width``-byte vectors, ``unroll`` loads
-    in flight per thread."""
-    if width not in WIDTHS or unroll not in UNROLLS:
-        raise ValueError(f"no kernel for width={width}, unroll={unroll}")
-    return f"cupy_swap_w{width}_u{unroll}"
-
-
-def max_threads(unroll: int) -> int:
-    """CTA size cap from the kernel's ``__launch_bounds__``."""
-    return 512 if unroll >= 8 else 1024
+def compile_options() -> tuple[str, ...]:
+    """NVRTC options (the content hash makes the cache key visible)."""
+    return ("-std=c++17", f"-DCUPY_SWAP_SOURCE_HASH=0x{source_hash()}ull")
 
 
 def compile_with_nvrtc(arch: str) -> bytes:
@@ -113,51 +95,54 @@ def compile_with_nvrtc(arch: str) -> bytes:
         nvrtc.destroyProgram(prog)
 
 
-_modules: dict[tuple, object] = {}
+_modules: dict[int, object] = {}
 _functions: dict[tuple, int] = {}
 _lock = threading.Lock()
 
 
-def _module(device: int, defines: tuple[str, ...]):
-    key = (device, defines)
-    mod = _modules.get(key)
+def _module(device: int):
+    mod = _modules.get(device)
     if mod is None:
         import cupy
 
         with _lock, cupy.cuda.Device(device):
-            mod = _modules.get(key)
+            mod = _modules.get(device)
             if mod is None:
-                mod = cupy.RawModule(code=kernel_source(), options=compile_options(defines))
+                mod = cupy.RawModule(code=kernel_source(), options=compile_options())
                 mod.compile()
-                _modules[key] = mod
+                _modules[device] = mod
     return mod
 
 
-def get_function(device: int, width: int, unroll: int, defines: tuple[str, ...] = ()) -> int:
-    """``CUfunction`` handle of a swap kernel on ``device``, compiled and
-    loaded on first use (NVRTC through ``cupy.RawModule``; CuPy caches the
-    binary on disk, keyed by the full source and options)."""
-    return get_named_function(device, kernel_name(width, unroll), defines)
-
-
-FETCH_KERNEL = "cupy_swap_fetch"  # descriptor upload (16-byte words)
-FETCH_THREADS = 256
-
-
-def get_named_function(device: int, name: str, defines: tuple[str, ...] = ()) -> int:
-    """``CUfunction`` handle of the module's kernel ``name`` on ``device``."""
-    key = (device, name, defines)
+def get_function(device: int, name: str) -> int:
+    """``CUfunction`` handle of kernel ``name`` (see :mod:`cupy_swap.cuda.abi`)
+    on ``device``, compiled and loaded on first use (NVRTC through
+    ``cupy.RawModule``; CuPy caches the binary on disk, keyed by the full
+    source and options)."""
+    key = (device, name)
     fn = _functions.get(key)
     if fn is None:
         import cupy
 
-        mod = _module(device, defines)
+        mod = _module(device)
         with cupy.cuda.Device(device):
             kernel = mod.get_function(name)
             fn = kernel.kernel.ptr
         _functions[key] = fn
         _keep_alive.append(kernel)
     return fn
+
+
+def has_function(device: int, name: str) -> bool:
+    """True when the compiled module has kernel ``name`` (the largest inline
+    tier needs CUDA 12.1+ and is left out by older compilers)."""
+    try:
+        get_function(device, name)
+    except Exception as e:  # CuPy raises CUDADriverError(CUDA_ERROR_NOT_FOUND)
+        if "NOT_FOUND" in str(e) or "not found" in str(e).lower():
+            return False
+        raise
+    return True
 
 
 _keep_alive: list = []  # RawKernel objects own the loaded functions

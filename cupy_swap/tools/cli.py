@@ -18,7 +18,7 @@ import json
 import sys
 import time
 
-from . import __version__
+from .. import __version__
 from .bench import HOST_LAYOUTS, SwapCase, gpu_status, run_bidir, run_case, run_with_gemm, swapper_settings
 from .peers import CONTENDERS as PEER_NAMES
 
@@ -467,7 +467,8 @@ def _bench_host_time(reps: int) -> dict:
 
 
 def cmd_info(args) -> int:
-    from . import dma, memory
+    from ..cuda import copy_engine as dma
+    from ..cuda import memory
 
     ok, what = gpu_status()
     print(f"cupy_swap {__version__}")
@@ -499,7 +500,7 @@ def cmd_info(args) -> int:
     print(
         f"cuMemcpyBatchAsync: {'available' if dma.batch_available() else 'not available (one memcpy per copy)'}"
     )
-    from .calibration import calibration_path, load_calibration
+    from ..cuda.settings import calibration_path, load_calibration
 
     path = calibration_path(runtime.getDevice())
     cal = load_calibration(runtime.getDevice())
@@ -510,7 +511,7 @@ def cmd_info(args) -> int:
 
 def cmd_calibrate(args) -> int:
     _require_gpu()
-    from .calibration import calibrate
+    from .calibrate import calibrate
 
     result, path = calibrate(reps=args.reps, progress=print)
     print(f"wrote {path}: {json.dumps(result)}")

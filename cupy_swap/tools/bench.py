@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import memory
-from .plan import IN
+from ..cuda import memory
 
 __all__ = [
     "gpu_status",
@@ -59,12 +58,14 @@ def swapper_settings(sw=None) -> str:
     runs with (a default ``BlockSwapper`` on the current device when ``sw``
     is None), so every stored result says what it measured."""
     if sw is None:
-        from .swapper import BlockSwapper
+        from ..swapper import BlockSwapper
 
         sw = BlockSwapper(max_blocks=1)
-    staging = sw._stagers[IN].staging_bytes if sw._stagers else 0
+    from ..cuda.abi import UNROLL
+
+    staging = sw.policy.staging_bytes
     return (
-        f"settings: max_ctas={sw.max_ctas} unroll={sw.unroll} "
+        f"settings: max_ctas={sw.max_ctas} unroll={UNROLL} "
         f"dma_min_copy_bytes={sw.dma_min_copy_bytes} dma_max_copies={sw.dma_max_copies} "
         f"staged_min_bytes={sw.staged_min_bytes} staging_bytes={staging} "
         f"calibrated={'yes' if sw.calibrated else 'no'}"
@@ -279,7 +280,7 @@ def run_case(case: SwapCase, *, max_ctas=None, reps=30, baseline=True, seed=0, m
     """
     import cupy
 
-    from .swapper import BlockSwapper
+    from ..swapper import BlockSwapper
 
     rng = np.random.default_rng(seed)
     bufs = CaseBuffers(case, rng)
@@ -365,7 +366,7 @@ def run_bidir(
     import cupy
     from cupy.cuda import runtime
 
-    from .swapper import BlockSwapper
+    from ..swapper import BlockSwapper
 
     if layout not in HOST_LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(HOST_LAYOUTS)}, got {layout!r}")
@@ -444,7 +445,7 @@ def run_with_gemm(budgets=(4, 8, 16, 32), *, block_bytes=32768, n=1250, size=819
     """
     import cupy
 
-    from .swapper import BlockSwapper
+    from ..swapper import BlockSwapper
 
     rng = np.random.default_rng(seed)
     a = cupy.asarray(rng.standard_normal((size, size), dtype=np.float32), dtype=cupy.float16)
@@ -528,7 +529,7 @@ def run_host_time(*, counts=(1, 16, 1250), reps: int = 200, seed: int = 0) -> di
     import cupy
     from cupy.cuda import runtime
 
-    from .swapper import BlockSwapper
+    from ..swapper import BlockSwapper
 
     torch = None
     try:

@@ -84,8 +84,9 @@ def _is_block_contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:
     return True
 
 
-def _describe(array, name: str) -> Part:
-    """Describe one array as a part, or raise naming ``name``."""
+def _describe(array, name: str, convert=None) -> Part:
+    """Describe one array as a part, or raise naming ``name``; ``convert``
+    views other arrays (torch, DLPack) as NumPy or CuPy ones."""
     cupy = sys.modules.get("cupy")
     if isinstance(array, np.ndarray):
         location, device = HOST, None
@@ -96,15 +97,13 @@ def _describe(array, name: str) -> Part:
         ptr = array.data.ptr
         writeable = True
     else:
-        from . import interop
-
-        converted = interop.convert_array(array, name)
+        converted = (convert or _numpy_view)(array, name)
         if converted is None:
             raise TypeError(
                 f"{name}: expected a cupy.ndarray (GPU) or a numpy.ndarray in pinned host "
                 f"memory, got {type(array).__module__}.{type(array).__qualname__}"
             )
-        return _describe(converted, name)
+        return _describe(converted, name)  # a NumPy or CuPy array now
 
     shape, strides, dtype = array.shape, array.strides, array.dtype
     if len(shape) == 0:
@@ -137,6 +136,12 @@ def _describe(array, name: str) -> Part:
     )
 
 
+def _numpy_view(obj, name: str):
+    """NumPy's view of an object exposing ``__array_interface__`` (the
+    conversion used when no GPU-aware ``convert`` is given), else None."""
+    return np.asarray(obj) if hasattr(obj, "__array_interface__") else None
+
+
 def _is_single_array(obj) -> bool:
     return (
         isinstance(obj, np.ndarray)
@@ -146,7 +151,7 @@ def _is_single_array(obj) -> bool:
     )
 
 
-def as_parts(obj, name: str) -> list[Part]:
+def as_parts(obj, name: str, convert=None) -> list[Part]:
     """Describe ``obj`` (one array, or a sequence of arrays) as a list of parts.
 
     Parameters
@@ -155,6 +160,9 @@ def as_parts(obj, name: str) -> list[Part]:
         Each array has shape ``(num_blocks, *block_shape)``.
     name : str
         Argument name for error messages (``"src"`` or ``"dst"``).
+    convert : callable, optional
+        ``convert(obj, name)``: a NumPy or CuPy view of a foreign array, or
+        None (:func:`cupy_swap.cuda.arrays.convert_array`).
 
     Returns
     -------
@@ -162,9 +170,9 @@ def as_parts(obj, name: str) -> list[Part]:
         One part per array, in order.
     """
     if _is_single_array(obj):
-        return [_describe(obj, name)]
+        return [_describe(obj, name, convert)]
     if isinstance(obj, (list, tuple)):
         if len(obj) == 0:
             raise ValueError(f"{name}: expected at least one array, got an empty sequence")
-        return [_describe(a, f"{name}[{i}]") for i, a in enumerate(obj)]
+        return [_describe(a, f"{name}[{i}]", convert) for i, a in enumerate(obj)]
     raise TypeError(f"{name}: expected an array or a list/tuple of arrays, got {type(obj).__name__}")

@@ -16,19 +16,18 @@ kernel half of one chunk overlaps the transfer of the next, and consecutive
 swaps use different rows: a chunk waits only for the work that last read
 the rows it overwrites.
 
-This module holds the geometry (no GPU needed, tested on CPU) and the
-:class:`Stager` that owns an arena, its copy stream, its row ring and an
-event pool.
+This module holds the geometry and the row ring (NumPy only, tested on
+CPU); :mod:`cupy_swap.cuda.stager` owns the arena and enqueues the work.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import DEVICE, Part
+from .mapping import run_starts
+from .parts import DEVICE, Part
 
 __all__ = [
     "CopyGroup",
@@ -43,7 +42,6 @@ __all__ = [
     "chunk_copies",
     "kernel_pairs",
     "RowRing",
-    "Stager",
 ]
 
 # A swap-in is cut into as few chunks as the staging ring allows: each extra
@@ -203,9 +201,7 @@ def host_runs(host_blocks: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, n
     if step.size and step.min() <= 0:
         order = np.argsort(host_blocks, kind="stable")
         host_blocks = host_blocks[order]
-        step = np.diff(host_blocks)
-    starts = np.flatnonzero(step != 1) + 1
-    return order, host_blocks, np.concatenate(([0], starts))
+    return order, host_blocks, run_starts(host_blocks)
 
 
 @dataclass
@@ -438,73 +434,3 @@ class RowRing:
     def holds(self) -> set:
         """``id`` of every event a busy row still waits for."""
         return {id(e[2]) for e in self.busy if e[2] is not None}
-
-
-class Stager:
-    """The staging arena, the stream its copies run on, the row ring, and a
-    pool of events.  Memory is allocated on first use.
-
-    Parameters
-    ----------
-    device : int
-    staging_bytes : int
-        GPU memory for staging.
-    """
-
-    def __init__(self, device: int, staging_bytes: int):
-        self.device = device
-        self.staging_bytes = staging_bytes // 256 * 256
-        self.lock = threading.Lock()
-        self._memory = None
-        self.stream = None
-        self.ring: RowRing | None = None
-        self.geometry = None  # row sizes of the groups the ring is laid out for
-        self._events: list = []
-
-    def rows(self, bytes_per_pair: int) -> int:
-        """Rows of ``bytes_per_pair`` bytes the arena holds."""
-        return self.staging_bytes // bytes_per_pair if bytes_per_pair else 0
-
-    def ensure(self) -> None:
-        """Allocate the arena and the copy stream (once; call with ``lock``
-        held).  Raises CuPy's ``OutOfMemoryError`` when the arena does not
-        fit."""
-        if self._memory is not None:
-            return
-        import cupy
-
-        with cupy.cuda.Device(self.device):
-            memory = cupy.empty(self.staging_bytes, dtype=cupy.uint8)
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-            self.start = cupy.cuda.Event(disable_timing=True)
-        self.base = memory.data.ptr
-        self._memory = memory  # last: it marks the stager ready
-
-    def layout_for(self, groups: list[CopyGroup], bytes_per_pair: int) -> None:
-        """Lay the ring out for ``groups``.  Work that read the arena under
-        another layout stays a barrier for every row."""
-        geometry = tuple(g.row_bytes for g in groups)
-        if geometry != self.geometry:
-            barriers = self.ring.events() if self.ring is not None else []
-            self.ring = RowRing(self.rows(bytes_per_pair), barriers)
-            self.geometry = geometry
-
-    def event(self):
-        """An event from the pool (a new one when none is free)."""
-        if self._events:
-            return self._events.pop()
-        import cupy
-
-        with cupy.cuda.Device(self.device):
-            return cupy.cuda.Event(disable_timing=True)
-
-    def release(self, events) -> None:
-        """Return events whose waits are enqueued (a wait keeps the record it
-        saw, so the event can be recorded again), unless busy rows still
-        wait for them."""
-        held = self.ring.holds() if self.ring is not None else set()
-        pooled = {id(e) for e in self._events}
-        for event in events:
-            if id(event) not in held and id(event) not in pooled:
-                self._events.append(event)
-                pooled.add(id(event))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import memory
+from ..cuda import memory
 from .bench import CaseBuffers, SwapCase, memcpy_ceiling, time_blocking
 
 __all__ = ["SEED_KERNEL_SOURCE", "CONTENDERS", "PEER_CASES", "contender_calls", "run_peers_case"]
@@ -80,7 +80,7 @@ def contender_calls(bufs: CaseBuffers, stream, swapper) -> dict:
     import cupy
     from cupy.cuda import runtime
 
-    from .dma import DmaCopier
+    from ..cuda.copy_engine import DmaCopier
 
     case = bufs.case
     (src,), (dst,) = bufs.src, bufs.dst
@@ -166,7 +166,7 @@ def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0) -> dict:
     """
     import cupy
 
-    from .swapper import BlockSwapper
+    from ..swapper import BlockSwapper
 
     if case.parts != 1:
         raise ValueError(f"case: expected one part (the peers copy one array), got {case.parts}")
@@ -191,7 +191,7 @@ def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0) -> dict:
         row[name] = case.total_bytes / t["latency_s"] / 1e9
         row[name + "_ok"] = bufs.verify()
     row["path"] = swapper.last_path
-    from .dma import batch_available
+    from ..cuda.copy_engine import batch_available
 
     # DmaCopier sends a single copy through cudaMemcpyAsync, and so does a driver without the batch call.
     row["batch_api"] = (

@@ -1,4 +1,5 @@
-"""Check a whole swap and turn it into a plan, before anything is launched.
+"""The layout of a swap: its parts, checked once, and the mapping-independent
+facts the hot path and the router read.  NumPy only.
 
 A swap has two halves with different lifetimes:
 
@@ -9,8 +10,8 @@ A swap has two halves with different lifetimes:
 
 Every check that can fail runs before a launch, so a rejected call changes no
 byte.  Checks that need no GPU (pairing, geometry, direction, mapping,
-overlap) are tested in CI; resolving host aliases and device ordinals asks the
-driver and comes last.
+overlap) live here and are tested in CI; resolving host aliases and device
+ordinals asks the driver (:mod:`cupy_swap.cuda.resolve`) and comes last.
 """
 
 from __future__ import annotations
@@ -19,19 +20,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import memory
-from .blocks import DEVICE, HOST, Part, as_parts
-from .descriptor import PART_WORDS
-from .mapping import check_mapping, normalize_mapping, small_pairs
-from .staging import copy_groups
+from .mapping import check_mapping_for
+from .parts import DEVICE, HOST, Part, as_parts
+from .staged_plan import copy_groups
 
 __all__ = [
     "Layout",
     "SwapPlan",
     "check_layout",
     "layout_from_parts",
-    "check_mapping_for",
-    "resolve_layout",
     "check_swap",
     "vector_width",
 ]
@@ -196,20 +193,23 @@ def _interleaved(a: Part, b: Part) -> bool:
     return gap_ab >= a.block_bytes and gap_ba >= b.block_bytes
 
 
-def check_layout(src, dst) -> Layout:
+def check_layout(src, dst, convert=None) -> Layout:
     """Run every mapping-independent check that needs no GPU.
 
     Parameters
     ----------
     src, dst : array or sequence of arrays
         Parts; each of shape ``(num_blocks, *block_shape)``.
+    convert : callable, optional
+        ``convert(obj, name)`` views a foreign array (torch, DLPack) as a
+        NumPy or CuPy array (:func:`cupy_swap.cuda.arrays.convert_array`).
 
     Returns
     -------
     Layout
         With addresses, width and table still unset (see :func:`resolve_layout`).
     """
-    return layout_from_parts(as_parts(src, "src"), as_parts(dst, "dst"))
+    return layout_from_parts(as_parts(src, "src", convert), as_parts(dst, "dst", convert))
 
 
 def layout_from_parts(src_parts: list[Part], dst_parts: list[Part]) -> Layout:
@@ -238,69 +238,9 @@ def layout_from_parts(src_parts: list[Part], dst_parts: list[Part]) -> Layout:
     )
 
 
-def check_mapping_for(layout: Layout, block_mapping, max_blocks: int | None = None) -> np.ndarray:
-    """Normalize ``block_mapping`` and check it against ``layout``.
-
-    Returns
-    -------
-    numpy.ndarray of shape (N, 2), int64
-    """
-    m = normalize_mapping(block_mapping, max_blocks)
-    if m.shape[0]:
-        check_mapping(m, layout.src_limit, layout.dst_limit, layout.src_limit_name, layout.dst_limit_name)
-        for di, oi in layout.meeting:
-            _check_part_overlap(layout, m, di, oi)
-    return m
-
-
-def fast_pairs(layout: Layout, block_mapping, max_blocks: int) -> list | None:
-    """Short, valid mappings as a list of ``(s, d)`` tuples without NumPy;
-    None when the mapping needs the full path (long, odd type, invalid, or a
-    layout whose parts may overlap)."""
-    if layout.meeting:
-        return None
-    return small_pairs(block_mapping, layout.src_limit, layout.dst_limit, max_blocks)
-
-
-def _block_intervals(part: Part, blocks: np.ndarray) -> np.ndarray:
-    starts = part.ptr + blocks * part.block_stride
-    return np.column_stack((starts, starts + part.block_bytes))
-
-
-def _check_part_overlap(layout: Layout, m: np.ndarray, di: int, oi: int) -> None:
-    """Reject a mapping where bytes written to ``dst[di]`` are also read (or
-    written) through part ``oi`` in the same launch: blocks are copied in
-    parallel, so the result would depend on timing."""
-    n_src = len(layout.src)
-    d = layout.dst[di]
-    written = _block_intervals(d, m[:, 1])
-    if oi < n_src:
-        other, other_rows, verb = layout.src[oi], m[:, 0], "read"
-    else:
-        other, other_rows, verb = layout.dst[oi - n_src], m[:, 1], "written"
-    touched = _block_intervals(other, other_rows)
-    # All touched intervals have one size, so sorted by start they are sorted
-    # by end too: the last one starting before a write ends is the only
-    # candidate that can still reach into it.  O(N log N).
-    order = np.argsort(touched[:, 0], kind="stable")
-    t_start, t_end = touched[order, 0], touched[order, 1]
-    cand = np.searchsorted(t_start, written[:, 1], side="left") - 1
-    valid = cand >= 0
-    hit = np.zeros(len(written), dtype=bool)
-    hit[valid] = t_end[cand[valid]] > written[valid, 0]
-    if hit.any():
-        row = int(np.argmax(hit))
-        other_row = int(order[cand[row]])
-        raise ValueError(
-            f"block_mapping: row {row} writes {d.name} block {int(m[row, 1])}, whose bytes "
-            f"are also {verb} by row {other_row} ({other.name} block {int(other_rows[other_row])}) "
-            f"in the same swap; copy through a separate buffer or split the swap"
-        )
-
-
-def check_swap(src, dst, block_mapping, *, max_blocks: int | None = None) -> SwapPlan:
+def check_swap(src, dst, block_mapping, *, max_blocks: int | None = None, convert=None) -> SwapPlan:
     """Every check that needs no GPU, for one call: layout and mapping."""
-    layout = check_layout(src, dst)
+    layout = check_layout(src, dst, convert)
     return SwapPlan(layout, check_mapping_for(layout, block_mapping, max_blocks))
 
 
@@ -311,58 +251,3 @@ def vector_width(values) -> int:
     for v in values:
         acc |= int(v)
     return acc & -acc
-
-
-def _resolve_part(part: Part, device: int, mapped: bool) -> int | None:
-    """Device-visible base address of a part; None for host parts on systems
-    where host memory cannot be mapped (the copy-engine path uses the host
-    address instead)."""
-    if part.location == DEVICE:
-        if part.device != device:
-            raise ValueError(
-                f"{part.name}: expected an array on GPU {device} (the swapper's device), "
-                f"got one on GPU {part.device}"
-            )
-        return part.ptr
-    lo, hi = part.span()
-    if hi == lo or part.block_bytes == 0:
-        return part.ptr  # no byte of it is ever copied: pinned or not, no alias needed
-    alias = memory.host_alias(lo, hi - lo) if mapped else 0
-    if not mapped and memory.host_pinned_unmapped(lo):
-        return None
-    if not alias:
-        raise ValueError(
-            f"{part.name}: expected page-locked (pinned) host memory, got pageable memory; "
-            f"allocate it with cupy_swap.empty_pinned() or pin it once with "
-            f"cupy_swap.register_host(array)"
-        )
-    return part.ptr + (alias - lo)
-
-
-def resolve_layout(layout: Layout, device: int) -> Layout:
-    """Fill in device-visible addresses, the vector width and the part table
-    (asks the driver about host memory, so it needs a GPU)."""
-    has_host = any(p.location == HOST for p in layout.src + layout.dst)
-    mapped, why = memory.host_mapping_status(device) if has_host else (True, "")
-    layout.src_addrs = [_resolve_part(p, device, mapped) for p in layout.src]
-    layout.dst_addrs = [_resolve_part(p, device, mapped) for p in layout.dst]
-    layout.kernel_ok = None not in layout.src_addrs and None not in layout.dst_addrs
-    layout.unmapped_reason = "" if layout.kernel_ok else why
-    # Parts with zero-byte blocks move nothing: their (arbitrary) addresses
-    # and strides must not narrow the vectors of the others.
-    moving = [i for i, p in enumerate(layout.src) if p.block_bytes]
-    values = [a for i in moving for a in (layout.src_addrs[i], layout.dst_addrs[i]) if a is not None]
-    values += [p.block_stride for i in moving for p in (layout.src[i], layout.dst[i])]
-    values += [layout.src[i].block_bytes for i in moving]
-    width = vector_width(values)
-    units = [p.block_bytes // width for p in layout.src]
-    table = np.empty((len(units), PART_WORDS), dtype=np.int64)
-    first = 0
-    for i, (s, d) in enumerate(zip(layout.src, layout.dst)):
-        addrs = (layout.src_addrs[i] or s.ptr, layout.dst_addrs[i] or d.ptr)  # unmapped: never launched
-        table[i] = (*addrs, s.block_stride, d.block_stride, units[i], first)
-        first += units[i]
-    layout.width = width
-    layout.table = table.reshape(-1)
-    layout.units_per_pair = first
-    return layout

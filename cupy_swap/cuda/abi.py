@@ -1,0 +1,188 @@
+"""The kernel ABI, defined once on the Python side: kernel names, argument
+lists, and the layout of the header, part table and pairs.  It mirrors
+``kernels_cu/swap_abi.cuh``; ``tests/test_abi.py`` reads that file and checks
+that the two agree, and the ``.cuh`` asserts its struct sizes.
+
+Two forms carry a swap to the kernel (see the ``.cuh``):
+
+* **inline**: one ``SwapInline<P, N>`` kernel parameter holding header, part
+  table and pairs (:class:`InlineArgs` builds it);
+* **descriptor**: the same words back to back in a buffer
+  (:func:`write_descriptor`), passed by address with
+  ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "HEADER_WORDS",
+    "PART_WORDS",
+    "MAX_PARTS",
+    "UNROLL",
+    "MAX_THREADS",
+    "WIDTHS",
+    "Tier",
+    "TIERS",
+    "DESCRIPTOR_ARGS",
+    "FETCH_KERNEL",
+    "FETCH_THREADS",
+    "descriptor_kernel",
+    "inline_kernel",
+    "descriptor_words",
+    "write_descriptor",
+    "InlineArgs",
+    "DescriptorArgs",
+    "FetchArgs",
+]
+
+HEADER_WORDS = 4  # n_pairs, n_parts, units_per_pair, unused
+PART_WORDS = 6  # src, dst, src_stride, dst_stride, units, first_unit
+MAX_PARTS = 256  # descriptor kernels keep the part table in shared memory
+UNROLL = 4  # 16-byte loads in flight per thread
+MAX_THREADS = 1024  # __launch_bounds__ of the swap kernels
+WIDTHS = (16, 8, 4, 2, 1)  # bytes per unit, one kernel each
+PARAM_LIMIT = 32764  # bytes of kernel parameters CUDA 12.1+ allows
+
+
+class Tier(NamedTuple):
+    """An inline kernel: up to ``parts`` parts and ``pairs`` pairs."""
+
+    parts: int
+    pairs: int
+
+    @property
+    def words(self) -> int:
+        """Size of its ``SwapInline`` parameter in 64-bit words."""
+        return HEADER_WORDS + self.parts * PART_WORDS + 2 * self.pairs
+
+
+TIERS = (Tier(4, 16), Tier(16, 192), Tier(64, 1792))  # CUPY_SWAP_TIERS, smallest first
+# (C type, name) of the descriptor kernel's arguments, in order.
+DESCRIPTOR_ARGS = (
+    ("const u64*", "desc"),
+    ("int", "n_parts"),
+    ("u64", "units_per_pair"),
+    ("i64", "n_pairs"),
+    ("i64", "first_pair"),
+)
+FETCH_KERNEL = "cupy_swap_fetch"  # descriptor upload, 16-byte words
+FETCH_THREADS = 256
+
+
+def descriptor_kernel(width: int) -> str:
+    """Name of the descriptor kernel moving ``width``-byte units."""
+    if width not in WIDTHS:
+        raise ValueError(f"width: expected one of {WIDTHS}, got {width!r}")
+    return f"cupy_swap_w{width}"
+
+
+def inline_kernel(width: int, tier: Tier) -> str:
+    """Name of the inline kernel of ``tier`` moving ``width``-byte units."""
+    return f"{descriptor_kernel(width)}_p{tier.parts}_n{tier.pairs}"
+
+
+def descriptor_words(num_parts: int, num_pairs: int) -> int:
+    """Length in 64-bit words of a descriptor for this many parts and pairs."""
+    return HEADER_WORDS + num_parts * PART_WORDS + 2 * num_pairs
+
+
+def write_descriptor(
+    out: np.ndarray, table: np.ndarray, units_per_pair: int, mapping, include_table=True
+) -> int:
+    """Write a descriptor into ``out``; returns the number of words written.
+
+    Parameters
+    ----------
+    out : numpy.ndarray of int64, 1-D
+        At least :func:`descriptor_words` long.
+    table : numpy.ndarray of shape (P * PART_WORDS,), int64
+        The layout's part table.
+    units_per_pair : int
+    mapping : numpy.ndarray of shape (N, 2), int64, or list of (int, int)
+    include_table : bool
+        False when ``out`` already holds this table (a ring slot reused by
+        the same layout): only the pair count and the pairs are written.
+    """
+    t1 = HEADER_WORDS + table.shape[0]
+    n = len(mapping)
+    out[0] = n
+    if include_table:
+        out[1] = table.shape[0] // PART_WORDS
+        out[2] = units_per_pair
+        out[HEADER_WORDS:t1] = table
+    out[t1 : t1 + 2 * n] = np.asarray(mapping, dtype=np.int64).reshape(-1) if n else ()
+    return t1 + 2 * n
+
+
+class InlineArgs:
+    """The one parameter of an inline kernel, a ``SwapInline<P, N>``, in a
+    NumPy buffer that holds the header and part table of one layout; each
+    launch writes the pair count and pairs.  ``ptr`` is the ``void**`` array
+    ``cuLaunchKernel`` takes (the driver copies the struct at launch, so the
+    buffer can be rewritten for the next one).
+
+    Parameters
+    ----------
+    tier : Tier
+    table : numpy.ndarray of shape (P * PART_WORDS,), int64, P <= tier.parts
+    units_per_pair : int
+    """
+
+    __slots__ = ("tier", "words", "pairs", "ptr", "_array")
+
+    def __init__(self, tier: Tier, table: np.ndarray, units_per_pair: int):
+        self.tier = tier
+        self.words = np.zeros(tier.words, dtype=np.int64)
+        self.words[1] = table.shape[0] // PART_WORDS
+        self.words[2] = units_per_pair
+        self.words[HEADER_WORDS : HEADER_WORDS + table.shape[0]] = table
+        start = HEADER_WORDS + tier.parts * PART_WORDS
+        self.pairs = self.words[start:]  # (2 * tier.pairs,) view: row i at [2i, 2i + 1]
+        self._array = (ctypes.c_void_p * 1)(self.words.ctypes.data)
+        self.ptr = ctypes.addressof(self._array)
+
+
+class DescriptorArgs:
+    """The descriptor kernel's arguments (:data:`DESCRIPTOR_ARGS`) as the
+    ``void**`` array ``cuLaunchKernel`` takes; the driver copies the values
+    at launch, so one object serves consecutive launches."""
+
+    def __init__(self, desc_ptr: int):
+        self.desc = ctypes.c_uint64(desc_ptr)
+        self.n_parts = ctypes.c_int32(0)
+        self.units_per_pair = ctypes.c_uint64(0)
+        self.n_pairs = ctypes.c_int64(0)
+        self.first_pair = ctypes.c_int64(0)
+        fields = (self.desc, self.n_parts, self.units_per_pair, self.n_pairs, self.first_pair)
+        self._array = (ctypes.c_void_p * len(fields))(*(ctypes.addressof(f) for f in fields))
+        self.ptr = ctypes.addressof(self._array)
+
+    def set(self, n_parts: int, units_per_pair: int, n_pairs: int, first_pair: int = 0) -> int:
+        """Store one launch's values; returns the ``void**`` address.
+        ``n_pairs = -1`` makes the kernel read the count from the buffer."""
+        self.n_parts.value = n_parts
+        self.units_per_pair.value = units_per_pair
+        self.n_pairs.value = n_pairs
+        self.first_pair.value = first_pair
+        return self.ptr
+
+
+class FetchArgs:
+    """Arguments ``(src, dst, n16)`` of the descriptor upload kernel."""
+
+    def __init__(self, src_ptr: int):
+        self.src = ctypes.c_uint64(src_ptr)
+        self.dst = ctypes.c_uint64(0)
+        self.n16 = ctypes.c_uint64(0)
+        fields = (self.src, self.dst, self.n16)
+        self._array = (ctypes.c_void_p * 3)(*(ctypes.addressof(f) for f in fields))
+
+    def set(self, dst_ptr: int, n16: int) -> int:
+        self.dst.value = dst_ptr
+        self.n16.value = n16
+        return ctypes.addressof(self._array)

@@ -1,0 +1,347 @@
+"""Launch the swap kernel: inline parameters for most swaps, a descriptor
+ring for the rest.
+
+**Inline** (:class:`BoundKernel`): a swap of at most 64 parts and 1792 pairs
+travels whole in the kernel's one parameter (:class:`~.abi.InlineArgs`).  The
+header and part table are written once per layout; a call writes the pairs
+and launches.  No ring slot, no event query, no upload, and the kernel's
+first load needs no dependent read of host memory.  A launch captured into a
+CUDA graph keeps its pairs.
+
+**Descriptor** (:class:`Launcher`'s ring): larger swaps, staged swaps (one
+descriptor serves every chunk) and graph replays.  Each swap writes its
+descriptor into a slot of a ring of pinned buffers.  Mappings up to
+:data:`DESCRIPTOR_FROM_HOST_MAX_PAIRS` rows are read by the kernel straight
+from there through the buffer's device alias; larger ones are first copied
+to the slot's fixed device buffer by a small upload kernel rather than a
+``cudaMemcpyAsync``: copy engines work through their queue in order, so a
+descriptor copy could wait behind a long transfer of another stream.
+Buffers are allocated once, so their addresses never move.  A slot is
+rewritten only after the event recorded behind its last launch has
+completed.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import abi, kernels, memory
+
+__all__ = ["Launcher", "BoundKernel", "launch_shape"]
+
+# Mappings up to this many rows are read from pinned memory by the kernel
+# (saves an upload launch); see benchmarks/NOTES.md, item 9.
+DESCRIPTOR_FROM_HOST_MAX_PAIRS = 64
+# Descriptor uploads use at most this many CTAs (a 64 KiB descriptor is one
+# round of 16-byte loads per thread).
+FETCH_MAX_CTAS = 16
+# A swap of at most this many bytes is latency-bound (one round of loads per
+# thread): it spreads over up to every SM in CTAs of SHORT_SWAP_THREADS
+# threads, so more SMs issue its loads; larger swaps keep to the CTA budget.
+SHORT_SWAP_BYTES = 1 << 20
+SHORT_SWAP_THREADS = 256
+_H2D = 1
+
+
+def launch_shape(units: int, width: int, max_ctas: int, sm_count: int, short_bytes: int = SHORT_SWAP_BYTES):
+    """Grid and CTA size for ``units`` vectors of ``width`` bytes.
+
+    Short swaps (at most ``short_bytes``): one round of ``UNROLL`` loads per
+    thread, CTAs of up to 256 threads, as many CTAs as that takes, up to
+    ``max(max_ctas, sm_count)``.  Longer ones: at most ``max_ctas`` CTAs;
+    threads spread over as many CTAs as the budget allows, then full CTAs
+    stride.
+    """
+    per_round = abi.UNROLL
+    if units * width <= short_bytes:
+        threads = min(SHORT_SWAP_THREADS, max(32, -(-units // (per_round * 32)) * 32))
+        grid = min(max(max_ctas, sm_count), -(-units // (threads * per_round)))
+        return max(grid, 1), threads
+    per_cta = -(-units // (per_round * max_ctas))
+    threads = min(abi.MAX_THREADS, max(32, -(-per_cta // 32) * 32))
+    grid = min(max_ctas, -(-units // (threads * per_round)))
+    return max(grid, 1), threads
+
+
+class _Slot:
+    """One ring entry: pinned descriptor words, their device copy, the packed
+    kernel arguments for both, and the event behind the last launch.
+
+    ``lock`` is held by the swap that owns the slot, from the moment it is
+    taken until that swap's event is recorded and stored in ``event``: a
+    thread that comes round the ring meanwhile waits for the lock, then for
+    the event, and never rewrites a descriptor that a queued launch reads."""
+
+    def __init__(self, host_words: np.ndarray, device_ptr: int):
+        self.lock = threading.Lock()
+        self.host_words = host_words.view(np.int64)
+        self.table_serial = -1  # which layout's part table the slot holds
+        self.host_ptr = host_words.ctypes.data
+        self.device_ptr = device_ptr
+        self.device_args = abi.DescriptorArgs(device_ptr)
+        # Arguments that make the kernel read the descriptor straight from
+        # pinned memory, through the buffer's device alias.
+        self.host_alias = memory.host_alias(self.host_ptr, host_words.nbytes)
+        self.alias_args = abi.DescriptorArgs(self.host_alias)
+        self.fetch_args = abi.FetchArgs(self.host_alias)
+        self.event = None
+
+
+class BoundKernel:
+    """The kernel launch of one resolved layout, ready for any mapping.
+
+    ``launch(pairs, n, stream)`` picks the smallest inline tier that holds
+    the layout's parts and ``n`` pairs, writes the pairs into that tier's
+    parameter buffer and launches; it returns False when no tier holds the
+    swap (the caller then uses the descriptor ring).  One lock per layout
+    keeps two threads from writing one buffer at once.
+    """
+
+    __slots__ = ("_launcher", "layout", "_tiers", "_lock", "max_pairs")
+
+    def __init__(self, launcher: Launcher, layout):
+        self._launcher = launcher
+        self.layout = layout
+        parts = len(layout.src)
+        self._tiers = [[t, None] for t in launcher.inline_tiers(layout.width) if t.parts >= parts]
+        self.max_pairs = self._tiers[-1][0].pairs if self._tiers else -1
+        self._lock = threading.Lock()
+
+    def launch(self, pairs, n: int, stream: int) -> bool:
+        """Launch over ``n`` pairs on ``stream``.
+
+        Parameters
+        ----------
+        pairs : numpy.ndarray of shape (n, 2), int64, or list of 2n ints
+        n : int
+        stream : int
+        """
+        if n > self.max_pairs or n > self._launcher.max_inline_pairs:
+            return False
+        for entry in self._tiers:
+            if n <= entry[0].pairs:
+                break
+        args = entry[1]
+        if args is None:
+            args = entry[1] = self._bind_tier(entry[0])
+        lau = self._launcher
+        grid, threads = launch_shape(
+            n * self.layout.units_per_pair, self.layout.width, lau.max_ctas, lau.sm_count
+        )
+        flat = pairs if type(pairs) is list else pairs.reshape(-1)
+        with self._lock:
+            args.words[0] = n
+            args.pairs[: 2 * n] = flat
+            lau.launch_kernel(args.fn, grid, threads, stream, args.ptr)
+        return True
+
+    def _bind_tier(self, tier: abi.Tier) -> abi.InlineArgs:
+        layout = self.layout
+        args = abi.InlineArgs(tier, layout.table, layout.units_per_pair)
+        args.fn = self._launcher.function(abi.inline_kernel(layout.width, tier))
+        return args
+
+
+class Launcher:
+    """Kernel functions, launch shapes and the descriptor ring of one
+    swapper (one GPU).
+
+    Parameters
+    ----------
+    device : int
+    max_parts, max_blocks : int
+        Size of a descriptor slot.
+    ring_size, capture_slots : int
+        Slots for eager swaps, and a reserve for plain swaps captured into
+        graphs (each keeps its slot for good).
+    max_ctas : int
+        CTA budget of swaps longer than :data:`SHORT_SWAP_BYTES`.
+    """
+
+    def __init__(
+        self, device: int, max_parts: int, max_blocks: int, ring_size: int, capture_slots: int, max_ctas: int
+    ):
+        import cupy
+        from cupy.cuda import driver, runtime
+
+        self.device = device
+        self.max_ctas = max_ctas
+        # Swaps of more pairs take the descriptor ring (0: always; benchmarks
+        # and tests compare the two forms with it).
+        self.max_inline_pairs = abi.TIERS[-1].pairs
+        self.sm_count = runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, device)
+        self._launch = driver.launchKernel
+        self._memcpy = runtime.memcpyAsync
+        self._event = cupy.cuda.Event
+        self._record = runtime.eventRecord
+        self._lock = threading.Lock()
+        self.ring_waits = 0  # times a swap had to wait for a slot (ring full)
+        mapped, _ = memory.host_mapping_status(device)
+        # Without host mapping the kernel must find its descriptor in device memory.
+        self.descriptor_from_host_max_pairs = DESCRIPTOR_FROM_HOST_MAX_PAIRS if mapped else 0
+        self.slot_words = abi.descriptor_words(max_parts, max_blocks)
+        rows = ring_size + capture_slots
+        with cupy.cuda.Device(device):
+            self._host = memory.zeros_pinned((rows, self.slot_words), np.int64)
+            self._dev = cupy.zeros((rows, self.slot_words), dtype=np.int64)
+        row_bytes = self.slot_words * 8
+        slots = [_Slot(self._host[i], self._dev.data.ptr + i * row_bytes) for i in range(rows)]
+        self._slots = slots[:ring_size]
+        # Never used by eager swaps, so a swap captured into a graph can take
+        # one without asking whether a queued launch still reads it.
+        self._capture_pool = slots[ring_size:]
+        self._next = 0
+        self._tiers: dict[int, list] = {}
+
+    # ---------------------------------------------------------- functions
+    def function(self, name: str) -> int:
+        """``CUfunction`` of kernel ``name`` on this GPU."""
+        return kernels.get_function(self.device, name)
+
+    def inline_tiers(self, width: int) -> list:
+        """The inline tiers this GPU's module has for ``width``."""
+        tiers = self._tiers.get(width)
+        if tiers is None:
+            tiers = [t for t in abi.TIERS if kernels.has_function(self.device, abi.inline_kernel(width, t))]
+            self._tiers[width] = tiers
+        return tiers
+
+    def bind(self, layout) -> BoundKernel:
+        """The inline launch of a resolved layout."""
+        return BoundKernel(self, layout)
+
+    def launch_kernel(self, fn: int, grid: int, threads: int, stream: int, params: int) -> None:
+        self._launch(fn, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
+
+    def shape(self, units: int, width: int) -> tuple[int, int]:
+        """:func:`launch_shape` with this launcher's budget."""
+        return launch_shape(units, width, self.max_ctas, self.sm_count)
+
+    # --------------------------------------------------------- descriptors
+    def launch_descriptor(self, layout, mapping, stream: int, capturing: bool, held: list) -> None:
+        """Write ``mapping``'s descriptor into a slot (appended to ``held``;
+        the caller gates it with :meth:`release`) and launch over it."""
+        args = self.write_slot(layout, mapping, stream, capturing, held)
+        self.launch_range(layout, args, 0, len(mapping), stream)
+
+    def write_slot(self, layout, mapping, stream: int, capturing: bool, held: list) -> abi.DescriptorArgs:
+        """Write a descriptor into a free slot (eager swaps: a ring slot,
+        locked and appended to ``held``; captured swaps: a slot of the
+        capture reserve, kept for good); returns the arguments that point
+        the kernel at it (large mappings are first uploaded on ``stream``)."""
+        slot = self._capture_slot() if capturing else self.acquire(held)
+        end = abi.write_descriptor(
+            slot.host_words, layout.table, layout.units_per_pair, mapping, slot.table_serial != layout.serial
+        )
+        slot.table_serial = layout.serial
+        if len(mapping) <= self.descriptor_from_host_max_pairs:
+            return slot.alias_args
+        self.upload(slot, slot.device_ptr, end, stream)
+        return slot.device_args
+
+    def stage_descriptor(self, table, units_per_pair: int, mapping, dst_ptr: int, stream: int):
+        """Write a descriptor through a ring slot into device memory at
+        ``dst_ptr``, in order on ``stream`` (graph replays); returns the
+        event recorded after the upload."""
+        event = self._event(disable_timing=True)
+        held: list = []
+        recorded = False
+        try:
+            slot = self.acquire(held)
+            words = abi.write_descriptor(slot.host_words, table, units_per_pair, mapping, True)
+            slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
+            self.upload(slot, dst_ptr, words, stream)
+            self._record(event.ptr, stream)
+            recorded = True
+        finally:
+            self.release(held, event if recorded else None, stream)
+        return event
+
+    def upload(self, slot: _Slot, dst_ptr: int, words: int, stream: int) -> None:
+        """Copy the first ``words`` words of ``slot``'s descriptor to device
+        memory at ``dst_ptr``, in order on ``stream``: with a small kernel
+        reading the slot's device alias, not a copy engine, whose in-order
+        queue may hold a long transfer of another stream."""
+        if not slot.host_alias:  # host memory not mapped: only a copy can reach it
+            self._memcpy(dst_ptr, slot.host_ptr, words * 8, _H2D, stream)
+            return
+        n16 = -(-words // 2)  # descriptors are an even number of words
+        grid = min(FETCH_MAX_CTAS, -(-n16 // abi.FETCH_THREADS))
+        params = slot.fetch_args.set(dst_ptr, n16)
+        self.launch_kernel(self.function(abi.FETCH_KERNEL), grid, abi.FETCH_THREADS, stream, params)
+
+    def launch_range(self, layout, args: abi.DescriptorArgs, first: int, count: int, stream: int) -> None:
+        """Launch over pairs ``first .. first + count - 1`` of the
+        descriptor ``args`` points at."""
+        params = args.set(len(layout.src), layout.units_per_pair, count, first)
+        grid, threads = self.shape(count * layout.units_per_pair, layout.width)
+        self.launch_kernel(self.function(abi.descriptor_kernel(layout.width)), grid, threads, stream, params)
+
+    def replay_args(self, layout, desc_ptr: int, max_pairs: int):
+        """``(function, grid, threads, args)`` of a launch that reads its
+        pair count from the descriptor at ``desc_ptr`` when it runs (graph
+        replays; sized for ``max_pairs``)."""
+        args = abi.DescriptorArgs(desc_ptr)
+        args.set(len(layout.src), layout.units_per_pair, -1)
+        grid, threads = self.shape(max(max_pairs, 1) * layout.units_per_pair, layout.width)
+        return self.function(abi.descriptor_kernel(layout.width)), grid, threads, args
+
+    def acquire(self, held: list) -> _Slot:
+        """The next ring slot, locked and appended to ``held``, once the swap
+        that last used it has been enqueued (its lock) and its launch has
+        finished (its event).  The caller unlocks it with :meth:`release`."""
+        with self._lock:
+            slot = self._slots[self._next]
+            self._next = (self._next + 1) % len(self._slots)
+        slot.lock.acquire()
+        try:
+            event = slot.event
+            if event is not None and not event.done:
+                with self._lock:
+                    self.ring_waits += 1
+                event.synchronize()
+        except BaseException:
+            slot.lock.release()  # not written: its event still gates it
+            raise
+        held.append(slot)  # from here on this swap may write it, so its release gates it
+        return slot
+
+    def release(self, held: list, event, stream: int) -> None:
+        """Gate each slot in ``held`` behind ``event`` (recorded after the
+        swap's launches) and unlock it.  ``event`` None: the swap failed
+        after taking its slot, and a launch that reads it may be queued, so
+        the slot is gated behind a fence recorded on ``stream`` (or, if even
+        that fails, the device is drained first)."""
+        try:
+            if event is None:
+                try:
+                    event = self._event(disable_timing=True)
+                    self._record(event.ptr, stream)
+                except Exception:
+                    event = None
+                    from cupy.cuda import runtime
+
+                    try:
+                        runtime.deviceSynchronize()  # nothing queued reads the slot any more
+                    except Exception:
+                        pass
+        finally:
+            for slot in held:  # unlocked whatever happens, or the ring would stall for good
+                if event is not None:
+                    slot.event = event
+                slot.lock.release()
+
+    def _capture_slot(self) -> _Slot:
+        """A slot for a swap being captured into a graph: every replay reads
+        it, so it is taken for good from a reserve that eager swaps never
+        touch (no event query needed, which capture would not allow)."""
+        with self._lock:
+            if not self._capture_pool:
+                raise RuntimeError(
+                    "swap: expected a free capture slot, got none (each swap captured into a graph "
+                    "with more than 1792 pairs or 64 parts keeps one); create the BlockSwapper with "
+                    "more capture_slots, or capture a graph_swap() whose mapping changes between replays"
+                )
+            return self._capture_pool.pop()

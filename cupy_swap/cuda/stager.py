@@ -1,0 +1,240 @@
+"""The staged path on the GPU: a staging arena per direction, its copy
+stream and row ring, and the enqueueing of a staged swap's chunks (copy
+engines between host runs and the arena, the kernel between the arena and
+the GPU blocks).  The plan itself is :mod:`cupy_swap.core.staged_plan`."""
+
+from __future__ import annotations
+
+import threading
+
+from ..core.layout import IN, Layout, layout_from_parts
+from ..core.staged_plan import (
+    CopyGroup,
+    RowRing,
+    StagedPlan,
+    chunk_copies,
+    group_regions,
+    kernel_pairs,
+    staging_parts,
+)
+from .resolve import resolve_layout
+
+__all__ = ["Stager"]
+
+_H2D, _D2H = 1, 2
+
+
+class Stager:
+    """The staging arena, the stream its copies run on, the row ring, and a
+    pool of events.  Memory is allocated on first use.
+
+    Parameters
+    ----------
+    device : int
+    staging_bytes : int
+        GPU memory for staging.
+    """
+
+    def __init__(self, device: int, staging_bytes: int):
+        self.device = device
+        self.staging_bytes = staging_bytes // 256 * 256
+        self.lock = threading.Lock()
+        self._memory = None
+        self.stream = None
+        self.ring: RowRing | None = None
+        self.geometry = None  # row sizes of the groups the ring is laid out for
+        self._events: list = []
+
+    def rows(self, bytes_per_pair: int) -> int:
+        """Rows of ``bytes_per_pair`` bytes the arena holds."""
+        return self.staging_bytes // bytes_per_pair if bytes_per_pair else 0
+
+    def ensure(self) -> None:
+        """Allocate the arena and the copy stream (once; call with ``lock``
+        held).  Raises CuPy's ``OutOfMemoryError`` when the arena does not
+        fit."""
+        if self._memory is not None:
+            return
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            memory = cupy.empty(self.staging_bytes, dtype=cupy.uint8)
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.start = cupy.cuda.Event(disable_timing=True)
+        self.base = memory.data.ptr
+        self._memory = memory  # last: it marks the stager ready
+
+    def layout_for(self, groups: list[CopyGroup], bytes_per_pair: int) -> None:
+        """Lay the ring out for ``groups``.  Work that read the arena under
+        another layout stays a barrier for every row."""
+        geometry = tuple(g.row_bytes for g in groups)
+        if geometry != self.geometry:
+            barriers = self.ring.events() if self.ring is not None else []
+            self.ring = RowRing(self.rows(bytes_per_pair), barriers)
+            self.geometry = geometry
+
+    def event(self):
+        """An event from the pool (a new one when none is free)."""
+        if self._events:
+            return self._events.pop()
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            return cupy.cuda.Event(disable_timing=True)
+
+    def release(self, events) -> None:
+        """Return events whose waits are enqueued (a wait keeps the record it
+        saw, so the event can be recorded again), unless busy rows still
+        wait for them."""
+        held = self.ring.holds() if self.ring is not None else set()
+        pooled = {id(e) for e in self._events}
+        for event in events:
+            if id(event) not in held and id(event) not in pooled:
+                self._events.append(event)
+                pooled.add(id(event))
+
+    def enqueue(
+        self, layout: Layout, plan: StagedPlan, handle: int, held: list, launcher, dma, serial
+    ) -> None:
+        """Enqueue a staged swap; its descriptor slot is appended to ``held``.
+
+        A swap-in runs, per chunk: on the stager's copy stream, waits for
+        the scatters that last read the chunk's staging rows, the
+        copy-engine copies of its host runs and an event; on ``handle``, a
+        wait for that event, the scatter kernel over the chunk's pairs, and
+        an event that frees the rows.  Copies that need no scatter of this
+        swap go out first, so the link starts moving while the host writes
+        the descriptor.  A swap-out mirrors it: gather on ``handle``, copies
+        on the copy stream, and ``handle`` finally waits for the last copy.
+        One descriptor holds every chunk's pairs; each launch takes its
+        range.  All staged swaps of one direction share the copy stream, so
+        one also starts after the work queued before any earlier one on its
+        own stream."""
+        with self.lock:
+            self.ensure()
+            try:
+                self._enqueue(layout, plan, handle, held, launcher, dma, serial)
+            except BaseException:
+                self._fence_after_failure(handle)
+                raise
+
+    def _enqueue(
+        self, layout: Layout, plan: StagedPlan, handle: int, held: list, launcher, dma, serial
+    ) -> None:
+        """The body of :meth:`enqueue` (``lock`` held)."""
+        from cupy.cuda import runtime as rt
+
+        st = self
+        groups, bpp = layout.host_groups, layout.bytes_per_pair
+        rows = st.rows(bpp)
+        half = self._staging_layout(layout, rows, serial)
+        k, swap_in = plan.num_chunks, layout.direction == IN
+        copier = st.stream.ptr
+        writer = copier if swap_in else handle  # the stream that fills staging rows
+        if swap_in:
+            rt.eventRecord(st.start.ptr, handle)  # after the caller's waits
+            rt.streamWaitEvent(copier, st.start.ptr, 0)
+        st.layout_for(groups, bpp)
+        places = [st.ring.place(size, c) for c, size in enumerate(plan.sizes)]
+        chunk_rows = [p[0] for p in places]
+        copies = chunk_copies(plan, groups, group_regions(groups, rows), st.base, chunk_rows)
+        freed = [None] * k
+
+        def free_rows(c: int) -> None:
+            # The rows chunk c lands in: free once their last reader is done.
+            _, events, chunks = places[c]
+            self._wait_all(writer, events + [freed[d] for d in chunks])
+
+        def settle(c: int, stream: int) -> None:
+            freed[c] = st.event()
+            rt.eventRecord(freed[c].ptr, stream)
+            st.ring.settle(c, freed[c])
+
+        if swap_in:
+            copied = [None] * k
+
+            def copy_in(c: int) -> None:
+                free_rows(c)
+                dma.issue(*copies[c], copier, _H2D)
+                copied[c] = st.event()
+                rt.eventRecord(copied[c].ptr, copier)
+
+            ahead = next((c for c, p in enumerate(places) if p[2]), k)
+            for c in range(ahead):
+                copy_in(c)
+            args = launcher.write_slot(half, kernel_pairs(plan, chunk_rows), handle, False, held)
+            for c in range(k):
+                if c >= ahead:
+                    copy_in(c)
+                self._wait_all(handle, [copied[c]])
+                launcher.launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
+                settle(c, handle)
+        else:
+            args = launcher.write_slot(
+                half, kernel_pairs(plan, chunk_rows, gpu_first=True), handle, False, held
+            )
+            for c in range(k):
+                free_rows(c)
+                launcher.launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
+                gathered = st.event()
+                rt.eventRecord(gathered.ptr, handle)
+                self._wait_all(copier, [gathered])
+                dsts, srcs, sizes = copies[c]  # (staging, host) addresses
+                dma.issue(srcs, dsts, sizes, copier, _D2H)
+                settle(c, copier)
+            rt.streamWaitEvent(handle, freed[-1].ptr, 0)  # the swap ends when its last copy has landed
+
+    def _fence_after_failure(self, handle: int) -> None:
+        """A staged swap failed halfway: mark every row it placed as read by
+        work that ends after everything it may have queued on either stream,
+        so the ring stays sound.  If no event can be recorded, wait on the
+        host for every stream that may touch the arena and every event a
+        busy row waits for, after which no row is busy and the ring starts
+        afresh; if even that fails (a broken context), drop only this
+        swap's unsettled rows and keep every other row's barrier."""
+        from cupy.cuda import runtime as rt
+
+        st = self
+        if st.ring is None:
+            return  # failed before placing anything
+        try:
+            on_caller, fence = st.event(), st.event()
+            rt.eventRecord(on_caller.ptr, handle)
+            rt.streamWaitEvent(st.stream.ptr, on_caller.ptr, 0)
+            rt.eventRecord(fence.ptr, st.stream.ptr)
+            st.ring.settle_all(fence)
+            st.release([on_caller])
+            return
+        except Exception:
+            pass
+        try:
+            rt.streamSynchronize(handle)
+            rt.streamSynchronize(st.stream.ptr)
+            for event in st.ring.events():
+                event.synchronize()
+            st.ring, st.geometry = None, None
+        except Exception:
+            st.ring.drop_unsettled()
+
+    def _wait_all(self, stream: int, events: list) -> None:
+        """Make ``stream`` wait for ``events``, then give them back to the
+        pool (a wait keeps the record it saw)."""
+        from cupy.cuda import runtime
+
+        for ev in events:
+            runtime.streamWaitEvent(stream, ev.ptr, 0)
+        self.release(events)
+
+    def _staging_layout(self, layout: Layout, arena_rows: int, serial) -> Layout:
+        """The resolved kernel half of a staged swap: staging arena -> GPU
+        (swap-in) or GPU -> staging arena (swap-out); cached on the layout,
+        as the arena's address and depth never change."""
+        half = layout.staging_layout
+        if half is None:
+            host = layout.src if layout.direction == IN else layout.dst
+            parts = staging_parts(host, layout.host_groups, self.base, arena_rows, self.device)
+            pair = (parts, layout.dst) if layout.direction == IN else (layout.src, parts)
+            half = resolve_layout(layout_from_parts(*pair), self.device)
+            half.serial = next(serial)
+            layout.staging_layout = half
+        return half

@@ -1,0 +1,252 @@
+"""Streams and events: the raw handle of a ``stream=`` argument, the events
+``wait_for=`` turns into, capture status, and the handle a swap returns (a
+``cupy.cuda.Event`` recorded after the copy that can also report the swap's
+device time), recycled through :class:`EventPool`."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+from typing import NamedTuple
+
+__all__ = [
+    "swap_event_class",
+    "EventPool",
+    "wait_handle",
+    "Wait",
+    "stream_handle",
+    "stream_device",
+    "stream_on_device",
+    "stream_is_capturing",
+    "on_device",
+]
+
+_cls: list = []
+
+
+def swap_event_class():
+    """``SwapEvent``, a subclass of ``cupy.cuda.Event`` (built on first use
+    so importing cupy_swap does not import CuPy)."""
+    if _cls:
+        return _cls[0]
+    import cupy
+
+    class SwapEvent(cupy.cuda.Event):
+        """Recorded on the swap's stream after its copies.
+
+        ``synchronize()`` waits, ``done`` polls, and the event can be waited on
+        by other streams like any CuPy event.  With ``timing=True`` the swap
+        also recorded a start event, and :meth:`device_time` gives the seconds
+        between the two on the device.
+
+        Attributes
+        ----------
+        path : str
+            ``"kernel"``, ``"dma"`` or ``"none"`` (empty mapping).
+        nbytes : int
+            Bytes the swap moves.
+        start : cupy.cuda.Event or None
+            Recorded before the copies when timing was asked for.
+        """
+
+        def device_time(self) -> float:
+            """Seconds of device time from the swap's start to its end (waits
+            for the swap to finish)."""
+            if self.start is None:
+                raise ValueError(
+                    "device_time: this swap was not timed; pass timing=True to swap() "
+                    "or create the BlockSwapper with timing=True"
+                )
+            self.synchronize()
+            return cupy.cuda.get_elapsed_time(self.start, self) * 1e-3
+
+        def gbps(self) -> float:
+            """Bytes moved over device time, in GB/s (1e9 B/s)."""
+            return self.nbytes / self.device_time() / 1e9
+
+    _cls.append(SwapEvent)
+    return SwapEvent
+
+
+class Wait(NamedTuple):
+    """One ``wait_for`` entry, ready to enqueue: the event to wait on, the
+    object that keeps it alive until then, and whether the stream it was
+    recorded on is capturing a graph (waiting on it joins the capture)."""
+
+    event_ptr: int
+    keepalive: object
+    capturing: bool
+
+
+# Raw handles of the legacy and per-thread default streams: they act on
+# whatever device is current, so for ``wait_for`` they are the caller's.
+_DEFAULT_STREAM_HANDLES = (0, 1, 2)
+
+
+def wait_handle(item, device: int | None = None, caller_device: int | None = None) -> Wait:
+    """Turn one ``wait_for`` entry into an event to wait on.
+
+    Events are waited on as they are (a stream may wait for an event of
+    another GPU).  Streams get an event recorded on them now, on the GPU the
+    stream belongs to: its own for CuPy and torch stream objects; the
+    caller's (``caller_device``) for the default streams (CuPy's
+    ``Stream.null`` and ``Stream.ptds``, raw handles 0, 1, 2); the
+    swapper's (``device``) for other raw handles, as for ``stream=``.
+    """
+    import cupy
+
+    if isinstance(item, cupy.cuda.Event):
+        return Wait(item.ptr, None, False)
+    handle = getattr(item, "cuda_event", None)  # torch.cuda.Event
+    if isinstance(handle, int):
+        return Wait(handle, None, False)
+    try:
+        stream = stream_handle(item)
+    except TypeError:
+        raise TypeError(
+            f"wait_for: expected events or streams (CuPy or torch) or raw stream handles, "
+            f"got {type(item).__name__}"
+        ) from None
+    owner = stream_device(item)
+    if owner is None:
+        default = stream in _DEFAULT_STREAM_HANDLES
+        owner = caller_device if default and caller_device is not None else device
+    with on_device(owner if owner is not None else cupy.cuda.runtime.getDevice()):
+        ev = cupy.cuda.Event(disable_timing=True)  # events are recorded on their own device's streams
+        try:
+            cupy.cuda.runtime.eventRecord(ev.ptr, stream)
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            raise ValueError(
+                f"wait_for: could not record an event on stream handle {stream:#x} of GPU {owner} ({e}); "
+                f"pass a stream of another GPU as its CuPy or torch object, or an event recorded on it"
+            ) from None
+        capturing = stream_is_capturing(stream)
+    return Wait(ev.ptr, ev, capturing)
+
+
+def stream_handle(stream) -> int:
+    """Raw ``cudaStream_t`` of a CuPy stream, a torch stream or an int handle;
+    None means CuPy's current stream."""
+    if stream is None:
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    if isinstance(stream, int):
+        return stream
+    ptr = getattr(stream, "ptr", None)  # cupy.cuda.Stream / ExternalStream
+    if ptr is not None:
+        return int(ptr)
+    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
+    if handle is not None:
+        return int(handle)
+    raise TypeError(
+        f"stream: expected a cupy.cuda.Stream, a torch.cuda.Stream or an int handle, "
+        f"got {type(stream).__name__}"
+    )
+
+
+def stream_device(stream) -> int | None:
+    """GPU ordinal a CuPy or torch stream object belongs to; None for raw
+    handles and None (which follow the current device)."""
+    device_id = getattr(stream, "device_id", None)  # cupy.cuda.Stream (-1: the null streams, any device)
+    if isinstance(device_id, int):
+        return device_id if device_id >= 0 else None
+    device = getattr(stream, "device", None)  # torch.cuda.Stream
+    index = getattr(device, "index", None)
+    return index if isinstance(index, int) else None
+
+
+def stream_on_device(stream, device: int) -> int:
+    """:func:`stream_handle` of a ``stream=`` argument, after checking that a
+    stream object belongs to ``device`` (a kernel cannot be launched on a
+    stream of another GPU)."""
+    handle = stream_handle(stream)
+    if stream is not None and not isinstance(stream, int):
+        owner = stream_device(stream)
+        if owner is not None and owner != device:
+            raise ValueError(
+                f"stream: expected a stream of GPU {device} (the swapper's device), got one of "
+                f"GPU {owner}; use a BlockSwapper(device={owner}) or make the stream on GPU {device}"
+            )
+    return handle
+
+
+@contextlib.contextmanager
+def on_device(device: int):
+    """Make GPU ``device`` current inside the block (and restore the caller's)."""
+    from cupy.cuda import runtime
+
+    prev = runtime.getDevice()
+    if prev != device:
+        runtime.setDevice(device)
+    try:
+        yield
+    finally:
+        if prev != device:
+            runtime.setDevice(prev)
+
+
+def stream_is_capturing(stream: int) -> bool:
+    """True while ``stream`` (a raw handle) is capturing a CUDA graph.
+
+    Raises
+    ------
+    RuntimeError
+        When the driver refuses the query (for example the legacy default
+        stream while another stream captures in global mode).
+    """
+    from cupy.cuda import runtime
+
+    try:
+        return runtime.streamIsCapturing(stream)
+    except runtime.CUDARuntimeError as e:
+        raise RuntimeError(
+            f"stream: the driver refused the capture query ({e}); the legacy default stream "
+            f"cannot be used while another stream captures a graph, pass that stream instead"
+        ) from None
+
+
+class EventPool:
+    """Swap events, recycled once nobody else holds them.
+
+    Creating a CUDA event costs about 1.8 us of host time on the device's
+    host, recording one 0.75 us (benchmarks/host_costs.py).  The pool keeps
+    the events it handed out, oldest first; when the oldest is referenced by
+    nothing but the pool (the caller dropped it, no ring slot gates on it),
+    it is recorded again for the next swap instead of a new one.  Re-recording
+    is safe then: a stream wait enqueued earlier keeps the record it saw.
+
+    Parameters
+    ----------
+    device : int
+        GPU the events are created on (the swapper's; callers make it current).
+    size : int
+        Events kept for reuse.
+    """
+
+    # References to a free event: the deque, the local name, getrefcount's argument.
+    _FREE_REFS = 3
+
+    def __init__(self, size: int = 64):
+        self._cls = swap_event_class()
+        self._issued: collections.deque = collections.deque()
+        self._size = size
+        self._refs = sys.getrefcount
+
+    def take(self, timed: bool):
+        """An event for a swap (not recorded yet), with ``start`` None.
+        Timed swaps get a new event (their start event is kept with it)."""
+        issued = self._issued
+        if not timed and issued:
+            event = issued[0]
+            if self._refs(event) == self._FREE_REFS and event.start is None:
+                issued.rotate(-1)  # oldest -> newest
+                return event
+        event = self._cls(disable_timing=not timed)
+        event.start = None
+        if not timed:
+            if len(issued) >= self._size:
+                issued.popleft()
+            issued.append(event)
+        return event

@@ -1,0 +1,140 @@
+"""The hot path: one swap of a checked layout.
+
+``PreparedSwap.__call__`` is everything a swap does once its arrays are
+known, in order: check the mapping (vectorized; short ones without NumPy),
+take the stream, route, enqueue the waits, launch (inline parameters, or the
+descriptor ring for large swaps), record the returned event.  Python work
+here is O(1) in the number of pairs and parts: no loop over either.
+``BlockSwapper.swap()`` is a cache lookup that lands here too.
+"""
+
+from __future__ import annotations
+
+from .core.layout import DIRECTION_TEXT, IN, Layout
+from .core.mapping import checked_pairs
+from .core.route import MODES, route
+from .cuda import memory
+from .cuda.streams import stream_is_capturing, stream_on_device, wait_handle
+
+__all__ = ["PreparedSwap"]
+
+
+class PreparedSwap:
+    """A swap between fixed ``src`` and ``dst``, checked once; call it with
+    a mapping.  Made by :meth:`BlockSwapper.prepare`.
+
+    Parameters of a call
+    --------------------
+    block_mapping : array-like of shape (N, 2)
+        ``(src_block, dst_block)`` rows, ``N <= max_blocks``.
+    stream, mode, wait_for, timing
+        As for :meth:`BlockSwapper.swap`.
+
+    Returns a ``SwapEvent``, as :meth:`BlockSwapper.swap` does.
+
+    Attributes
+    ----------
+    direction : str
+        ``"in"``, ``"out"`` or ``"gpu->gpu"``.
+    bytes_per_pair : int
+        Bytes one mapping row moves, all parts together.
+    """
+
+    __slots__ = ("_swapper", "_layout", "_kernel", "_generation", "_held", "direction", "bytes_per_pair")
+
+    def __init__(self, swapper, layout: Layout, held: tuple | None):
+        self._swapper = swapper
+        self._bind(layout)
+        # The caller's arrays, kept alive as long as the op (None for the
+        # ops swap() caches: the cache holds its arrays weakly and re-checks).
+        self._held = held
+
+    def _bind(self, layout: Layout) -> None:
+        self._layout = layout
+        self._kernel = self._swapper._launcher.bind(layout)
+        self._generation = memory.generation()
+        self.direction = layout.direction
+        self.bytes_per_pair = layout.bytes_per_pair
+
+    def __call__(self, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
+        sw = self._swapper
+        caller = sw._get_device()
+        if caller != sw.device:
+            return sw._on_own_device(self._run, caller, block_mapping, stream, None, mode, wait_for, timing)
+        return self._run(caller, block_mapping, stream, None, mode, wait_for, timing)
+
+    def _run(self, caller: int, block_mapping, stream, want, mode, wait_for, timing):
+        """The swap, with the swapper's GPU current (``caller`` was current
+        when the caller called: default-stream ``wait_for`` entries are its)."""
+        sw = self._swapper
+        if self._generation != memory.generation() and self._held is not None:
+            # A registered range went away: resolve the host aliases again
+            # (raises if this op's host memory is no longer pinned).
+            self._bind(sw._layout(*self._held))
+        layout = self._layout
+        if want is not None and layout.direction != want:
+            method = "swap_in" if want == IN else "swap_out"
+            raise ValueError(
+                f"{method}: expected {DIRECTION_TEXT[want]} arrays, got "
+                f"{DIRECTION_TEXT[layout.direction]}; use swap() for that"
+            )
+        pairs = checked_pairs(layout, block_mapping, sw.max_blocks)  # raises before any launch
+        n = len(pairs) >> 1 if type(pairs) is list else pairs.shape[0]
+        handle = sw._current_stream().ptr if stream is None else stream_on_device(stream, sw.device)
+        if mode is None:
+            mode = sw.mode
+        elif mode not in MODES:
+            raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+        waits = [wait_handle(w, sw.device, caller) for w in _as_sequence(wait_for)] if wait_for else ()
+
+        def capturing() -> bool:
+            # Waiting on a capturing stream makes this one capture too.
+            return stream_is_capturing(handle) or any(w.capturing for w in waits)
+
+        path, plan = (
+            route(layout, pairs, mode, sw.policy, capturing)
+            if n and layout.bytes_per_pair
+            else ("none", None)
+        )
+        for w in waits:  # after routing: a refusal enqueues nothing
+            sw._wait_event(handle, w.event_ptr, 0)
+        timed = sw.timing if timing is None else timing
+        event = sw._events.take(timed)
+        event.path, event.nbytes = path, n * layout.bytes_per_pair
+        held: list = []  # descriptor slots this swap took (locked until gated)
+        recorded = False
+        try:
+            if timed:
+                event.start = sw._new_event()
+                sw._record(event.start.ptr, handle)
+            if path == "kernel":
+                if not self._kernel.launch(pairs, n, handle):  # too large to pass inline
+                    sw._launcher.launch_descriptor(layout, pairs, handle, capturing(), held)
+            elif path == "dma":
+                sw._dma.copy(layout, pairs, handle, capturing)
+            elif path == "staged":
+                sw._stagers[layout.direction].enqueue(
+                    layout, plan, handle, held, sw._launcher, sw._dma, sw._serial
+                )
+            sw._record(event.ptr, handle)
+            recorded = True
+        finally:
+            if held:
+                sw._launcher.release(held, event if recorded else None, handle)
+        sw.last_path = path
+        return event
+
+    def __repr__(self) -> str:
+        parts = len(self._layout.src)
+        return (
+            f"PreparedSwap({DIRECTION_TEXT[self.direction]}, {parts} part{'s' * (parts != 1)}, "
+            f"{self.bytes_per_pair} bytes per pair, GPU {self._swapper.device})"
+        )
+
+
+def _as_sequence(items) -> tuple:
+    if items is None:
+        return ()
+    if isinstance(items, (list, tuple)):
+        return tuple(items)
+    return (items,)

@@ -1,0 +1,118 @@
+"""The kernel ABI is defined once in Python (cupy_swap/cuda/abi.py); these
+CPU tests read kernels_cu/swap_abi.cuh and block_swap.cu and check that the
+CUDA side agrees: constants, struct fields, tiers, argument lists."""
+
+import ctypes
+import re
+
+import numpy as np
+import pytest
+
+from cupy_swap.cuda import abi, kernels
+
+
+def _header() -> str:
+    return (kernels.kernel_dir() / "swap_abi.cuh").read_text()
+
+
+def _define(name: str) -> str:
+    match = re.search(rf"^#define {name} (.+?)(\s*//.*)?$", _header(), re.MULTILINE)
+    assert match, f"{name} not defined in swap_abi.cuh"
+    return match.group(1).strip()
+
+
+def _struct_fields(name: str) -> list[tuple[str, str]]:
+    body = re.search(rf"struct {name} \{{(.*?)\}};", _header(), re.DOTALL).group(1)
+    return re.findall(r"^\s*(\w+) (\w+(?:\[[^\]]+\])?);", body, re.MULTILINE)
+
+
+def test_constants_match():
+    assert int(_define("CUPY_SWAP_HEADER_WORDS")) == abi.HEADER_WORDS
+    assert int(_define("CUPY_SWAP_PART_WORDS")) == abi.PART_WORDS
+    assert int(_define("CUPY_SWAP_MAX_PARTS")) == abi.MAX_PARTS
+    assert int(_define("CUPY_SWAP_UNROLL")) == abi.UNROLL
+    assert int(_define("CUPY_SWAP_MAX_THREADS")) == abi.MAX_THREADS
+
+
+def test_structs_are_64_bit_words_in_the_documented_order():
+    header = _struct_fields("SwapHeader")
+    assert [n for _, n in header] == ["n_pairs", "n_parts", "units_per_pair", "unused"]
+    part = _struct_fields("SwapPart")
+    assert [n for _, n in part] == ["src", "dst", "src_stride", "dst_stride", "units", "first_unit"]
+    for ctype, _ in header + part:
+        assert ctype in ("u64", "i64")  # one word each, so words == fields
+    assert len(header) == abi.HEADER_WORDS and len(part) == abi.PART_WORDS
+    inline = _struct_fields("SwapInline")
+    assert inline == [("SwapHeader", "header"), ("SwapPart", "parts[P]"), ("i64", "pairs[2 * N]")]
+    # The .cuh asserts the sizes the compiler sees.
+    for struct in ("SwapHeader", "SwapPart"):
+        assert f"static_assert(sizeof({struct})" in _header()
+
+
+def test_tiers_match_and_fit_the_parameter_limit():
+    tiers = re.findall(r"X\((\d+), (\d+)\)", _define("CUPY_SWAP_TIERS\\(X\\)"))
+    assert tuple(abi.Tier(int(p), int(n)) for p, n in tiers) == abi.TIERS
+    assert list(abi.TIERS) == sorted(abi.TIERS)  # smallest first: the launcher takes the first that fits
+    assert all(8 * t.words <= abi.PARAM_LIMIT for t in abi.TIERS)
+    assert 8 * abi.TIERS[1].words <= 4096  # every tier but the last works on CUDA < 12.1
+
+
+def test_descriptor_kernel_arguments_match():
+    src = (kernels.kernel_dir() / "block_swap.cu").read_text()
+    match = re.search(r"cupy_swap_w##WIDTH\(\s*\\?\s*(.*?)\)", src, re.DOTALL)
+    args = [
+        " ".join(a.replace("\\", " ").replace("__restrict__", "").split()) for a in match.group(1).split(",")
+    ]
+    assert args == [f"{t} {n}" for t, n in abi.DESCRIPTOR_ARGS]
+
+
+def test_inline_args_layout():
+    table = np.arange(2 * abi.PART_WORDS, dtype=np.int64) + 100
+    args = abi.InlineArgs(abi.TIERS[0], table, units_per_pair=7)
+    assert args.words.shape == (abi.TIERS[0].words,)
+    assert args.words[:3].tolist() == [0, 2, 7]  # n_pairs set per launch, n_parts, units_per_pair
+    parts_at = abi.HEADER_WORDS
+    assert args.words[parts_at : parts_at + table.size].tolist() == table.tolist()
+    pairs_at = abi.HEADER_WORDS + abi.TIERS[0].parts * abi.PART_WORDS
+    args.pairs[:4] = [1, 2, 3, 4]
+    assert args.words[pairs_at : pairs_at + 4].tolist() == [1, 2, 3, 4]  # a view, not a copy
+    (pointer,) = (ctypes.c_void_p * 1).from_address(args.ptr)
+    assert pointer == args.words.ctypes.data  # void** -> the struct
+
+
+def test_descriptor_args_pack_as_void_pointer_array():
+    args = abi.DescriptorArgs(0x7F0000001000)
+    ptr = args.set(n_parts=64, units_per_pair=4096, n_pairs=-1, first_pair=300)
+    slots = (ctypes.c_void_p * 5).from_address(ptr)
+    assert ctypes.c_uint64.from_address(slots[0]).value == 0x7F0000001000
+    assert ctypes.c_int32.from_address(slots[1]).value == 64
+    assert ctypes.c_uint64.from_address(slots[2]).value == 4096
+    assert ctypes.c_int64.from_address(slots[3]).value == -1
+    assert ctypes.c_int64.from_address(slots[4]).value == 300
+
+
+def test_descriptor_words_and_write():
+    table = np.arange(abi.PART_WORDS, dtype=np.int64)
+    out = np.full(abi.descriptor_words(1, 4), -7, dtype=np.int64)
+    n = abi.write_descriptor(out, table, 3, np.array([[5, 6], [7, 8]], np.int64))
+    assert n == abi.descriptor_words(1, 2)
+    assert out[:3].tolist() == [2, 1, 3]
+    assert out[abi.HEADER_WORDS : abi.HEADER_WORDS + abi.PART_WORDS].tolist() == table.tolist()
+    assert out[n - 4 : n].tolist() == [5, 6, 7, 8] and out[n] == -7
+    # A slot that already holds the table: only the count and pairs change.
+    out[1:3] = -1
+    abi.write_descriptor(out, table, 3, np.array([[9, 9]], np.int64), include_table=False)
+    assert out[:3].tolist() == [1, -1, -1]
+
+
+@pytest.mark.parametrize("tier", abi.TIERS)
+def test_launch_shape_covers_every_unit(tier):
+    from cupy_swap.cuda.launcher import SHORT_SWAP_BYTES, launch_shape
+
+    for units in (1, 31, 256, 4096, 65536, 1 << 20, 40 << 20):
+        grid, threads = launch_shape(units, 16, max_ctas=8, sm_count=132)
+        assert 1 <= threads <= abi.MAX_THREADS and threads % 32 == 0
+        if units * 16 > SHORT_SWAP_BYTES:
+            assert grid <= 8  # the CTA budget holds for long swaps
+        else:
+            assert grid <= 132 and grid * threads * abi.UNROLL >= units  # one round of loads

@@ -1,0 +1,109 @@
+"""The routing policy (cupy_swap/core/route.py) decided on the CPU: host
+parts are NumPy arrays described as parts, GPU parts are NumPy arrays that
+claim to be GPU memory; no driver is asked."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cupy_swap.core.layout import layout_from_parts
+from cupy_swap.core.mapping import check_mapping_for
+from cupy_swap.core.parts import DEVICE, as_parts
+from cupy_swap.core.route import Policy, route
+
+_ALIVE = []
+POLICY = Policy()
+
+
+def _parts(shape, gpu: bool):
+    a = np.zeros(shape, np.uint8)
+    _ALIVE.append(a)
+    parts = as_parts(a, "x")
+    return [dataclasses.replace(p, location=DEVICE, device=0) for p in parts] if gpu else parts
+
+
+def _layout(direction: str, block: int, blocks: int = 4096, kernel_ok: bool = True):
+    host, gpu = _parts((blocks, block), False), _parts((blocks, block), True)
+    src, dst = (host, gpu) if direction == "in" else (gpu, host)
+    layout = layout_from_parts(src, dst)
+    layout.kernel_ok = kernel_ok
+    layout.unmapped_reason = "" if kernel_ok else "UVA is off"
+    return layout
+
+
+def _route(layout, m, mode="auto", capturing=False, policy=POLICY):
+    mapping = check_mapping_for(layout, m)
+    return route(layout, mapping, mode, policy, lambda: capturing)
+
+
+def _random(n, blocks=4096, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.column_stack((rng.choice(blocks, n, replace=False), rng.choice(blocks, n, replace=False)))
+
+
+def _runs(n, start=0):
+    return np.column_stack((np.arange(start, start + n), np.arange(n)))
+
+
+@pytest.mark.parametrize("direction", ["in", "out"])
+def test_auto_paths(direction):
+    kb = 1 << 10
+    assert _route(_layout(direction, 32 * kb), _random(1))[0] == "dma"  # one copy
+    assert _route(_layout(direction, 32 * kb), _random(16))[0] == "kernel"  # few scattered blocks
+    assert _route(_layout(direction, 32 * kb), _random(1250))[0] == "kernel"
+    assert _route(_layout(direction, 2048 * kb, 64), _random(16, 64))[0] == "dma"  # large copies
+    # One run both sides: a few large copies beat the kernel.
+    assert _route(_layout(direction, 32 * kb), _runs(1250))[0] == "dma"
+    # Host blocks in one run, GPU blocks scattered: staged once it is large.
+    m = np.column_stack((np.arange(1250), _random(1250)[:, 1]))
+    if direction == "out":
+        m = m[:, ::-1].copy()
+    path, plan = _route(_layout(direction, 32 * kb), m)
+    assert path == "staged" and plan.num_chunks >= 2
+    assert _route(_layout(direction, 32 * kb), m[:100])[0] == "kernel"  # 3 MiB: below staged_min_bytes
+
+
+def test_short_lists_route_like_arrays():
+    layout = _layout("in", 32 << 10)
+    for m in (_random(1), _random(16), _runs(16)):
+        flat = m.reshape(-1).tolist()
+        assert route(layout, flat, "auto", POLICY, lambda: False)[0] == _route(layout, m)[0]
+
+
+def test_explicit_modes_and_refusals():
+    layout = _layout("in", 4096)
+    assert _route(layout, _random(10), "kernel")[0] == "kernel"
+    assert _route(layout, _random(10), "dma")[0] == "dma"
+    assert _route(layout, _runs(10), "staged")[0] == "staged"
+    with pytest.raises(ValueError, match="cannot be captured"):
+        _route(layout, _runs(10), "staged", capturing=True)
+    with pytest.raises(ValueError, match="staging_bytes=0"):
+        _route(layout, _runs(10), "staged", policy=Policy(staging_bytes=0))
+    unmapped = _layout("in", 4096, kernel_ok=False)
+    with pytest.raises(ValueError, match="mode: 'kernel' needs host memory mapped.*UVA is off"):
+        _route(unmapped, _random(10), "kernel")
+    assert _route(unmapped, _random(10))[0] == "dma"
+
+
+def test_gpu_to_gpu_never_staged():
+    gpu = _parts((64, 4096), True)
+    layout = layout_from_parts(gpu, _parts((64, 4096), True))
+    with pytest.raises(ValueError, match="GPU -> GPU"):
+        _route(layout, _runs(10), "staged")
+
+
+def test_capture_asked_only_when_it_matters():
+    asked = []
+    layout = _layout("in", 32 << 10)
+    mapping = check_mapping_for(layout, _random(1250))
+    assert route(layout, mapping, "auto", POLICY, lambda: asked.append(1) or False)[0] == "kernel"
+    assert not asked  # a random mapping never considers staging
+
+
+def test_thresholds_come_from_the_policy():
+    layout = _layout("in", 256 << 10, 256)
+    m = _random(16, 256)
+    assert _route(layout, m)[0] == "kernel"
+    assert _route(layout, m, policy=Policy(dma_min_copy_bytes=256 << 10))[0] == "dma"
+    assert _route(layout, _random(2, 256), policy=Policy(dma_max_copies=4))[0] == "dma"
