@@ -402,7 +402,7 @@ class BlockSwapper:
         return self._swap_here(caller, src, dst, block_mapping, stream, want, mode, wait_for, timing)
 
     def _swap_here(self, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing):
-        return self._op(src, dst)._run(caller, block_mapping, stream, want, mode, wait_for, timing)
+        return self._op(src, dst)._call(caller, block_mapping, stream, want, mode, wait_for, timing)
 
     def _on_own_device(self, fn, caller: int, *args):
         """``fn(caller, *args)`` with this swapper's GPU current: DLPack

@@ -116,3 +116,12 @@ def test_launch_shape_covers_every_unit(tier):
             assert grid <= 8  # the CTA budget holds for long swaps
         else:
             assert grid <= 132 and grid * threads * abi.UNROLL >= units  # one round of loads
+
+
+def test_descriptor_takes_flat_short_mappings():
+    table = np.arange(abi.PART_WORDS, dtype=np.int64)
+    a = np.zeros(abi.descriptor_words(1, 4), np.int64)
+    b = a.copy()
+    n = abi.write_descriptor(a, table, 3, np.array([[5, 6], [7, 8]], np.int64))
+    assert abi.write_descriptor(b, table, 3, [5, 6, 7, 8]) == n
+    assert np.array_equal(a, b)

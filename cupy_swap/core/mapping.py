@@ -33,32 +33,39 @@ def small_pairs(block_mapping, src_blocks: int, dst_blocks: int, max_blocks: int
     short list/tuple of int pairs or a short integer ``(N, 2)`` array, every
     index is in range and destinations are distinct; None otherwise (the
     caller then takes the NumPy path, which also produces the precise error).
+    Index checks are builtins over the flat list (``min``, ``max``, ``set``).
     """
     kind = type(block_mapping)
     if kind is np.ndarray:
         m = block_mapping
         if m.ndim != 2 or m.shape[1] != 2 or m.shape[0] > SMALL_MAPPING or m.dtype.kind not in "iu":
             return None
-        rows = m.tolist()
+        flat = m.ravel().tolist()
     elif kind is list or kind is tuple:
         if len(block_mapping) > SMALL_MAPPING:
             return None
-        rows = block_mapping
+        flat = []
+        for row in block_mapping:
+            if type(row) not in _ROW_TYPES or len(row) != 2:
+                return None
+            flat += row
+        if set(map(type, flat)) != _INT:  # bools and NumPy scalars take the NumPy path
+            return None
     else:
         return None
-    if len(rows) > max_blocks:
+    n = len(flat) >> 1
+    if not n or n > max_blocks:
         return None
-    flat = []
-    for row in rows:
-        if (type(row) is not tuple and type(row) is not list) or len(row) != 2:
-            return None
-        s, d = row
-        if type(s) is not int or type(d) is not int or not (0 <= s < src_blocks and 0 <= d < dst_blocks):
-            return None
-        flat += row
-    if len(rows) > 1 and len(set(flat[1::2])) != len(rows):
+    dsts = flat[1::2]
+    if min(flat) < 0 or max(flat[0::2]) >= src_blocks or max(dsts) >= dst_blocks:
+        return None
+    if n > 1 and len(set(dsts)) != n:
         return None
     return flat
+
+
+_ROW_TYPES = {tuple, list}
+_INT = {int}
 
 
 def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarray:

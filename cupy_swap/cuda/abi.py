@@ -103,19 +103,21 @@ def write_descriptor(
     table : numpy.ndarray of shape (P * PART_WORDS,), int64
         The layout's part table.
     units_per_pair : int
-    mapping : numpy.ndarray of shape (N, 2), int64, or list of (int, int)
+    mapping : numpy.ndarray of shape (N, 2), int64, or list of 2N ints
+        The pairs, or a short mapping flattened ``[s0, d0, s1, d1, ...]``.
     include_table : bool
         False when ``out`` already holds this table (a ring slot reused by
         the same layout): only the pair count and the pairs are written.
     """
     t1 = HEADER_WORDS + table.shape[0]
-    n = len(mapping)
+    flat = mapping if type(mapping) is list else mapping.reshape(-1)
+    n = len(flat) // 2
     out[0] = n
     if include_table:
         out[1] = table.shape[0] // PART_WORDS
         out[2] = units_per_pair
         out[HEADER_WORDS:t1] = table
-    out[t1 : t1 + 2 * n] = np.asarray(mapping, dtype=np.int64).reshape(-1) if n else ()
+    out[t1 : t1 + 2 * n] = flat
     return t1 + 2 * n
 
 
@@ -131,18 +133,24 @@ class InlineArgs:
     tier : Tier
     table : numpy.ndarray of shape (P * PART_WORDS,), int64, P <= tier.parts
     units_per_pair : int
+    fn : int, optional
+        The tier's kernel function, kept with its buffer for the launcher.
     """
 
-    __slots__ = ("tier", "words", "pairs", "ptr", "_array")
+    __slots__ = ("tier", "fn", "words", "pairs", "pairs_c", "ptr", "_array")
 
-    def __init__(self, tier: Tier, table: np.ndarray, units_per_pair: int):
+    def __init__(self, tier: Tier, table: np.ndarray, units_per_pair: int, fn: int = 0):
         self.tier = tier
+        self.fn = fn  # the CUfunction of this tier (and width)
         self.words = np.zeros(tier.words, dtype=np.int64)
         self.words[1] = table.shape[0] // PART_WORDS
         self.words[2] = units_per_pair
         self.words[HEADER_WORDS : HEADER_WORDS + table.shape[0]] = table
         start = HEADER_WORDS + tier.parts * PART_WORDS
         self.pairs = self.words[start:]  # (2 * tier.pairs,) view: row i at [2i, 2i + 1]
+        # The same words as a ctypes array: a list of Python ints is stored
+        # faster through it than through NumPy's conversion.
+        self.pairs_c = (ctypes.c_int64 * (2 * tier.pairs)).from_buffer(self.words, 8 * start)
         self._array = (ctypes.c_void_p * 1)(self.words.ctypes.data)
         self.ptr = ctypes.addressof(self._array)
 

@@ -99,7 +99,7 @@ class BoundKernel:
     keeps two threads from writing one buffer at once.
     """
 
-    __slots__ = ("_launcher", "layout", "_tiers", "_lock", "max_pairs")
+    __slots__ = ("_launcher", "layout", "_tiers", "_lock", "_shapes", "max_pairs")
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
@@ -108,6 +108,7 @@ class BoundKernel:
         self._tiers = [[t, None] for t in launcher.inline_tiers(layout.width) if t.parts >= parts]
         self.max_pairs = self._tiers[-1][0].pairs if self._tiers else -1
         self._lock = threading.Lock()
+        self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, budget it was made for)
 
     def launch(self, pairs, n: int, stream: int) -> bool:
         """Launch over ``n`` pairs on ``stream``.
@@ -139,9 +140,8 @@ class BoundKernel:
 
     def _bind_tier(self, tier: abi.Tier) -> abi.InlineArgs:
         layout = self.layout
-        args = abi.InlineArgs(tier, layout.table, layout.units_per_pair)
-        args.fn = self._launcher.function(abi.inline_kernel(layout.width, tier))
-        return args
+        fn = self._launcher.function(abi.inline_kernel(layout.width, tier))
+        return abi.InlineArgs(tier, layout.table, layout.units_per_pair, fn)
 
 
 class Launcher:
@@ -224,7 +224,8 @@ class Launcher:
         """Write ``mapping``'s descriptor into a slot (appended to ``held``;
         the caller gates it with :meth:`release`) and launch over it."""
         args = self.write_slot(layout, mapping, stream, capturing, held)
-        self.launch_range(layout, args, 0, len(mapping), stream)
+        n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
+        self.launch_range(layout, args, 0, n, stream)
 
     def write_slot(self, layout, mapping, stream: int, capturing: bool, held: list) -> abi.DescriptorArgs:
         """Write a descriptor into a free slot (eager swaps: a ring slot,
@@ -236,7 +237,7 @@ class Launcher:
             slot.host_words, layout.table, layout.units_per_pair, mapping, slot.table_serial != layout.serial
         )
         slot.table_serial = layout.serial
-        if len(mapping) <= self.descriptor_from_host_max_pairs:
+        if end - abi.HEADER_WORDS - layout.table.shape[0] <= 2 * self.descriptor_from_host_max_pairs:
             return slot.alias_args
         self.upload(slot, slot.device_ptr, end, stream)
         return slot.device_args
