@@ -3,10 +3,11 @@
 #   bash benchmarks/run_device.sh tests   # the README's test command (every test, GPU ones included)
 #   bash benchmarks/run_device.sh bench   # every figure the README and RESULTS.md quote
 #   bash benchmarks/run_device.sh peers   # bench --peers and --host-time (issue 10's baseline)
-#   bash benchmarks/run_device.sh all     # tests and bench
-# Results land in $OUT (or ./device-out): at most eight files, as the device
-# tool brings back.  benchmarks/make_tables.py turns them into
-# benchmarks/results/RESULTS.md and the README's tables.
+#   bash benchmarks/run_device.sh all     # tests, bench and peers, packed into results.tgz
+# Results land in $OUT (or ./device-out); `all` packs them into one
+# results.tgz (the device tool brings back at most eight files) beside the
+# logs.  benchmarks/make_tables.py turns them into benchmarks/results/RESULTS.md
+# and the README's tables.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-device-out}
@@ -15,7 +16,12 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 status=0
 if [[ $what == tests || $what == all ]]; then
     nvidia-smi -L | tee "$OUT/pytest.log"
-    python3 -m pytest -q -p no:cacheprovider 2>&1 | tail -60 | tee -a "$OUT/pytest.log" || status=1
+    python3 -m pytest -q -p no:cacheprovider 2>&1 | tail -60 | tee -a "$OUT/pytest.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+fi
+if [[ $what == peers || $what == all ]]; then
+    python3 -m cupy_swap bench --peers --host-time --json "$OUT/peers.json" >"$OUT/peers.log" 2>&1 || status=1
+    tail -130 "$OUT/peers.log"
 fi
 if [[ $what == bench || $what == all ]]; then
     python3 -m cupy_swap bench --modes kernel,dma,auto --json "$OUT/seed_table.json" 2>&1 | tail -14 || status=1
@@ -29,7 +35,8 @@ if [[ $what == bench || $what == all ]]; then
     python3 benchmarks/breakdown.py >"$OUT/breakdown.txt" 2>&1 || status=1
     cat "$OUT/breakdown.txt"
 fi
-if [[ $what == peers ]]; then
-    python3 -m cupy_swap bench --peers --host-time --json "$OUT/peers.json" 2>&1 | tail -130 || status=1
+if [[ $what == all ]]; then
+    (cd "$OUT" && tar czf results.tgz --exclude results.tgz . && find . -type f ! -name results.tgz \
+        ! -name pytest.log ! -name peers.log ! -name goals.log -delete)
 fi
 exit $status

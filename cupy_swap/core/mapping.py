@@ -18,6 +18,7 @@ __all__ = [
     "contiguous_runs",
     "longest_run",
     "may_have_runs",
+    "sampled_steps",
     "small_pairs",
     "SMALL_MAPPING",
 ]
@@ -257,20 +258,27 @@ def longest_run(m: np.ndarray) -> tuple[int, int]:
     return int(starts.shape[0]), int(np.diff(starts, append=m.shape[0]).max())
 
 
-def may_have_runs(m: np.ndarray, column: int | None = None) -> bool:
-    """Cheap guess, before :func:`run_starts`, whether a mapping holds runs
-    of consecutive blocks in both source and destination (or in ``column``
-    alone): looks at four sampled row pairs only, so a random mapping
-    answers False at once; anything else is worth the exact count."""
+def sampled_steps(m: np.ndarray) -> list:
+    """``(src step, dst step)`` from row ``i`` to row ``i + 1`` at four
+    sampled ``i`` spread over the mapping (one NumPy gather)."""
     n = m.shape[0]
     if n < 2:
-        return False
-    cols = (0, 1) if column is None else (column,)
-    # Row pairs (i, i + 1) spread over the mapping; i <= n - 2 keeps i + 1 in it.
-    for i in (0, min(n // 3, n - 2), min((2 * n) // 3, n - 2), n - 2):
-        if all(m.item(i + 1, c) - m.item(i, c) == 1 for c in cols):
-            return True
-    return False
+        return []
+    starts = (0, min(n // 3, n - 2), min((2 * n) // 3, n - 2), n - 2)  # i + 1 stays in the mapping
+    rows = m[[j for i in starts for j in (i, i + 1)]].tolist()
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(rows[0::2], rows[1::2])]
+
+
+def may_have_runs(m: np.ndarray, column: int | None = None, steps: list | None = None) -> bool:
+    """Cheap guess, before :func:`run_starts`, whether a mapping holds runs
+    of consecutive blocks in both source and destination (or in ``column``
+    alone): looks at the sampled steps only (``steps``, from
+    :func:`sampled_steps`, when the caller has them), so a random mapping
+    answers False at once; anything else is worth the exact count."""
+    steps = sampled_steps(m) if steps is None else steps
+    if column is None:
+        return (1, 1) in steps
+    return any(step[column] == 1 for step in steps)
 
 
 def check_mapping_for(layout, block_mapping, max_blocks: int | None = None) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .copies import copy_count
 from .layout import GPU_TO_GPU, IN, OUT, Layout
-from .mapping import may_have_runs
+from .mapping import may_have_runs, sampled_steps
 from .staged_plan import StagedPlan, chunk_sizes, groups_problem, plan_chunks
 
 __all__ = ["Policy", "route", "staged_refusal", "MODES", "HOST_COLUMN"]
@@ -110,22 +110,23 @@ def route(layout: Layout, mapping, mode: str, policy: Policy, capturing) -> tupl
     if block * n < policy.dma_min_copy_bytes:
         return "kernel", None  # no run of these can be large enough
     m = as_array(mapping)
-    if type(mapping) is list or may_have_runs(m):
+    steps = sampled_steps(m)
+    if type(mapping) is list or may_have_runs(m, steps=steps):
         copies = copy_count(layout, m)
         if copies <= policy.dma_max_copies or layout.bytes_per_pair * n >= copies * policy.dma_min_copy_bytes:
             return "dma", None
-    plan = _staged_if_better(layout, m, policy, capturing)
+    plan = _staged_if_better(layout, m, policy, capturing, steps)
     return ("staged", plan) if plan is not None else ("kernel", None)
 
 
-def _staged_if_better(layout: Layout, mapping, policy: Policy, capturing) -> StagedPlan | None:
+def _staged_if_better(layout: Layout, mapping, policy: Policy, capturing, steps=None) -> StagedPlan | None:
     """auto: the plan of a staged swap when it beats the kernel (a large
     swap whose host blocks lie in long runs), else None."""
     if (
         layout.host_groups is None
         or type(mapping) is list
         or len(mapping) * layout.bytes_per_pair < policy.staged_min_bytes
-        or not may_have_runs(mapping, column=HOST_COLUMN[layout.direction])
+        or not may_have_runs(mapping, column=HOST_COLUMN[layout.direction], steps=steps)
     ):
         return None
     why, plan = _staged_plan(layout, mapping, policy, capturing)
