@@ -15,6 +15,8 @@ whatever it does not take, with the mapping already checked.
 
 from __future__ import annotations
 
+import weakref
+
 from .core.layout import DIRECTION_TEXT, IN, OUT, Layout
 from .core.mapping import check_mapping_for, checked_pairs, small_pairs
 from .core.route import MODES, route
@@ -180,9 +182,14 @@ def _fast_path(op: PreparedSwap):
     sw, layout, kernel = op._swapper, op._layout, op._kernel
     if layout.meeting or not layout.kernel_ok or not layout.bytes_per_pair:
         return None
+    op_ref = weakref.ref(op)  # the op holds this closure: no reference cycle
+
+    def run(*args):  # the general path, for the calls the closure does not take
+        return op_ref()._run(*args)
+
     src_limit, dst_limit, max_blocks = layout.src_limit, layout.dst_limit, sw.max_blocks
     parts, block, bpp = len(layout.src), layout.max_block_bytes, layout.bytes_per_pair
-    device, run, launch = sw.device, op._run, kernel.launch
+    device, launch = sw.device, kernel.launch
     current_stream, record, take = sw._current_stream, sw._record, sw._events.take
     from cupy.cuda.runtime import memcpyAsync
 

@@ -385,7 +385,7 @@ class BlockSwapper:
         return GraphSwap(self._launcher, layout, (src, dst), self.max_blocks)
 
     def plan(self, src, dst, block_mapping) -> SwapPlan:
-        """Check a swap and return its :class:`~cupy_swap.plan.SwapPlan`
+        """Check a swap and return its :class:`~cupy_swap.core.layout.SwapPlan`
         without launching anything."""
         with on_device(self.device):
             layout = self._layout(src, dst)

@@ -43,3 +43,54 @@ def test_disable_uva_env(monkeypatch):
     assert memory.uva_disabled_by_env()
     monkeypatch.setenv("CUPY_SWAP_DISABLE_UVA", "0")
     assert not memory.uva_disabled_by_env()
+
+
+class _FakeRuntime:
+    """Stands in for CUDA: page-aligned fake allocations, aliases = address."""
+
+    def __init__(self):
+        self.next, self.freed = 1 << 30, []
+
+    def hostAlloc(self, nbytes, flags):
+        self.next += 1 << 16
+        return self.next
+
+    def freeHost(self, ptr):
+        self.freed.append(ptr)
+
+    def pointerGetAttributes(self, ptr):
+        import types
+
+        return types.SimpleNamespace(type=memory._MEMORY_TYPE_HOST, devicePointer=ptr)
+
+
+def test_freeing_never_takes_the_registry_lock(monkeypatch):
+    """A pinned buffer is freed by a finalizer, which may run inside a garbage
+    collection at any point, also while this thread holds the registry's
+    lock (Python 3.12+ collects right after C calls such as ``bisect``):
+    the finalizer only queues the address, and the next registry user frees
+    it outside the lock.  Taking the lock there hung the GPU test suite."""
+    import gc
+    import threading
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    buf = memory._PinnedBuffer((4096,), np.dtype(np.uint8))
+    ptr = buf.__array_interface__["data"][0]
+    assert memory._registry.find(ptr, 1) is not None
+    buf.cycle = buf  # freed by the cyclic collector, as a swapper's ring is
+    del buf
+    done = threading.Event()
+    with memory._registry._lock:  # a collection landing inside find() or add()
+
+        def collect():
+            gc.collect()
+            done.set()
+
+        t = threading.Thread(target=collect)  # the same finalizer, run while the lock is held
+        t.start()
+        t.join(timeout=10)
+        assert done.is_set(), "the finalizer blocked on the registry lock"
+    assert ptr not in fake.freed and memory._registry.find(ptr, 1) is not None  # queued, still pinned
+    memory.host_alias(123, 1)  # any registry user frees the queue, outside the lock
+    assert ptr in fake.freed and memory._registry.find(ptr, 1) is None

@@ -67,3 +67,27 @@ def test_staged_refusals_name_the_real_reason():
     half = as_parts(pool[:, 0], "dst")  # the other half of each row is not in the swap
     assert copy_groups(half) is None
     assert "bytes of arrays that are not in this swap" in groups_problem(half)
+
+
+def test_event_pool_recycles_only_events_nobody_holds(monkeypatch):
+    """Swap events are recorded again only once the caller and every ring
+    slot have dropped them; the free reference count is measured for the
+    running interpreter."""
+    from cupy_swap.cuda import streams
+
+    class FakeEvent:
+        def __init__(self, disable_timing=True):
+            self.timed = not disable_timing
+
+    monkeypatch.setattr(streams, "swap_event_class", lambda: FakeEvent)
+    pool = streams.EventPool(size=8)
+    first = pool.take(False)
+    first_id = id(first)
+    slot_holds = [pool.take(False)]  # a descriptor slot gating on the second
+    assert pool.take(False) is not first  # the caller still holds the first
+    del first
+    again = pool.take(False)
+    assert id(again) == first_id  # dropped: recorded again instead of a new event
+    assert pool.take(False) is not slot_holds[0]  # the slot's event stays untouched
+    timed = pool.take(True)
+    assert timed.timed and timed not in list(pool._issued)  # timed events are never pooled

@@ -70,7 +70,7 @@ class Layout:
     host_groups : list of CopyGroup or None
         The host side's parts as whole-row copy groups, or None when they
         cannot be copied run by run, or there is no host side (see
-        :mod:`cupy_swap.staging`).
+        :mod:`cupy_swap.core.staged_plan`).
     staging_layout : Layout or None
         Staged swaps: the resolved layout of the kernel half (staging arena
         -> GPU for swap-ins, GPU -> staging arena for swap-outs), filled in

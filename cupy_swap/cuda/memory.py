@@ -11,6 +11,7 @@ driver call.
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 import os
 import threading
@@ -149,6 +150,7 @@ class _PinnedBuffer:
     """Owner of one cudaHostAlloc allocation, exposed to NumPy as an array."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype):
+        _drain_frees()
         runtime = _runtime()
         nbytes = math.prod(shape) * dtype.itemsize
         # cudaHostAlloc(0) fails; keep a one-byte allocation behind empty arrays.
@@ -170,12 +172,32 @@ class _PinnedBuffer:
         }
 
 
+# Buffers whose last reference went away.  The finalizer may run inside a
+# garbage collection at any bytecode boundary, including while this very
+# thread holds ``_registry._lock`` (Python 3.12+ runs the GC from the eval
+# breaker, e.g. right after ``bisect`` returns in ``find``): it must not take
+# that lock, so it only queues the pointer (deque.append is atomic) and the
+# next registry user frees it.  The memory stays pinned until then, so its
+# address cannot be handed out again while the registry still lists it.
+_pending_frees: collections.deque = collections.deque()
+
+
 def _free_pinned(ptr: int) -> None:
-    _registry.remove(ptr)
-    try:
-        _runtime().freeHost(ptr)
-    except Exception:  # interpreter shutdown: the driver may already be gone
-        pass
+    _pending_frees.append(ptr)
+
+
+def _drain_frees() -> None:
+    """Free the queued buffers (never call with ``_registry._lock`` held)."""
+    while _pending_frees:
+        try:
+            ptr = _pending_frees.popleft()
+        except IndexError:
+            return
+        _registry.remove(ptr)
+        try:
+            _runtime().freeHost(ptr)
+        except Exception:  # interpreter shutdown: the driver may already be gone
+            pass
 
 
 def _normalize_shape(shape) -> tuple[int, ...]:
@@ -243,6 +265,7 @@ def register_host(array: np.ndarray) -> None:
         Contiguous array; its whole byte range is registered.
     """
     ptr, nbytes = _contiguous_span(array, "array")
+    _drain_frees()
     if nbytes == 0:
         raise ValueError("array: expected at least one byte to register, got an empty array")
     if _registry.find(ptr, 1) is not None:
@@ -281,6 +304,7 @@ def unregister_host(array: np.ndarray) -> None:
     and do not replay graphs that swap to or from the range afterwards.
     """
     ptr, _ = _contiguous_span(array, "array")
+    _drain_frees()
     r = _registry.find(ptr, 1)
     if r is None or r.start != ptr or r.owned:
         raise ValueError("array: expected an array passed to cupy_swap.register_host (same start address)")
@@ -313,6 +337,8 @@ def host_alias(ptr: int, nbytes: int) -> int:
     registry; other pinned memory (``cupyx.empty_pinned``, ``torch``'s
     ``pin_memory()``) is asked of the driver.
     """
+    if _pending_frees:
+        _drain_frees()
     r = _registry.find(ptr, max(nbytes, 1))
     if r is not None:
         return 0 if r.alias_offset is None else ptr + r.alias_offset

@@ -225,14 +225,12 @@ class EventPool:
         Events kept for reuse.
     """
 
-    # References to a free event: the deque, the local name, getrefcount's argument.
-    _FREE_REFS = 3
-
     def __init__(self, size: int = 64):
         self._cls = swap_event_class()
         self._issued: collections.deque = collections.deque()
         self._size = size
         self._refs = sys.getrefcount
+        self._free_refs = _unshared_refcount()
 
     def take(self, timed: bool):
         """An event for a swap (not recorded yet), with ``start`` None.
@@ -240,7 +238,7 @@ class EventPool:
         issued = self._issued
         if not timed and issued:
             event = issued[0]
-            if self._refs(event) == self._FREE_REFS and event.start is None:
+            if self._refs(event) == self._free_refs and event.start is None:
                 issued.rotate(-1)  # oldest -> newest
                 return event
         event = self._cls(disable_timing=not timed)
@@ -250,3 +248,13 @@ class EventPool:
                 issued.popleft()
             issued.append(event)
         return event
+
+
+def _unshared_refcount() -> int:
+    """What ``sys.getrefcount`` says, in :meth:`EventPool.take`'s own code
+    shape, of an object that only a deque holds.  Measured, not assumed:
+    interpreters differ in whether the local name and the argument count
+    (CPython 3.14 borrows references that older versions counted)."""
+    issued = collections.deque([object()])
+    event = issued[0]
+    return sys.getrefcount(event)

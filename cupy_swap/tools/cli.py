@@ -103,7 +103,7 @@ def _runtime_version():
 def explain_no_gpu(what: str, driver, runtime_version) -> str:
     """Why no GPU answered, in words that point at the real fix.
 
-    ``what`` is :func:`cupy_swap.bench.gpu_status`'s reason, ``driver`` what
+    ``what`` is :func:`cupy_swap.tools.bench.gpu_status`'s reason, ``driver`` what
     :func:`probe_driver` found, ``runtime_version`` the CUDA runtime CuPy
     loaded (or None).  The CUDA runtime reports a missing driver as
     "driver version is insufficient"; that is only said when a driver is
@@ -243,7 +243,7 @@ def _goal_cases() -> list[SwapCase]:
 
 def demo_footprint(pages: int = DEMO_PAGES, page_bytes: int = PAGE_BYTES) -> int:
     """Bytes the demo allocates on each side (pinned host memory, and GPU
-    memory) for one direction: :class:`cupy_swap.bench.CaseBuffers`' cache of
+    memory) for one direction: :class:`cupy_swap.tools.bench.CaseBuffers`' cache of
     ``max(2 * pages, pages + 1)`` blocks plus one contiguous ``pages``-block
     buffer for the memcpy ceiling.  The two directions run one after the
     other."""
