@@ -48,6 +48,7 @@ class PreparedSwap:
     """
 
     __slots__ = (
+        "__weakref__",  # the fast-path closure refers to its op weakly
         "_swapper",
         "_layout",
         "_kernel",
