@@ -93,7 +93,7 @@ class PreparedSwap:
             fast is not None
             and mode is None
             and timing is None
-            and not wait_for
+            and (wait_for is None or (type(wait_for) is tuple and not wait_for))  # 0 is a stream
             and (want is None or want == self.direction)
         ):
             return fast(caller, block_mapping, stream)
@@ -118,7 +118,7 @@ class PreparedSwap:
             mode = sw.mode
         elif mode not in MODES:
             raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
-        waits = [wait_handle(w, sw.device, caller) for w in _as_sequence(wait_for)] if wait_for else ()
+        waits = [wait_handle(w, sw.device, caller) for w in _as_sequence(wait_for)]
 
         def capturing() -> bool:
             # Waiting on a capturing stream makes this one capture too.
@@ -129,6 +129,8 @@ class PreparedSwap:
             if n and layout.bytes_per_pair
             else ("none", None)
         )
+        if path == "staged":
+            path, plan = self._staging_ready(path, plan, mode)
         for w in waits:  # after routing: a refusal enqueues nothing
             sw._wait_event(handle, w.event_ptr, 0)
         timed = sw.timing if timing is None else timing
@@ -156,6 +158,27 @@ class PreparedSwap:
                 sw._launcher.release(held, event if recorded else None, handle)
         sw.last_path = path
         return event
+
+    def _staging_ready(self, path: str, plan, mode: str):
+        """Allocate the direction's staging arena (first staged swap), before
+        anything is enqueued.  If GPU memory is short, ``auto`` falls back to
+        the kernel (or the copy engines where host memory is not mapped) and
+        ``mode="staged"`` raises."""
+        from cupy.cuda.memory import OutOfMemoryError
+
+        layout = self._layout
+        stager = self._swapper._stagers[layout.direction]
+        try:
+            with stager.lock:
+                stager.ensure()
+        except OutOfMemoryError as e:
+            if mode == "staged":
+                raise ValueError(
+                    f"mode: 'staged' could not allocate its staging arena of {stager.staging_bytes} "
+                    f"bytes ({e}); lower staging_bytes or use mode='kernel'"
+                ) from None
+            return ("kernel" if layout.kernel_ok else "dma"), None
+        return path, plan
 
     def __repr__(self) -> str:
         parts = len(self._layout.src)

@@ -447,6 +447,8 @@ class BlockSwapper:
         mapping under ``mode`` (see :func:`cupy_swap.core.route.route`)."""
         from .core.route import route
 
+        if isinstance(mapping, list):  # a short list of (s, d) pairs
+            mapping = np.asarray(mapping, dtype=np.int64).reshape(-1, 2)
         return route(layout, mapping, _check_mode(mode), self.policy, lambda: capturing)[0]
 
 

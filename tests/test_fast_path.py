@@ -14,6 +14,7 @@ from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.core.parts import DEVICE, as_parts
 from cupy_swap.core.route import Policy
 from cupy_swap.cuda import memory
+from cupy_swap.cuda.streams import Wait
 from cupy_swap.prepared import PreparedSwap
 
 cupy = pytest.importorskip("cupy", reason="the fast path binds cupy.cuda.runtime.memcpyAsync")
@@ -70,8 +71,16 @@ class _Copier:
 
 
 class _Stager:
-    def __init__(self, rec):
-        self.rec = rec
+    staging_bytes = 64 << 20
+
+    def __init__(self, rec, fails=False):
+        import threading
+
+        self.rec, self.fails, self.lock = rec, fails, threading.Lock()
+
+    def ensure(self):
+        if self.fails:
+            raise cupy.cuda.memory.OutOfMemoryError(self.staging_bytes, 0)
 
     def enqueue(self, layout, plan, stream, held, launcher, dma, serial):
         self.rec.calls.append(("staged", tuple(plan.sizes), stream))
@@ -135,6 +144,10 @@ def _no_cuda(monkeypatch):
     monkeypatch.setattr(memory, "host_mapping_status", lambda device: (True, ""))
     monkeypatch.setattr(memory, "host_alias", lambda ptr, nbytes: ptr + (1 << 44))
     monkeypatch.setattr("cupy_swap.prepared.stream_is_capturing", lambda stream: False)
+    monkeypatch.setattr(
+        "cupy_swap.prepared.wait_handle",
+        lambda item, device, caller: Wait(1000 + id(item) % 1000, None, False),
+    )
     monkeypatch.setattr(
         cupy.cuda.runtime,
         "memcpyAsync",
@@ -230,3 +243,32 @@ def test_every_path_is_compared():
                     calls, path, _ = _both(_layout(direction, block, parts), m)[0]
                     seen |= {c[0] for c in calls} | {path}
     assert {"inline", "memcpy", "staged", "kernel", "dma"} <= seen
+
+
+@pytest.mark.parametrize("wait_for", [0, 1, [0], cupy.cuda.Stream.null])
+def test_wait_for_the_legacy_stream_handle_is_not_dropped(wait_for):
+    """``wait_for=0`` (the legacy default stream's raw handle) is falsy but
+    still a stream to wait for."""
+    rec = _Recorder()
+    _current.append(rec)
+    op = PreparedSwap(_Swapper(rec), _layout("in", 4096), None)
+    op._call(0, [(1, 2)], None, None, None, wait_for, None)
+    assert [c[0] for c in rec.calls].count("wait") == 1
+
+
+def test_staging_arena_that_cannot_be_allocated():
+    """auto falls back to the kernel before anything is enqueued; an explicit
+    staged swap says why."""
+    layout = _layout("in", 256 << 10, 3)
+    m = np.column_stack((np.arange(40), (np.arange(40) * 5) % 64))  # host blocks in one run: staged
+    rec = _Recorder()
+    _current.append(rec)
+    sw = _Swapper(rec)
+    sw._stagers = {"in": _Stager(rec, fails=True), "out": _Stager(rec, fails=True)}
+    op = PreparedSwap(sw, layout, None)
+    ev = op._call(0, m, None, None, None, (), None)
+    assert ev.path == "kernel" and rec.calls[0][0] == "inline"
+    rec.calls.clear()
+    with pytest.raises(ValueError, match="could not allocate its staging arena"):
+        op._call(0, m, None, None, "staged", (), None)
+    assert rec.calls == []

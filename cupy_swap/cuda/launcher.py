@@ -105,13 +105,17 @@ class BoundKernel:
         self._launcher = launcher
         self.layout = layout
         parts = len(layout.src)
-        self._tiers = [[t, None] for t in launcher.inline_tiers(layout.width) if t.parts >= parts]
-        self.max_pairs = self._tiers[-1][0].pairs if self._tiers else -1
+        # Most pairs an inline tier of this layout can take (the tiers this
+        # GPU's module really has are looked up, compiling it, on the first
+        # launch: a layout that never runs the kernel never compiles it).
+        self.max_pairs = max((t.pairs for t in abi.TIERS if t.parts >= parts), default=-1)
+        self._tiers = None  # [[tier, InlineArgs or None], ...], smallest first
         self._lock = threading.Lock()
-        self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, budget it was made for)
+        self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, the budget they were made for)
 
     def launch(self, pairs, n: int, stream: int) -> bool:
-        """Launch over ``n`` pairs on ``stream``.
+        """Launch over ``n`` pairs on ``stream``; False (nothing launched)
+        when no inline tier holds them.
 
         Parameters
         ----------
@@ -121,21 +125,38 @@ class BoundKernel:
         """
         if n > self.max_pairs or n > self._launcher.max_inline_pairs:
             return False
-        for entry in self._tiers:
+        tiers = self._tiers
+        if tiers is None:
+            parts = len(self.layout.src)
+            tiers = self._tiers = [
+                [t, None] for t in self._launcher.inline_tiers(self.layout.width) if t.parts >= parts
+            ]
+            self.max_pairs = tiers[-1][0].pairs if tiers else -1
+            if n > self.max_pairs:
+                return False
+        for entry in tiers:
             if n <= entry[0].pairs:
                 break
         args = entry[1]
         if args is None:
             args = entry[1] = self._bind_tier(entry[0])
         lau = self._launcher
-        grid, threads = launch_shape(
-            n * self.layout.units_per_pair, self.layout.width, lau.max_ctas, lau.sm_count
-        )
-        flat = pairs if type(pairs) is list else pairs.reshape(-1)
-        with self._lock:
+        shape = self._shapes.get(n)
+        if shape is None or shape[2] != lau.max_ctas:
+            units = n * self.layout.units_per_pair
+            grid, threads = launch_shape(units, self.layout.width, lau.max_ctas, lau.sm_count)
+            shape = self._shapes[n] = (grid, threads, lau.max_ctas)
+        lock = self._lock
+        lock.acquire()
+        try:
             args.words[0] = n
-            args.pairs[: 2 * n] = flat
-            lau.launch_kernel(args.fn, grid, threads, stream, args.ptr)
+            if type(pairs) is list:
+                args.pairs_c[: 2 * n] = pairs  # Python ints: ctypes stores them faster than NumPy converts
+            else:
+                args.pairs[: 2 * n] = pairs.reshape(-1)
+            lau.launch_kernel(args.fn, shape[0], shape[1], stream, args.ptr)
+        finally:
+            lock.release()
         return True
 
     def _bind_tier(self, tier: abi.Tier) -> abi.InlineArgs:

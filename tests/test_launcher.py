@@ -1,0 +1,109 @@
+"""The inline launch (cupy_swap/cuda/launcher.py BoundKernel) on the CPU: a
+stand-in launcher reads the parameter struct at the moment of each launch,
+as the driver does, and checks tier choice, contents and laziness."""
+
+import ctypes
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cupy_swap.core.layout import layout_from_parts
+from cupy_swap.core.parts import DEVICE, as_parts
+from cupy_swap.cuda import abi
+from cupy_swap.cuda.launcher import BoundKernel, launch_shape
+from cupy_swap.cuda.resolve import resolve_layout
+
+_ALIVE = []
+
+
+class _Launcher:
+    def __init__(self, tiers=abi.TIERS):
+        self.max_ctas, self.sm_count, self.max_inline_pairs = 8, 132, abi.TIERS[-1].pairs
+        self.tiers, self.looked_up, self.launches = tiers, [], []
+
+    def inline_tiers(self, width):
+        self.looked_up.append(width)
+        return list(self.tiers)
+
+    def function(self, name):
+        return name  # stands for the CUfunction handle
+
+    def launch_kernel(self, fn, grid, threads, stream, params):
+        (struct_ptr,) = (ctypes.c_void_p * 1).from_address(params)
+        tier = next(
+            t for t in abi.TIERS if abi.inline_kernel(16, t) == fn or fn.endswith(f"_p{t.parts}_n{t.pairs}")
+        )
+        words = np.ctypeslib.as_array((ctypes.c_int64 * tier.words).from_address(struct_ptr)).copy()
+        self.launches.append((fn, grid, threads, stream, words, tier))
+
+
+def _layout(parts: int, block: int = 4096):
+    def gpu(name):
+        a = np.zeros((64, block), np.uint8)
+        _ALIVE.append(a)
+        return dataclasses.replace(as_parts(a, name)[0], location=DEVICE, device=0)
+
+    return resolve_layout(
+        layout_from_parts([gpu("s") for _ in range(parts)], [gpu("d") for _ in range(parts)]), 0
+    )
+
+
+def test_struct_at_launch_holds_header_table_and_pairs():
+    layout = _layout(2)
+    lau = _Launcher()
+    bound = BoundKernel(lau, layout)
+    assert lau.looked_up == []  # nothing compiled until the first launch
+    assert bound.launch([1, 2, 3, 4], 2, stream=9)
+    assert bound.launch(np.array([[5, 6]], np.int64), 1, stream=9)
+    for (fn, grid, threads, stream, words, tier), pairs in zip(lau.launches, ([1, 2, 3, 4], [5, 6])):
+        assert tier == abi.TIERS[0] and fn == abi.inline_kernel(layout.width, tier) and stream == 9
+        n = len(pairs) // 2
+        assert words[:3].tolist() == [n, 2, layout.units_per_pair]
+        assert (
+            words[abi.HEADER_WORDS : abi.HEADER_WORDS + layout.table.size].tolist() == layout.table.tolist()
+        )
+        at = abi.HEADER_WORDS + tier.parts * abi.PART_WORDS
+        assert words[at : at + 2 * n].tolist() == pairs
+        assert (grid, threads) == launch_shape(n * layout.units_per_pair, layout.width, 8, 132)
+
+
+@pytest.mark.parametrize(
+    "parts, n, tier",
+    [
+        (1, 16, abi.TIERS[0]),
+        (1, 17, abi.TIERS[1]),
+        (4, 193, abi.TIERS[2]),
+        (5, 3, abi.TIERS[1]),
+        (17, 1, abi.TIERS[2]),
+    ],
+)
+def test_smallest_tier_that_holds_the_swap(parts, n, tier):
+    lau = _Launcher()
+    rng = np.random.default_rng(n)
+    m = np.column_stack((rng.permutation(64)[: min(n, 64)],) * 2) if n <= 64 else None
+    pairs = m if m is not None else np.zeros((n, 2), np.int64)
+    assert BoundKernel(lau, _layout(parts)).launch(pairs, n, 0)
+    assert lau.launches[-1][5] == tier
+
+
+def test_too_large_or_turned_off_goes_to_the_ring():
+    lau = _Launcher()
+    assert not BoundKernel(lau, _layout(65)).launch([0, 0], 1, 0)  # 65 parts: no tier
+    assert not BoundKernel(lau, _layout(1)).launch(np.zeros((1793, 2), np.int64), 1793, 0)
+    lau.max_inline_pairs = 0
+    assert not BoundKernel(lau, _layout(1)).launch([0, 0], 1, 0)
+    old = _Launcher(tiers=abi.TIERS[:2])  # a compiler without parameters over 4 KiB
+    bound = BoundKernel(old, _layout(1))
+    assert not bound.launch(np.zeros((193, 2), np.int64), 193, 0) and bound.max_pairs == abi.TIERS[1].pairs
+    assert lau.launches == [] and old.launches == []
+
+
+def test_launch_shape_follows_the_budget():
+    lau = _Launcher()
+    bound = BoundKernel(lau, _layout(1, block=32768))
+    m = np.zeros((1250, 2), np.int64)
+    bound.launch(m, 1250, 0)
+    lau.max_ctas = 4
+    bound.launch(m, 1250, 0)
+    assert [x[1] for x in lau.launches] == [8, 4]
