@@ -4,6 +4,8 @@
 #   bash benchmarks/run_device.sh bench   # every figure the README and RESULTS.md quote
 #   bash benchmarks/run_device.sh peers   # bench --peers and --host-time (issue 10's baseline)
 #   bash benchmarks/run_device.sh all     # tests, bench and peers, packed into results.tgz
+#                                         # (~7 min of work: with a machine start it may not fit one
+#                                         # 10-minute device call; run `tests`, then `bench` and `peers`)
 # Results land in $OUT (or ./device-out); `all` packs them into one
 # results.tgz (the device tool brings back at most eight files) beside the
 # logs.  benchmarks/make_tables.py turns them into benchmarks/results/RESULTS.md
