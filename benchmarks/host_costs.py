@@ -78,9 +78,10 @@ def main():
     rows["eventQuery (done)"] = median_us(lambda: ev.done)
     if hasattr(runtime, "streamIsCapturing"):
         rows["runtime.streamIsCapturing"] = median_us(lambda: runtime.streamIsCapturing(stream.ptr))
-    from cupy_swap.cuda.streams import stream_is_capturing
-
-    rows["ctypes cuStreamIsCapturing"] = median_us(lambda: stream_is_capturing(stream.ptr))
+    cu_is_capturing = ctypes.CDLL("libcuda.so.1").cuStreamIsCapturing  # what the library used before
+    cu_is_capturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    status = ctypes.c_int(0)
+    rows["ctypes cuStreamIsCapturing"] = median_us(lambda: cu_is_capturing(stream.ptr, ctypes.byref(status)))
     rows["get_current_stream().ptr"] = median_us(lambda: cupy.cuda.get_current_stream().ptr)
     rows["runtime.getDevice"] = median_us(runtime.getDevice)
     lock = threading.Lock()

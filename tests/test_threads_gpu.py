@@ -46,6 +46,21 @@ def _worker(sw, seed, gpu, host, results, index):
         results[index] = e
 
 
+def _run_threads(arg_tuples, target, results):
+    """Run ``target(*args)`` in one thread per tuple, wait for all, and fail
+    with the first exception a thread stored in ``results``, or for any
+    thread whose swaps came out wrong."""
+    threads = [threading.Thread(target=target, args=args) for args in arg_tuples]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t, r in enumerate(results):
+        if isinstance(r, BaseException):
+            raise r
+        assert r is True, f"thread {t}: swaps came out wrong"
+
+
 @pytest.mark.parametrize(
     ("ring_size", "max_inline_pairs"),
     [(1, 0), (2, 0), (16, 0), (16, None)],
@@ -67,18 +82,11 @@ def test_many_threads_share_one_swapper(ring_size, max_inline_pairs):
         arrays.append((gpu, host))
     cp.cuda.Device().synchronize()
     results = [None] * THREADS
-    threads = [
-        threading.Thread(target=_worker, args=(sw, 1000 * ring_size + t, gpu, host, results, t))
-        for t, (gpu, host) in enumerate(arrays)
-    ]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for t, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise r
-        assert r is True, f"thread {t}: swaps came out wrong"
+    _run_threads(
+        [(sw, 1000 * ring_size + t, gpu, host, results, t) for t, (gpu, host) in enumerate(arrays)],
+        _worker,
+        results,
+    )
 
 
 def test_many_threads_share_one_prepared_op():
@@ -110,12 +118,4 @@ def test_many_threads_share_one_prepared_op():
         except BaseException as e:
             results[t] = e
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for t, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise r
-        assert r is True, f"thread {t}: swaps came out wrong"
+    _run_threads([(t,) for t in range(THREADS)], worker, results)

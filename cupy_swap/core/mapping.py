@@ -16,7 +16,6 @@ __all__ = [
     "checked_pairs",
     "run_starts",
     "contiguous_runs",
-    "longest_run",
     "may_have_runs",
     "sampled_steps",
     "small_pairs",
@@ -248,14 +247,6 @@ def contiguous_runs(m: np.ndarray) -> np.ndarray:
     starts = run_starts(m)
     lengths = np.diff(starts, append=m.shape[0])
     return np.column_stack((m[starts, 0], m[starts, 1], lengths)).astype(np.int64)
-
-
-def longest_run(m: np.ndarray) -> tuple[int, int]:
-    """``(number of runs, longest run)`` of a mapping (see :func:`run_starts`)."""
-    starts = run_starts(m)
-    if starts.shape[0] == 0:
-        return 0, 0
-    return int(starts.shape[0]), int(np.diff(starts, append=m.shape[0]).max())
 
 
 def sampled_steps(m: np.ndarray) -> list:

@@ -1,17 +1,17 @@
 """The few CUDA driver entry points CuPy does not wrap, called through ctypes
-(no compiled extension, no extra dependency): stream-capture status and
-``cuMemcpyBatchAsync``."""
+(no compiled extension, no extra dependency): ``cuMemcpyBatchAsync``.
+(Stream-capture status comes from CuPy's ``streamIsCapturing``, a quarter
+of the ctypes call's host time: :func:`cupy_swap.cuda.streams.stream_is_capturing`.)"""
 
 from __future__ import annotations
 
 import ctypes
 import threading
 
-__all__ = ["libcuda", "stream_is_capturing", "memcpy_batch"]
+__all__ = ["libcuda", "memcpy_batch"]
 
 _lock = threading.Lock()
 _lib: list = []
-_CAPTURE_NONE = 0
 
 
 def libcuda():
@@ -23,38 +23,6 @@ def libcuda():
             except OSError:
                 _lib.append(None)
         return _lib[0]
-
-
-_is_capturing: list = []
-
-
-def stream_is_capturing(stream: int) -> bool:
-    """True while ``stream`` (a raw handle) is capturing a CUDA graph.
-
-    Raises
-    ------
-    RuntimeError
-        When the driver refuses the query (for example the legacy default
-        stream while another stream captures in global mode).
-    """
-    if not _is_capturing:
-        lib = libcuda()
-        fn = getattr(lib, "cuStreamIsCapturing", None) if lib is not None else None
-        if fn is not None:
-            fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-            fn.restype = ctypes.c_int
-        _is_capturing.append(fn)
-    fn = _is_capturing[0]
-    if fn is None:
-        return False
-    status = ctypes.c_int(0)
-    rc = fn(stream, ctypes.byref(status))
-    if rc != 0:
-        raise RuntimeError(
-            f"stream: the driver refused cuStreamIsCapturing (CUresult {rc}); the legacy default "
-            f"stream cannot be used while another stream captures a graph, pass that stream instead"
-        )
-    return status.value != _CAPTURE_NONE
 
 
 class MemcpyAttributes(ctypes.Structure):
