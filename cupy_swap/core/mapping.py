@@ -6,6 +6,7 @@ cut into runs of consecutive blocks by the one run detector,
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 
@@ -178,13 +179,13 @@ def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str
         A destination block appears twice (the result would depend on timing).
     """
     # Few NumPy calls on the common, valid path (each costs microseconds);
-    # the precise error is searched for only once something is wrong.
-    # (Whole-array reductions: NumPy's axis=0 reduction of an (N, 2) array
-    # was measured at ~30 us for N = 1250, the flat one at ~1.5 us.)
-    if (
-        m.min() < 0
-        or m.max() >= min(src_blocks, dst_blocks)
-        and (int(m[:, 0].max()) >= src_blocks or int(m[:, 1].max()) >= dst_blocks)
+    # the precise error is searched for only once something is wrong.  Seen
+    # as uint64, a negative index is larger than any block count, so one
+    # whole-array reduction checks both bounds.  (NumPy's axis=0 reduction of
+    # an (N, 2) array was measured at ~30 us for N = 1250, the flat one at
+    # ~1.5 us.)
+    if int(m.view(np.uint64).max()) >= min(src_blocks, dst_blocks) and (
+        m.min() < 0 or int(m[:, 0].max()) >= src_blocks or int(m[:, 1].max()) >= dst_blocks
     ):
         _check_column(m[:, 0], src_blocks, "source", src_name)
         _check_column(m[:, 1], dst_blocks, "destination", dst_name)
@@ -199,15 +200,37 @@ def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str
         )
 
 
+# Per-thread scratch of the stamp search (concurrent swaps must not share one).
+_stamps = threading.local()
+# Block counts above this sort instead: a stamp table of int32 per block
+# would hold 16 MiB per thread.
+STAMP_MAX_BLOCKS = 1 << 22
+
+
 def _has_duplicates(col: np.ndarray, limit: int) -> bool:
-    """True if ``col`` (in-range indices) repeats a value.  A counting pass
-    is fastest while ``limit`` counters are few next to the rows; else sort
-    (on the device's host: 11 us for 1250 rows, where counting 50 000
-    blocks takes 23 us; benchmarks/host_costs.py)."""
-    if limit <= 8 * col.shape[0]:
-        return bool(np.bincount(col, minlength=0).max() > 1)
-    s = np.sort(col)
-    return bool((s[1:] == s[:-1]).any())
+    """True if ``col`` (indices in ``[0, limit)``) repeats a value.
+
+    O(N) whatever ``limit``: write each row's number at its block in a
+    scratch table, read the table back at the same blocks; a repeated block
+    holds only one of its rows' numbers, so some row reads a number that is
+    not its own.  No zeroing is needed (only written entries are read).
+    Counting (``bincount``, O(limit)) is as fast only for small ``limit``;
+    sorting is O(N log N): 11 us for 1250 rows on the device's host, against
+    about 7 for the stamps (benchmarks/NOTES.md, item 28).
+    """
+    n = col.shape[0]
+    if limit > STAMP_MAX_BLOCKS or n >= 1 << 31:
+        s = np.sort(col)
+        return bool((s[1:] == s[:-1]).any())
+    table = getattr(_stamps, "table", None)
+    if table is None or table.shape[0] < limit:
+        table = _stamps.table = np.empty(max(limit, 1024), dtype=np.int32)
+    rows = getattr(_stamps, "rows", None)
+    if rows is None or rows.shape[0] < n:
+        rows = _stamps.rows = np.arange(max(n, 1024), dtype=np.int32)
+    rows = rows[:n]
+    table[col] = rows
+    return bool((table[col] != rows).any())
 
 
 def run_starts(columns: np.ndarray) -> np.ndarray:

@@ -1,0 +1,284 @@
+"""Issue 10's goal table ("prepare once, swap lean") from one device run.
+
+    PYTHONPATH=$PWD python3 benchmarks/lean_goals.py --json lean_goals.json
+
+Every figure is a ratio to something the same run measures:
+
+* host time per call (submit only, stream drained outside the clock,
+  median) over a bare ``cudaMemcpyAsync`` call timed right before it, so a
+  drifting CPU clock moves both;
+* blocking GB/s of ``swap()`` and of a prepared op against the best peer of
+  ``bench --peers`` in each of its 24 rows;
+* device time of the kernel path at 1250 x 32 KiB with the default budget
+  of 8 CTAs, against one contiguous memcpy (the "SM wall");
+* one duplex pair (1250 x 32 KiB each way on two streams), blocking.
+
+A diagnostic sweep follows: device-time ratio of the kernel against the
+CTA budget for the row shapes the peers table loses, so the table says
+whether a lost row is host time or device time.  Takes about three minutes
+on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+from cupy_swap.tools.bench import (
+    CaseBuffers,
+    SwapCase,
+    host_time,
+    run_bidir,
+    swapper_settings,
+)
+from cupy_swap.tools.peers import CONTENDERS, PEER_CASES, run_peers_case
+
+KIB = 1 << 10
+# (label, parts, block bytes, n, mode, mapping form, goal as a multiple of memcpy)
+HOST_ROWS = [
+    ("n=1, one part, auto", 1, 32 * KIB, 1, "auto", "array", 1.5),
+    ("n=16, one part, int64 array", 1, 32 * KIB, 16, "auto", "array", 2.0),
+    ("n=16, one part, torch int64 CPU tensor", 1, 32 * KIB, 16, "auto", "torch", 2.0),
+    ("n=1250, one part, int64 array", 1, 32 * KIB, 1250, "auto", "array", 2.0),
+    ("n=1250, one part, torch int64 CPU tensor", 1, 32 * KIB, 1250, "auto", "torch", 2.0),
+    ("64 parts, n=1250", 64, 4 * KIB, 1250, "auto", "array", 3.0),
+    ("dma mode, n=1250 random", 1, 32 * KIB, 1250, "dma", "array", 4.0),
+]
+OURS = ("cupy_swap", "cupy_swap_prepared")
+# Row shapes of the peers table to sweep the CTA budget over (device time).
+CTA_SWEEP = [("in", 32 * KIB, 1250), ("out", 32 * KIB, 1250), ("in", 4 * KIB, 1250), ("in", 256 * KIB, 16)]
+CTA_BUDGETS = (8, 16, 132)
+
+
+def bare_memcpy_us(stream, reps: int) -> float:
+    """Host time of one 32 KiB ``cudaMemcpyAsync`` call, the goal's unit."""
+    import cupy
+    from cupy.cuda import runtime
+
+    from cupy_swap import empty_pinned
+
+    host = empty_pinned((32 * KIB,), np.uint8)
+    gpu = cupy.empty((32 * KIB,), dtype=cupy.uint8)
+    args = (gpu.data.ptr, host.ctypes.data, 32 * KIB, runtime.memcpyHostToDevice, stream.ptr)
+
+    def call():
+        runtime.memcpyAsync(*args)
+
+    host_time(call, stream, reps=20)
+    return host_time(call, stream, reps) * 1e6
+
+
+def host_rows(reps: int) -> list[dict]:
+    """Host time of each goal row, prepared op and ``swap()``, each next to
+    a bare memcpy call timed just before it."""
+    import cupy
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rows = []
+    for label, parts, block, n, mode, form, goal in HOST_ROWS:
+        if form == "torch" and torch is None:
+            continue
+        row = {"label": label, "parts": parts, "block_bytes": block, "n": n, "mode": mode, "form": form}
+        row["goal_ratio"] = goal
+        row["memcpy_us"] = bare_memcpy_us(stream, reps)
+        bufs = CaseBuffers(SwapCase("in", block, n, parts), rng)
+        mapping = bufs.mapping if form == "array" else torch.from_numpy(bufs.mapping)
+        k = reps if n * parts <= 1250 else max(40, reps // 5)
+        row.update(time_one_row(bufs, mapping, mode, stream, k))
+        for name in ("swap", "prepared"):
+            row[name + "_ratio"] = row[name + "_us"] / row["memcpy_us"]
+        row["verified"] = bufs.verify()
+        rows.append(row)
+        print(
+            f"  {label:<42} swap {row['swap_us']:7.1f} us ({row['swap_ratio']:5.2f}x)  prepared "
+            f"{row['prepared_us']:7.1f} us ({row['prepared_ratio']:5.2f}x)  memcpy {row['memcpy_us']:.2f} us"
+            f"  lookup {row['lookup_us']:.1f} us  goal <= {goal}x  {row['path']}",
+            flush=True,
+        )
+    return rows
+
+
+def time_one_row(bufs: CaseBuffers, mapping, mode: str, stream, reps: int) -> dict:
+    """Host time of ``swap()``, of a prepared op, and of the cache lookup
+    ``swap()`` adds (finding the op of ``(src, dst)``, which re-reads each
+    array's shape to catch in-place changes); ratios to ``memcpy_us``
+    are added by the caller."""
+    from cupy_swap import BlockSwapper
+
+    sw = BlockSwapper(max_blocks=len(bufs.mapping))
+    src, dst = bufs.src, bufs.dst
+    op = sw.prepare(src, dst)
+    calls = {
+        "swap": lambda: sw.swap(src, dst, mapping, stream=stream, mode=mode),
+        "prepared": lambda: op(mapping, stream=stream, mode=mode),
+        "lookup": lambda: sw._op(src, dst),
+    }
+    out = {}
+    for name, call in calls.items():
+        host_time(call, stream, reps=5)  # compile, allocate, cache the layout
+        out[name + "_us"] = host_time(call, stream, reps) * 1e6
+    out["path"] = sw.last_path
+    stream.synchronize()
+    return out
+
+
+def peer_rows(reps: int) -> list[dict]:
+    rows = []
+    for case in PEER_CASES:
+        row = run_peers_case(case, reps=reps)
+        best_peer = max(row[c] for c in CONTENDERS if c not in OURS)
+        row["best_peer_gbps"] = best_peer
+        for name in OURS:
+            row[name + "_vs_best_peer"] = row[name] / best_peer
+        rows.append(row)
+        print(
+            f"  {case.direction:>3} {case.block_bytes // KIB:5d} KiB x {case.num_blocks:<5d} best peer "
+            f"{best_peer:6.2f}  swap() {row['cupy_swap']:6.2f} ({row['cupy_swap_vs_best_peer']:.2f})  prepared "
+            f"{row['cupy_swap_prepared']:6.2f} ({row['cupy_swap_prepared_vs_best_peer']:.2f})  lead {row['lead']}",
+            flush=True,
+        )
+    return rows
+
+
+SPIN_SOURCE = r"""
+extern "C" __global__ void spin(long long ns) {
+    long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
+def queued_device_s(fn, stream, reps: int) -> float:
+    """Median device time of the work ``fn()`` enqueues, with the host's
+    submission hidden: each call is queued behind a 300 us spin kernel, so
+    the start event runs only once everything after it is already queued
+    (time_blocking's events, recorded before the host work, count it)."""
+    import cupy
+
+    spin = cupy.RawKernel(SPIN_SOURCE, "spin")
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    samples = []
+    for i in range(reps + 3):
+        spin((1,), (1,), (np.int64(300_000),), stream=stream)
+        start.record(stream)
+        fn()
+        end.record(stream)
+        stream.synchronize()
+        if i >= 3:
+            samples.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
+    return statistics.median(samples)
+
+
+def sm_wall(reps: int) -> list[dict]:
+    """Kernel device time against one contiguous memcpy of the same bytes,
+    per CTA budget (host submission hidden, see :func:`queued_device_s`)."""
+    import cupy
+    from cupy.cuda import runtime
+
+    from cupy_swap import BlockSwapper
+
+    rng = np.random.default_rng(1)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rows = []
+    for direction, block, n in CTA_SWEEP:
+        bufs = CaseBuffers(SwapCase(direction, block, n), rng)
+        h, g = bufs.flat_host.ctypes.data, bufs.flat_gpu.data.ptr
+        total = bufs.case.total_bytes
+        copy = (g, h, total, 1) if direction == "in" else (h, g, total, 2)
+        memcpy_s = queued_device_s(functools.partial(runtime.memcpyAsync, *copy, stream.ptr), stream, reps)
+        for budget in CTA_BUDGETS:
+            sw = BlockSwapper(max_blocks=n, max_ctas=budget, mode="kernel")
+            swap_s = queued_device_s(
+                functools.partial(sw.swap, bufs.src, bufs.dst, bufs.mapping, stream=stream), stream, reps
+            )
+            row = {"direction": direction, "block_bytes": block, "num_blocks": n, "max_ctas": budget}
+            row.update(device_s=swap_s, memcpy_device_s=memcpy_s, device_ratio=memcpy_s / swap_s)
+            row["verified"] = bufs.verify()
+            rows.append(row)
+            print(
+                f"  {direction:>3} {block // KIB:4d} KiB x {n:<5d} max_ctas {budget:3d}: kernel "
+                f"{swap_s * 1e6:7.1f} us, memcpy {memcpy_s * 1e6:7.1f} us, ratio {row['device_ratio']:.3f}",
+                flush=True,
+            )
+    return rows
+
+
+def goal_table(result: dict) -> list[str]:
+    """The issue's goal table as Markdown lines."""
+    out = ["| measure | goal | measured | met |", "|---|---|---|---|"]
+    for r in result["host"]:
+        out.append(
+            f"| host time, {r['label']} | <= {r['goal_ratio']}x memcpy | swap() {r['swap_ratio']:.2f}x "
+            f"({r['swap_us']:.1f} us), prepared {r['prepared_ratio']:.2f}x ({r['prepared_us']:.1f} us); "
+            f"memcpy {r['memcpy_us']:.2f} us | {'yes' if r['swap_ratio'] <= r['goal_ratio'] else 'no'} |"
+        )
+    peers = result["peers"]
+    led = {name: sum(r[name] >= r["best_peer_gbps"] for r in peers) for name in OURS}
+    med = {name: statistics.median(r[name + "_vs_best_peer"] for r in peers) for name in OURS}
+    out.append(
+        f"| blocking GB/s, every one of the {len(peers)} peer rows | at or above the best peer | "
+        f"swap() leads {led['cupy_swap']} rows (median {med['cupy_swap']:.2f} of the best peer), prepared "
+        f"{led['cupy_swap_prepared']} (median {med['cupy_swap_prepared']:.2f}) | "
+        f"{'yes' if max(led.values()) == len(peers) else 'no'} |"
+    )
+    for d, goal in (("in", 0.92), ("out", 0.95)):
+        r = next(
+            x
+            for x in result["sm_wall"]
+            if x["direction"] == d and x["block_bytes"] == 32 * KIB and x["max_ctas"] == 8
+        )
+        out.append(
+            f"| kernel, 1250 x 32 KiB {d}, device time, 8 CTAs | >= {goal} of memcpy | {r['device_ratio']:.3f} | "
+            f"{'yes' if r['device_ratio'] >= goal else 'no'} |"
+        )
+    b = result["duplex"]
+    out.append(
+        f"| one duplex pair, 1250 x 32 KiB each way, blocking | >= 85 GB/s | {b['gbps']:.1f} GB/s "
+        f"(memcpy pair {b['ceiling_gbps']:.1f}; sustained {b['sustained_gbps']:.1f}) | "
+        f"{'yes' if b['gbps'] >= 85 else 'no'} |"
+    )
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--reps", type=int, default=200, help="calls per host-time figure")
+    p.add_argument("--peer-reps", type=int, default=20)
+    args = p.parse_args(argv)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(f"commit {commit or 'unknown'}\n{swapper_settings()}", flush=True)
+    result = {"commit": commit, "settings": swapper_settings()}
+    print("host time per call (swap-in):", flush=True)
+    result["host"] = host_rows(args.reps)
+    print("peers, blocking GB/s:", flush=True)
+    result["peers"] = peer_rows(args.peer_reps)
+    print("kernel device time against the CTA budget:", flush=True)
+    result["sm_wall"] = sm_wall(args.peer_reps)
+    result["duplex"] = run_bidir(32 * KIB, 1250, reps=args.peer_reps)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=float)
+    print("\n".join(["", *goal_table(result)]), flush=True)
+    ok = all(r["verified"] for r in result["host"] + result["sm_wall"]) and result["duplex"]["verified"]
+    ok = ok and all(r[name + "_ok"] for r in result["peers"] for name in CONTENDERS)
+    print("every copy bit-exact" if ok else "MISMATCH: some copy was not bit-exact", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
