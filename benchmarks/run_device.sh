@@ -3,6 +3,7 @@
 #   bash benchmarks/run_device.sh tests   # the README's test command (every test, GPU ones included)
 #   bash benchmarks/run_device.sh bench   # every figure the README and RESULTS.md quote
 #   bash benchmarks/run_device.sh peers   # bench --peers and --host-time (issue 10's baseline)
+#   bash benchmarks/run_device.sh lean    # issue 10's goal table (benchmarks/lean_goals.py, ~3 min)
 #   bash benchmarks/run_device.sh all     # tests, bench and peers, packed into results.tgz
 #                                         # (~7 min of work: with a machine start it may not fit one
 #                                         # 10-minute device call; run `tests`, then `bench` and `peers`)
@@ -24,6 +25,11 @@ fi
 if [[ $what == peers || $what == all ]]; then
     python3 -m cupy_swap bench --peers --host-time --json "$OUT/peers.json" >"$OUT/peers.log" 2>&1 || status=1
     tail -130 "$OUT/peers.log"
+fi
+if [[ $what == lean ]]; then
+    python3 benchmarks/lean_goals.py --json "$OUT/lean_goals.json" ${COMMIT:+--commit "$COMMIT"} \
+        >"$OUT/lean_goals.log" 2>&1 || status=1
+    tail -30 "$OUT/lean_goals.log"
 fi
 if [[ $what == bench || $what == all ]]; then
     python3 -m cupy_swap bench --modes kernel,dma,auto --json "$OUT/seed_table.json" 2>&1 | tail -14 || status=1
