@@ -9,6 +9,7 @@ Public API::
 """
 
 from .cuda.memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
+from .cuda.shared import shared_pinned, unlink_shared
 from .swapper import BlockSwapper, PreparedSwap
 
 __version__ = "0.1.0"
@@ -18,6 +19,8 @@ __all__ = [
     "PreparedSwap",
     "empty_pinned",
     "zeros_pinned",
+    "shared_pinned",
+    "unlink_shared",
     "register_host",
     "unregister_host",
     "is_pinned",

@@ -183,21 +183,64 @@ _pending_frees: collections.deque = collections.deque()
 
 
 def _free_pinned(ptr: int) -> None:
-    _pending_frees.append(ptr)
+    _pending_frees.append((ptr, _free_host))
+
+
+def _free_host(ptr: int) -> None:
+    _runtime().freeHost(ptr)
+
+
+def release_later(ptr: int, release) -> None:
+    """Queue ``release(ptr)`` for a range registered at ``ptr``, to run (after
+    the range leaves the registry) at the next registry use: safe to call from
+    a finalizer, which may run inside the registry's locked section."""
+    _pending_frees.append((ptr, release))
 
 
 def _drain_frees() -> None:
-    """Free the queued buffers (never call with ``_registry._lock`` held)."""
+    """Run the queued releases (never call with ``_registry._lock`` held)."""
     while _pending_frees:
         try:
-            ptr = _pending_frees.popleft()
+            ptr, release = _pending_frees.popleft()
         except IndexError:
             return
-        _registry.remove(ptr)
+        r = _registry.remove(ptr)
+        if r is not None and not r.owned:
+            _generation[0] += 1  # cached aliases of registered memory resolve again
         try:
-            _runtime().freeHost(ptr)
+            release(ptr)
         except Exception:  # interpreter shutdown: the driver may already be gone
             pass
+
+
+def register_range(ptr: int, nbytes: int) -> int:
+    """Page-lock ``[ptr, ptr + nbytes)`` (``cudaHostRegister``, portable and
+    mapped), remember it, and return its device alias (0: not mapped)."""
+    _drain_frees()
+    runtime = _runtime()
+    runtime.hostRegister(ptr, nbytes, _PORTABLE_MAPPED)
+    try:
+        alias = _device_alias(ptr)
+    except Exception:
+        runtime.hostUnregister(ptr)
+        raise
+    _registry.add(_Range(ptr, ptr + nbytes, alias - ptr if alias else None, False))
+    return alias
+
+
+def synchronize_swap_devices() -> None:
+    """``cudaDeviceSynchronize`` on every GPU a ``BlockSwapper`` was made for:
+    after it no queued swap reads or writes host memory."""
+    if not _swap_devices:
+        return
+    runtime = _runtime()
+    prev = runtime.getDevice()
+    try:
+        for device in sorted(_swap_devices):
+            runtime.setDevice(device)
+            runtime.deviceSynchronize()
+    finally:
+        runtime.setDevice(prev)
 
 
 def _normalize_shape(shape) -> tuple[int, ...]:
@@ -273,14 +316,7 @@ def register_host(array: np.ndarray) -> None:
             f"array: expected memory not yet pinned, got a range starting at {ptr:#x} that cupy_swap "
             f"already pinned (empty_pinned or register_host)"
         )
-    runtime = _runtime()
-    runtime.hostRegister(ptr, nbytes, _PORTABLE_MAPPED)
-    try:
-        alias = _device_alias(ptr)
-    except Exception:
-        runtime.hostUnregister(ptr)
-        raise
-    _registry.add(_Range(ptr, ptr + nbytes, alias - ptr if alias else None, False))
+    register_range(ptr, nbytes)
 
 
 # GPUs that BlockSwappers were created for: their queued swaps may still
@@ -308,18 +344,10 @@ def unregister_host(array: np.ndarray) -> None:
     r = _registry.find(ptr, 1)
     if r is None or r.start != ptr or r.owned:
         raise ValueError("array: expected an array passed to cupy_swap.register_host (same start address)")
-    runtime = _runtime()
-    if _swap_devices:
-        prev = runtime.getDevice()
-        try:
-            for device in sorted(_swap_devices):
-                runtime.setDevice(device)
-                runtime.deviceSynchronize()
-        finally:
-            runtime.setDevice(prev)
+    synchronize_swap_devices()
     _registry.remove(ptr)
     _generation[0] += 1
-    runtime.hostUnregister(ptr)
+    _runtime().hostUnregister(ptr)
 
 
 def is_pinned(array: np.ndarray) -> bool:

@@ -308,6 +308,20 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _gpus_arg(text: str):
+    if text == "all":
+        return "all"
+    try:
+        devices = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'all' or a comma list of GPU indices, got {text!r}"
+        ) from None
+    if not devices or any(d < 0 for d in devices) or len(set(devices)) != len(devices):
+        raise argparse.ArgumentTypeError(f"expected distinct non-negative GPU indices, got {text!r}")
+    return devices
+
+
 def _counts_arg(text: str) -> list[int]:
     return [_positive_int(t.strip()) for t in text.split(",")]
 
@@ -336,6 +350,39 @@ def _header(args) -> list[str]:
         "ratio = cupy_swap / one contiguous cudaMemcpyAsync of the same bytes; dev = device-event ratio"
     )
     return head
+
+
+def _bench_gpus(args) -> list[dict]:
+    """``bench --gpus``: every listed GPU swapping at once (tools/node.py)."""
+    from cupy import cuda
+
+    from .node import run_node
+
+    count = cuda.runtime.getDeviceCount()
+    devices = list(range(count)) if args.gpus == "all" else args.gpus
+    bad = [d for d in devices if d >= count]
+    if bad:
+        raise SystemExit(f"--gpus: expected GPU indices below {count} (this machine's GPUs), got {bad}")
+    print(
+        f"\n{len(devices)} GPU(s) {devices} at once, one swapper each, one pinned pool (one "
+        f"shared_pinned pool for processes); {args.gpu_blocks} random blocks per GPU and direction; "
+        f"GB/s of all GPUs together per step (barrier-aligned, first start to last end, median of "
+        f"{args.reps}); ratio to one contiguous memcpy per GPU and direction, same harness"
+    )
+    results = []
+    for block in args.block_bytes:
+        print(f"block {block // 1024} KiB:", flush=True)
+        results.append(
+            run_node(
+                devices,
+                block_bytes=block,
+                n=args.gpu_blocks,
+                reps=args.reps,
+                drivers=args.drivers,
+                progress=lambda line: print(line, flush=True),
+            )
+        )
+    return results
 
 
 def cmd_bench(args) -> int:
@@ -377,12 +424,18 @@ def cmd_bench(args) -> int:
                 f"(+{100 * r['gemm_slowdown']:.1f}%), swaps {r['swap_gbps']:.1f} GB/s"
             )
         report["with_gemm"] = rows
+    if args.gpus is not None:
+        report["gpus"] = rows = _bench_gpus(args)
+        ok &= all(r["verified"] for result in rows for r in result["together"])
     if args.peers:
         report["peers"] = rows = _bench_peers(args.reps)
         ok &= all(r[name + "_ok"] for r in rows for name in PEER_NAMES)
     if args.host_time:
         report["host_time"] = _bench_host_time(args.reps)
-    if not (args.bidir or args.with_gemm or args.peers or args.host_time) or args.sweep:
+    if (
+        not (args.bidir or args.with_gemm or args.peers or args.host_time or args.gpus is not None)
+        or args.sweep
+    ):
         if args.sweep == "goals":
             cases = _goal_cases()
         else:
@@ -570,6 +623,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=10,
         help="pairs queued back to back for the sustained figure",
+    )
+    b.add_argument(
+        "--gpus",
+        type=_gpus_arg,
+        default=None,
+        help="'all' or a comma list of GPU indices: all of them swapping at once (see --drivers)",
+    )
+    b.add_argument(
+        "--gpu-blocks", type=_positive_int, default=1250, help="blocks per GPU and direction for --gpus"
+    )
+    b.add_argument(
+        "--drivers",
+        type=_choices_arg(("threads", "one-thread", "processes")),
+        default="threads,one-thread,processes",
+        help="who issues the swaps of --gpus: a thread per GPU, one thread, a process per GPU",
     )
     b.add_argument("--with-gemm", action="store_true", help="interference with a matmul, CTA budgets 4-32")
     b.add_argument(

@@ -1,0 +1,297 @@
+"""A pinned host pool shared by processes: POSIX shared memory, page-locked
+and mapped for kernels in every process that opens it.
+
+One process creates the pool (``create=True``); others open it by name on
+any GPU.  Each process's array maps the same physical pages, registered with
+``cudaHostRegister`` (portable, mapped), so kernels of every process and GPU
+reach it through their device alias and a block swapped out by one process
+can be swapped in by another.  The segment lives in ``/dev/shm`` (tmpfs) as
+``cupy_swap.<name>``: a one-page header (magic, dtype, shape, a ready flag)
+and the data, page-aligned, after it.
+
+Lifetime, as POSIX shared memory:
+
+* the name exists from ``create=True`` until :func:`unlink_shared` (usually
+  the creator at shutdown); later opens need it;
+* the memory exists while the name exists or any process still maps it;
+  a process's mapping lasts until its array and every view are gone, or
+  the process exits (killed mid-swap included: the pool and the other
+  processes' swaps are unaffected; only the blocks the dead process was
+  writing hold undefined bytes).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import mmap
+import os
+import re
+import weakref
+
+import numpy as np
+
+from . import memory
+
+__all__ = ["shared_pinned", "unlink_shared", "SHM_DIR"]
+
+SHM_DIR = "/dev/shm"
+_PREFIX = "cupy_swap."
+_MAGIC = b"cupy_swap shared pool v1\n"
+HEADER_BYTES = 4096  # one page: the data starts page-aligned
+_READY = 0x5A  # last header byte, written once the header is complete
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+def segment_path(name: str) -> str:
+    """``/dev/shm`` path of pool ``name`` (checked: letters, digits, ``_.-``)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"name: expected 1-200 characters of letters, digits, '_', '.' or '-', got {name!r}")
+    return os.path.join(SHM_DIR, _PREFIX + name)
+
+
+def _header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    meta = json.dumps({"dtype": dtype.str, "shape": list(shape)}).encode()
+    body = _MAGIC + meta + b"\n"
+    if len(body) >= HEADER_BYTES:
+        raise ValueError(f"shape: expected a shape that fits the pool header, got {len(shape)} dimensions")
+    return body
+
+
+def _read_header(mm, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    head = mm[:HEADER_BYTES]
+    if head[-1] != _READY:
+        raise RuntimeError(
+            f"name: shared pool {name!r} exists but its creator has not finished setting it up "
+            f"(or died while doing so); retry, or unlink_shared({name!r}) and create it again"
+        )
+    if not head.startswith(_MAGIC):
+        raise ValueError(f"name: {segment_path(name)} exists but is not a cupy_swap shared pool")
+    meta = json.loads(head[len(_MAGIC) : head.index(b"\n", len(_MAGIC))])
+    return tuple(meta["shape"]), np.dtype(meta["dtype"])
+
+
+def open_segment(name: str, shape, dtype, create: bool):
+    """Create or open the segment of pool ``name`` and map it.
+
+    Returns
+    -------
+    (mmap.mmap, int)
+        The mapping (header and data) and the data's byte count.
+
+    Raises
+    ------
+    FileExistsError
+        ``create=True`` and the name is taken.
+    FileNotFoundError
+        ``create=False`` and no pool has that name.
+    ValueError
+        ``create=False`` and the pool's shape or dtype differ from the ones asked for.
+    """
+    path = segment_path(name)
+    shape = memory._normalize_shape(shape)
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if dtype.hasobject:
+        raise TypeError(f"dtype: expected a plain data type, got {dtype} (objects cannot be shared)")
+    if create:
+        header = _header(shape, dtype)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise FileExistsError(
+                errno.EEXIST,
+                f"name: shared pool {name!r} already exists; open it with create=False, or "
+                f"unlink_shared({name!r}) first if it is left over from a run that ended",
+                path,
+            ) from None
+        try:
+            os.ftruncate(fd, HEADER_BYTES + nbytes)
+            # Reserve the pages now: a tmpfs too small for the pool fails
+            # here with ENOSPC instead of a SIGBUS on first touch.
+            os.posix_fallocate(fd, 0, HEADER_BYTES + nbytes)
+            mm = mmap.mmap(fd, HEADER_BYTES + nbytes)
+        except OSError as e:
+            os.close(fd)
+            os.unlink(path)
+            if e.errno == errno.ENOSPC:
+                raise OSError(
+                    errno.ENOSPC,
+                    f"shape: a shared pool of {HEADER_BYTES + nbytes} bytes does not fit in "
+                    f"{SHM_DIR} ({e.strerror}); enlarge it (e.g. docker --shm-size)",
+                ) from None
+            raise
+        os.close(fd)
+        mm[: len(header)] = header
+        mm[HEADER_BYTES - 1] = _READY
+        return mm, nbytes
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            errno.ENOENT, f"name: no shared pool {name!r}; create it with create=True", path
+        ) from None
+    try:
+        size = os.fstat(fd).st_size
+        if size < HEADER_BYTES:
+            raise RuntimeError(
+                f"name: shared pool {name!r} exists but its creator has not finished setting it up "
+                f"(or died while doing so); retry, or unlink_shared({name!r}) and create it again"
+            )
+        mm = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    try:
+        have_shape, have_dtype = _read_header(mm, name)
+        if have_shape != shape or have_dtype != dtype:
+            raise ValueError(
+                f"shape, dtype: shared pool {name!r} holds shape {have_shape} of {have_dtype}, "
+                f"expected shape {shape} of {dtype}"
+            )
+        if size < HEADER_BYTES + nbytes:
+            raise ValueError(f"name: shared pool {name!r} is truncated ({size} bytes)")
+    except Exception:
+        mm.close()
+        raise
+    return mm, nbytes
+
+
+def _address(mm) -> int:
+    import ctypes
+
+    view = ctypes.c_char.from_buffer(mm)  # a buffer export, released at once
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view
+
+
+class _SharedBuffer:
+    """Owner of one process's mapping of a pool, exposed to NumPy.  The
+    range stays registered until this object (so every array on it) is
+    gone; then queued work on swapper GPUs is waited for, the range
+    unregistered and the mapping closed."""
+
+    def __init__(self, mm, nbytes: int, shape, dtype: np.dtype, name: str):
+        self.name = name
+        ptr = _address(mm) + HEADER_BYTES
+        if nbytes:
+            try:
+                memory.register_range(ptr, nbytes)
+            except Exception as e:
+                mm.close()
+                raise _register_error(e, name, nbytes) from None
+        release = _Release(mm) if nbytes else None
+        if release is None:
+            self._finalizer = weakref.finalize(self, mm.close)
+        else:
+            self._finalizer = weakref.finalize(self, memory.release_later, ptr, release)
+        self.__array_interface__ = {
+            "shape": shape,
+            "typestr": dtype.str,
+            "descr": dtype.descr,
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+class _Release:
+    """Unregister a dropped pool range, then unmap it."""
+
+    def __init__(self, mm):
+        self.mm = mm
+
+    def __call__(self, ptr: int) -> None:
+        try:
+            memory.synchronize_swap_devices()  # no queued swap may touch the pages
+            memory._runtime().hostUnregister(ptr)
+        finally:
+            self.mm.close()
+
+
+def _register_error(e: Exception, name: str, nbytes: int) -> Exception:
+    limit = ""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        if soft != resource.RLIM_INFINITY:
+            limit = f"; the locked-memory limit (ulimit -l) is {soft} bytes"
+    except (ImportError, ValueError, OSError):
+        pass
+    return RuntimeError(
+        f"shared pool {name!r}: expected to page-lock {nbytes} bytes (cudaHostRegister), got {e}"
+        f"{limit}; if the cause is memory, raise the locked-memory limit (`ulimit -l`, or the "
+        f"container's memlock limit)"
+    )
+
+
+def shared_pinned(name: str, shape, dtype="float32", *, create: bool = False) -> np.ndarray:
+    """A pinned host pool shared by every process that opens ``name``.
+
+    Page-locked and mapped for kernels of every GPU in this process, like
+    :func:`cupy_swap.empty_pinned`, but backed by POSIX shared memory, so
+    other processes (one per GPU, as inference servers run) open the same
+    bytes: a block one process swaps out, another can swap in.  MLA models
+    keep one copy of the latent KV for all tensor-parallel ranks this way.
+
+    Parameters
+    ----------
+    name : str
+        Pool name (letters, digits, ``_``, ``.``, ``-``); the segment is
+        ``/dev/shm/cupy_swap.<name>``.
+    shape : int or tuple of int
+        e.g. ``(num_blocks, 16, 8, 128)``; openers must pass the same.
+    dtype : numpy dtype-like
+        Openers must pass the same.
+    create : bool
+        True: make a new pool (zero-filled by the kernel) and fail if the
+        name is taken.  False: open an existing one.
+
+    Returns
+    -------
+    numpy.ndarray
+        C-contiguous, of ``shape`` and ``dtype``.  This process's mapping
+        lasts until the array and every view are gone; the name lasts until
+        :func:`unlink_shared`.
+
+    Raises
+    ------
+    FileExistsError
+        ``create=True`` and the name is taken.
+    FileNotFoundError
+        ``create=False`` and no pool has that name.
+    ValueError
+        The name is malformed, or the pool's shape or dtype differ.
+    RuntimeError
+        The pool cannot be page-locked (the message gives the locked-memory
+        limit), or its creator has not finished setting it up.
+    """
+    mm, nbytes = open_segment(name, shape, dtype, create)
+    shape, dtype = memory._normalize_shape(shape), np.dtype(dtype)
+    try:
+        return np.asarray(_SharedBuffer(mm, nbytes, shape, dtype, name))
+    except BaseException:
+        if create:
+            unlink_shared(name, missing_ok=True)
+        raise
+
+
+def unlink_shared(name: str, *, missing_ok: bool = False) -> None:
+    """Remove pool ``name``: no process can open it any more; the memory is
+    freed once every process that maps it has dropped its array or exited.
+
+    Raises
+    ------
+    FileNotFoundError
+        No pool has that name (unless ``missing_ok``).
+    """
+    try:
+        os.unlink(segment_path(name))
+    except FileNotFoundError:
+        if not missing_ok:
+            raise FileNotFoundError(
+                errno.ENOENT, f"name: no shared pool {name!r}", segment_path(name)
+            ) from None

@@ -1,0 +1,286 @@
+"""``bench --gpus``: every GPU of a node swapping at once from one host pool.
+
+One swapper per GPU; the pool is one pinned array (threads) or one
+:func:`cupy_swap.shared_pinned` pool (processes).  GPU ``i`` reads its
+blocks from rows ``[2 i n, 2 i n + n)`` of the pool and writes to rows
+``[2 i n + n, 2 (i + 1) n)``, each in random order, into random GPU blocks.
+Each step, every worker waits at a barrier, then issues its swap (in, out,
+or both on two streams: duplex) and synchronizes; the step's span runs from
+the first worker's start to the last one's end (``time.perf_counter``,
+one clock for threads and processes).  The memcpy aggregate is the same
+harness with one contiguous ``cudaMemcpyAsync`` of the same bytes per GPU
+and direction.  Drivers: ``threads`` (one thread per GPU), ``one-thread``
+(one thread issues every GPU's swaps, then synchronizes them all) and
+``processes`` (one spawned process per GPU, sharing the pool by name).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+
+import numpy as np
+
+__all__ = ["run_node", "DIRECTIONS", "DRIVERS"]
+
+DIRECTIONS = ("in", "out", "duplex")
+DRIVERS = ("threads", "one-thread", "processes")
+
+
+class GpuWork:
+    """One GPU's part of a node benchmark: swapper, GPU blocks, mappings,
+    streams, and a contiguous host scratch for the memcpy ceiling."""
+
+    def __init__(self, index: int, device: int, pool: np.ndarray, n: int, seed: int):
+        import cupy
+
+        from ..cuda.memory import empty_pinned
+        from ..swapper import BlockSwapper
+
+        rng = np.random.default_rng(seed + index)
+        self.device, self.pool, self.n = device, pool, n
+        block = pool.shape[1]
+        base = 2 * index * n
+        self.rows_in = base + rng.permutation(n)
+        self.rows_out = base + n + rng.permutation(n)
+        with cupy.cuda.Device(device):
+            self.gpu = cupy.empty((2 * n, block), dtype=cupy.uint8)
+            self.s_in = cupy.cuda.Stream(non_blocking=True)
+            self.s_out = cupy.cuda.Stream(non_blocking=True)
+            gpu_rows = rng.permutation(2 * n)
+            self.m_in = np.column_stack((self.rows_in, gpu_rows[:n])).astype(np.int64)
+            self.m_out = np.column_stack((gpu_rows[n:], self.rows_out)).astype(np.int64)
+            self.gpu[...] = cupy.asarray(rng.integers(0, 256, (2 * n, block), dtype=np.uint8))
+            self.scratch = empty_pinned((n * block,), np.uint8)
+            self.flat = cupy.empty((n * block,), dtype=cupy.uint8)
+            cupy.cuda.Device(device).synchronize()
+        self.sw = BlockSwapper(max_blocks=n, device=device)
+        self.op_in = self.sw.prepare(pool, self.gpu)
+        self.op_out = self.sw.prepare(self.gpu, pool)
+
+    def swap(self, direction: str) -> None:
+        if direction != "out":
+            self.op_in(self.m_in, stream=self.s_in)
+        if direction != "in":
+            self.op_out(self.m_out, stream=self.s_out)
+
+    def memcpy(self, direction: str) -> None:
+        from cupy.cuda import runtime
+
+        nbytes = self.flat.nbytes
+        with_device = runtime.getDevice() != self.device
+        if with_device:
+            prev = runtime.getDevice()
+            runtime.setDevice(self.device)
+        try:
+            if direction != "out":
+                runtime.memcpyAsync(self.flat.data.ptr, self.scratch.ctypes.data, nbytes, 1, self.s_in.ptr)
+            if direction != "in":
+                runtime.memcpyAsync(self.scratch.ctypes.data, self.flat.data.ptr, nbytes, 2, self.s_out.ptr)
+        finally:
+            if with_device:
+                runtime.setDevice(prev)
+
+    def sync(self) -> None:
+        self.s_in.synchronize()
+        self.s_out.synchronize()
+
+    def verify(self) -> bool:
+        """After at least one in and one out swap: the GPU holds the pool's
+        ``rows_in`` and the pool holds the GPU's blocks at ``rows_out``."""
+        import cupy
+
+        self.sync()
+        with cupy.cuda.Device(self.device):
+            got_in = cupy.asnumpy(self.gpu[self.m_in[:, 1]])
+            sent = cupy.asnumpy(self.gpu[self.m_out[:, 0]])
+        return bool(
+            np.array_equal(got_in, self.pool[self.rows_in]) and np.array_equal(self.pool[self.rows_out], sent)
+        )
+
+    def bytes_per_step(self, direction: str) -> int:
+        return self.flat.nbytes * (2 if direction == "duplex" else 1)
+
+
+def _steps(work: GpuWork, what: str, direction: str, reps: int, barrier, out: list) -> None:
+    """One worker: ``reps`` barrier-aligned steps, (start, end) of each."""
+    fn = work.swap if what == "swap" else work.memcpy
+    for _ in range(reps):
+        barrier.wait()
+        t0 = time.perf_counter()
+        fn(direction)
+        work.sync()
+        out.append((t0, time.perf_counter()))
+
+
+def _span(per_worker: list[list]) -> float:
+    """Median over steps of (last end - first start)."""
+    return statistics.median(max(e for _, e in step) - min(s for s, _ in step) for step in zip(*per_worker))
+
+
+def _time_threads(works: list[GpuWork], what: str, direction: str, reps: int) -> float:
+    barrier = threading.Barrier(len(works))
+    outs: list[list] = [[] for _ in works]
+    threads = [
+        threading.Thread(target=_steps, args=(w, what, direction, reps, barrier, o))
+        for w, o in zip(works, outs)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return _span(outs)
+
+
+def _time_one_thread(works: list[GpuWork], what: str, direction: str, reps: int) -> float:
+    spans = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for w in works:
+            (w.swap if what == "swap" else w.memcpy)(direction)
+        for w in works:
+            w.sync()
+        spans.append(time.perf_counter() - t0)
+    return statistics.median(spans)
+
+
+def _process_worker(name, shape, index, device, n, seed, plan, reps, barrier, queue):
+    """Body of one process of the ``processes`` driver."""
+    import traceback
+
+    try:
+        from ..cuda.shared import shared_pinned
+
+        pool = shared_pinned(name, shape, np.uint8)
+        work = GpuWork(index, device, pool, n, seed)
+        results = {}
+        for what, direction in plan:
+            out: list = []
+            _steps(work, what, direction, 3, barrier, [])  # warm-up
+            _steps(work, what, direction, reps, barrier, out)
+            results[(what, direction)] = out
+        work.swap("duplex")
+        queue.put(("ok", index, results, work.verify()))
+    except BaseException:
+        barrier.abort()
+        queue.put(("error", index, traceback.format_exc(), False))
+
+
+def _run_processes(devices, block_bytes, n, seed, plan, reps, pool_name):
+    import multiprocessing
+
+    from ..cuda.shared import shared_pinned, unlink_shared
+
+    shape = (2 * n * len(devices), block_bytes)
+    pool = shared_pinned(pool_name, shape, np.uint8, create=True)
+    try:
+        pool[...] = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+        ctx = multiprocessing.get_context("spawn")
+        barrier, queue = ctx.Barrier(len(devices)), ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_process_worker, args=(pool_name, shape, i, d, n, seed, plan, reps, barrier, queue)
+            )
+            for i, d in enumerate(devices)
+        ]
+        for p in procs:
+            p.start()
+        got = [queue.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join(60)
+        errors = [detail for status, _, detail, _ in got if status == "error"]
+        if errors:
+            raise RuntimeError("bench --gpus: a worker process failed:\n" + errors[0])
+        got.sort(key=lambda g: g[1])
+        spans = {key: _span([g[2][key] for g in got]) for key in got[0][2]}
+        return spans, all(g[3] for g in got)
+    finally:
+        del pool
+        unlink_shared(pool_name, missing_ok=True)
+
+
+def run_node(
+    devices: list[int],
+    *,
+    block_bytes: int = 32768,
+    n: int = 1250,
+    reps: int = 20,
+    drivers=DRIVERS,
+    seed: int = 0,
+    progress=print,
+) -> dict:
+    """Every GPU in ``devices`` swapping at once, per driver and direction,
+    against memcpy on all of them at once (same harness, same run).
+
+    Returns
+    -------
+    dict
+        ``{"devices", "block_bytes", "num_blocks", "alone": [{"device",
+        "direction", "gbps", "memcpy_gbps"}], "together": [{"driver",
+        "direction", "gbps", "memcpy_gbps", "ratio", "verified"}]}``; GB/s
+        are bytes moved by all GPUs per step over the step's span.
+    """
+    from ..cuda.memory import empty_pinned
+
+    shape = (2 * n * len(devices), block_bytes)
+    pool = empty_pinned(shape, np.uint8)
+    pool[...] = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+    works = [GpuWork(i, d, pool, n, seed) for i, d in enumerate(devices)]
+    result = {
+        "devices": list(devices),
+        "block_bytes": block_bytes,
+        "num_blocks": n,
+        "alone": [],
+        "together": [],
+    }
+    for w in works:  # compile, allocate, warm the caches
+        for direction in DIRECTIONS:
+            for _ in range(3):
+                w.swap(direction)
+                w.memcpy(direction)
+            w.sync()
+    for w in works:
+        for direction in DIRECTIONS:
+            moved = w.bytes_per_step(direction)
+            t = _time_one_thread([w], "swap", direction, reps)
+            c = _time_one_thread([w], "memcpy", direction, reps)
+            row = {
+                "device": w.device,
+                "direction": direction,
+                "gbps": moved / t / 1e9,
+                "memcpy_gbps": moved / c / 1e9,
+            }
+            result["alone"].append(row)
+            progress(
+                f"  GPU {w.device} alone, {direction:>6}: {row['gbps']:6.1f} GB/s (memcpy {row['memcpy_gbps']:6.1f})"
+            )
+    plan = [(what, d) for d in DIRECTIONS for what in ("swap", "memcpy")]
+    for driver in drivers:
+        if driver == "processes":
+            spans, ok = _run_processes(
+                devices, block_bytes, n, seed, plan, reps, f"bench-{uuid.uuid4().hex[:12]}"
+            )
+        else:
+            timer = _time_threads if driver == "threads" else _time_one_thread
+            spans = {(what, d): timer(works, what, d, reps) for what, d in plan}
+            for w in works:
+                w.swap("duplex")
+            ok = all(w.verify() for w in works)
+        for direction in DIRECTIONS:
+            moved = sum(w.bytes_per_step(direction) for w in works)
+            row = {
+                "driver": driver,
+                "direction": direction,
+                "gbps": moved / spans[("swap", direction)] / 1e9,
+                "memcpy_gbps": moved / spans[("memcpy", direction)] / 1e9,
+                "verified": ok,
+            }
+            row["ratio"] = row["gbps"] / row["memcpy_gbps"]
+            result["together"].append(row)
+            progress(
+                f"  {len(works)} GPUs, {driver:>10}, {direction:>6}: {row['gbps']:6.1f} GB/s together, memcpy "
+                f"{row['memcpy_gbps']:6.1f}, ratio {row['ratio']:.3f}{'' if ok else '  MISMATCH'}"
+            )
+    return result

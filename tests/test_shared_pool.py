@@ -1,0 +1,86 @@
+"""The shared pool's segment on the CPU (no GPU needed): creating, opening,
+and every refusal, named clearly (cupy_swap.cuda.shared.open_segment).
+Page-locking and swaps across processes are in test_shared_pool_gpu.py."""
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+from cupy_swap.cuda import shared
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(shared.SHM_DIR), reason="needs /dev/shm")
+
+
+@pytest.fixture
+def name():
+    n = f"test-{uuid.uuid4().hex[:12]}"
+    yield n
+    shared.unlink_shared(n, missing_ok=True)
+
+
+def test_created_segment_is_opened_with_the_same_bytes(name):
+    mm, nbytes = shared.open_segment(name, (4, 8), np.uint16, create=True)
+    assert nbytes == 64 and len(mm) == shared.HEADER_BYTES + 64
+    mm[shared.HEADER_BYTES : shared.HEADER_BYTES + 3] = b"abc"
+    other, n2 = shared.open_segment(name, (4, 8), "uint16", create=False)
+    assert n2 == 64 and other[shared.HEADER_BYTES : shared.HEADER_BYTES + 3] == b"abc"
+    other[shared.HEADER_BYTES + 63] = 7  # one memory: writes show through either mapping
+    assert mm[shared.HEADER_BYTES + 63] == 7
+    mm.close()
+    other.close()
+
+
+def test_a_taken_name_is_refused(name):
+    shared.open_segment(name, 16, np.uint8, create=True)[0].close()
+    with pytest.raises(FileExistsError, match=f"shared pool '{name}' already exists"):
+        shared.open_segment(name, 16, np.uint8, create=True)
+
+
+def test_a_missing_name_is_refused(name):
+    with pytest.raises(FileNotFoundError, match=f"no shared pool '{name}'; create it with create=True"):
+        shared.open_segment(name, 16, np.uint8, create=False)
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((4, 9), np.uint16), ((4, 8), np.float16), (32, np.uint16)])
+def test_shape_or_dtype_mismatch_is_refused(name, shape, dtype):
+    shared.open_segment(name, (4, 8), np.uint16, create=True)[0].close()
+    with pytest.raises(ValueError, match=r"holds shape \(4, 8\) of uint16, expected shape"):
+        shared.open_segment(name, shape, dtype, create=False)
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "..", "x" * 201, 5, "sp ace"])
+def test_malformed_names_are_refused(bad):
+    with pytest.raises(ValueError, match="name: expected 1-200 characters"):
+        shared.open_segment(bad, 16, np.uint8, create=True)
+
+
+def test_a_segment_its_creator_never_finished_is_named(name):
+    path = shared.segment_path(name)
+    with open(path, "wb") as f:  # a creator that died after ftruncate, before the header
+        f.truncate(shared.HEADER_BYTES + 16)
+    with pytest.raises(RuntimeError, match="has not finished setting it up"):
+        shared.open_segment(name, 16, np.uint8, create=False)
+
+
+def test_a_foreign_file_is_not_taken_for_a_pool(name):
+    with open(shared.segment_path(name), "wb") as f:
+        f.write(b"x" * (shared.HEADER_BYTES - 1) + bytes([0x5A]) + b"y" * 16)
+    with pytest.raises(ValueError, match="is not a cupy_swap shared pool"):
+        shared.open_segment(name, 16, np.uint8, create=False)
+
+
+def test_unlink_removes_the_name_and_says_when_there_is_none(name):
+    shared.open_segment(name, 16, np.uint8, create=True)[0].close()
+    shared.unlink_shared(name)
+    assert not os.path.exists(shared.segment_path(name))
+    with pytest.raises(FileNotFoundError, match=f"no shared pool '{name}'"):
+        shared.unlink_shared(name)
+    shared.unlink_shared(name, missing_ok=True)
+
+
+def test_object_dtype_is_refused(name):
+    with pytest.raises(TypeError, match="dtype: expected a plain data type"):
+        shared.open_segment(name, 4, object, create=True)
+    assert not os.path.exists(shared.segment_path(name))
