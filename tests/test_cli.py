@@ -47,13 +47,19 @@ def test_exit_codes_are_distinct():
         (["demo", "--reps", "many"], "argument --reps: 'many' is not a positive whole number"),
         (["calibrate", "--bogus"], "unrecognized arguments: --bogus"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["bench", "--gpus", "0,x"], "argument --gpus: expected 'all' or a comma list of GPU indices"),
+        (["bench", "--gpus", "1,1"], "argument --gpus: expected distinct non-negative GPU indices"),
+        (
+            ["bench", "--drivers", "fork"],
+            "argument --drivers: 'fork' not among threads, one-thread, processes",
+        ),
     ],
 )
 def test_bad_argument_is_reported_before_the_gpu_check(argv, message, monkeypatch):
     r = _run(*argv)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "usage: cupy-swap" in r.stderr
-    assert "GPU" not in r.stderr and "Traceback" not in r.stderr
+    assert "needs an NVIDIA GPU" not in r.stderr and "Traceback" not in r.stderr
     # In process too, with the GPU check made to fail loudly if it were reached.
     monkeypatch.setattr(cli, "gpu_status", lambda: pytest.fail("GPU checked before the arguments"))
     with pytest.raises(SystemExit) as e:

@@ -6,7 +6,6 @@ cut into runs of consecutive blocks by the one run detector,
 from __future__ import annotations
 
 import sys
-import threading
 
 import numpy as np
 
@@ -200,37 +199,15 @@ def check_mapping(m: np.ndarray, src_blocks: int, dst_blocks: int, src_name: str
         )
 
 
-# Per-thread scratch of the stamp search (concurrent swaps must not share one).
-_stamps = threading.local()
-# Block counts above this sort instead: a stamp table of int32 per block
-# would hold 16 MiB per thread.
-STAMP_MAX_BLOCKS = 1 << 22
-
-
 def _has_duplicates(col: np.ndarray, limit: int) -> bool:
-    """True if ``col`` (indices in ``[0, limit)``) repeats a value.
-
-    O(N) whatever ``limit``: write each row's number at its block in a
-    scratch table, read the table back at the same blocks; a repeated block
-    holds only one of its rows' numbers, so some row reads a number that is
-    not its own.  No zeroing is needed (only written entries are read).
-    Counting (``bincount``, O(limit)) is as fast only for small ``limit``;
-    sorting is O(N log N): 11 us for 1250 rows on the device's host, against
-    about 7 for the stamps (benchmarks/NOTES.md, item 28).
-    """
-    n = col.shape[0]
-    if limit > STAMP_MAX_BLOCKS or n >= 1 << 31:
-        s = np.sort(col)
-        return bool((s[1:] == s[:-1]).any())
-    table = getattr(_stamps, "table", None)
-    if table is None or table.shape[0] < limit:
-        table = _stamps.table = np.empty(max(limit, 1024), dtype=np.int32)
-    rows = getattr(_stamps, "rows", None)
-    if rows is None or rows.shape[0] < n:
-        rows = _stamps.rows = np.arange(max(n, 1024), dtype=np.int32)
-    rows = rows[:n]
-    table[col] = rows
-    return bool((table[col] != rows).any())
+    """True if ``col`` (in-range indices) repeats a value.  A counting pass
+    is fastest while ``limit`` counters are few next to the rows; else sort
+    (on the device's host: 11 us for 1250 rows, where counting 50 000
+    blocks takes 23 us; benchmarks/host_costs.py)."""
+    if limit <= 8 * col.shape[0]:
+        return bool(np.bincount(col, minlength=0).max() > 1)
+    s = np.sort(col)
+    return bool((s[1:] == s[:-1]).any())
 
 
 def run_starts(columns: np.ndarray) -> np.ndarray:
