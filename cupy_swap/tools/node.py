@@ -115,12 +115,14 @@ def _steps(work: GpuWork, what: str, direction: str, reps: int, barrier, out: li
         out.append((t0, time.perf_counter()))
 
 
-def _span(per_worker: list[list]) -> float:
-    """Median over steps of (last end - first start)."""
-    return statistics.median(max(e for _, e in step) - min(s for s, _ in step) for step in zip(*per_worker))
+def _timing(per_worker: list[list]) -> dict:
+    """``span``: median over steps of (last end - first start); ``per_gpu``:
+    each worker's median (end - start)."""
+    span = statistics.median(max(e for _, e in step) - min(s for s, _ in step) for step in zip(*per_worker))
+    return {"span": span, "per_gpu": [statistics.median(e - s for s, e in w) for w in per_worker]}
 
 
-def _time_threads(works: list[GpuWork], what: str, direction: str, reps: int) -> float:
+def _time_threads(works: list[GpuWork], what: str, direction: str, reps: int) -> dict:
     barrier = threading.Barrier(len(works))
     outs: list[list] = [[] for _ in works]
     threads = [
@@ -131,19 +133,21 @@ def _time_threads(works: list[GpuWork], what: str, direction: str, reps: int) ->
         t.start()
     for t in threads:
         t.join()
-    return _span(outs)
+    return _timing(outs)
 
 
-def _time_one_thread(works: list[GpuWork], what: str, direction: str, reps: int) -> float:
-    spans = []
+def _time_one_thread(works: list[GpuWork], what: str, direction: str, reps: int) -> dict:
+    """Issue every GPU's step, then synchronize each in turn; a GPU's time
+    runs from the first issue to its own synchronize returning."""
+    outs: list[list] = [[] for _ in works]
     for _ in range(reps):
         t0 = time.perf_counter()
         for w in works:
             (w.swap if what == "swap" else w.memcpy)(direction)
-        for w in works:
+        for w, out in zip(works, outs):
             w.sync()
-        spans.append(time.perf_counter() - t0)
-    return statistics.median(spans)
+            out.append((t0, time.perf_counter()))
+    return _timing(outs)
 
 
 def _process_worker(name, shape, index, device, n, seed, plan, reps, barrier, queue):
@@ -194,7 +198,7 @@ def _run_processes(devices, block_bytes, n, seed, plan, reps, pool_name):
         if errors:
             raise RuntimeError("bench --gpus: a worker process failed:\n" + errors[0])
         got.sort(key=lambda g: g[1])
-        spans = {key: _span([g[2][key] for g in got]) for key in got[0][2]}
+        spans = {key: _timing([g[2][key] for g in got]) for key in got[0][2]}
         return spans, all(g[3] for g in got)
     finally:
         del pool
@@ -219,8 +223,10 @@ def run_node(
     dict
         ``{"devices", "block_bytes", "num_blocks", "alone": [{"device",
         "direction", "gbps", "memcpy_gbps"}], "together": [{"driver",
-        "direction", "gbps", "memcpy_gbps", "ratio", "verified"}]}``; GB/s
-        are bytes moved by all GPUs per step over the step's span.
+        "direction", "gbps", "memcpy_gbps", "ratio", "per_gpu_gbps",
+        "per_gpu_memcpy_gbps", "verified"}]}``; together GB/s are bytes moved
+        by all GPUs per step over the step's span, per GPU its own bytes over
+        its own median time (from its first issue to its synchronize).
     """
     from ..cuda.memory import empty_pinned
 
@@ -244,8 +250,8 @@ def run_node(
     for w in works:
         for direction in DIRECTIONS:
             moved = w.bytes_per_step(direction)
-            t = _time_one_thread([w], "swap", direction, reps)
-            c = _time_one_thread([w], "memcpy", direction, reps)
+            t = _time_one_thread([w], "swap", direction, reps)["span"]
+            c = _time_one_thread([w], "memcpy", direction, reps)["span"]
             row = {
                 "device": w.device,
                 "direction": direction,
@@ -269,18 +275,26 @@ def run_node(
                 w.swap("duplex")
             ok = all(w.verify() for w in works)
         for direction in DIRECTIONS:
-            moved = sum(w.bytes_per_step(direction) for w in works)
+            moved = [w.bytes_per_step(direction) for w in works]
+            swap, copy = spans[("swap", direction)], spans[("memcpy", direction)]
             row = {
                 "driver": driver,
                 "direction": direction,
-                "gbps": moved / spans[("swap", direction)] / 1e9,
-                "memcpy_gbps": moved / spans[("memcpy", direction)] / 1e9,
+                "gbps": sum(moved) / swap["span"] / 1e9,
+                "memcpy_gbps": sum(moved) / copy["span"] / 1e9,
+                "per_gpu_gbps": [b / t / 1e9 for b, t in zip(moved, swap["per_gpu"])],
+                "per_gpu_memcpy_gbps": [b / t / 1e9 for b, t in zip(moved, copy["per_gpu"])],
                 "verified": ok,
             }
             row["ratio"] = row["gbps"] / row["memcpy_gbps"]
             result["together"].append(row)
+            each = ", ".join(
+                f"GPU {d} {g:5.1f}/{c:5.1f}"
+                for d, g, c in zip(devices, row["per_gpu_gbps"], row["per_gpu_memcpy_gbps"])
+            )
             progress(
                 f"  {len(works)} GPUs, {driver:>10}, {direction:>6}: {row['gbps']:6.1f} GB/s together, memcpy "
-                f"{row['memcpy_gbps']:6.1f}, ratio {row['ratio']:.3f}{'' if ok else '  MISMATCH'}"
+                f"{row['memcpy_gbps']:6.1f}, ratio {row['ratio']:.3f}{'' if ok else '  MISMATCH'}  (each, ours/memcpy: "
+                f"{each})"
             )
     return result
