@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 import pytest
 
-from cupy_swap.cuda import shared
+from cupy_swap.cuda import memory, shared
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(shared.SHM_DIR), reason="needs /dev/shm")
 
@@ -84,3 +84,70 @@ def test_object_dtype_is_refused(name):
     with pytest.raises(TypeError, match="dtype: expected a plain data type"):
         shared.open_segment(name, 4, object, create=True)
     assert not os.path.exists(shared.segment_path(name))
+
+
+class _FakeRuntime:
+    """Stands in for CUDA: registration is recorded, aliases = address."""
+
+    def __init__(self):
+        self.registered, self.unregistered = [], []
+
+    def hostRegister(self, ptr, nbytes, flags):
+        self.registered.append((ptr, nbytes))
+
+    def hostUnregister(self, ptr):
+        self.unregistered.append(ptr)
+
+    def pointerGetAttributes(self, ptr):
+        import types
+
+        return types.SimpleNamespace(type=memory._MEMORY_TYPE_HOST, devicePointer=ptr)
+
+    def getDevice(self):
+        return 0
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    fake = _FakeRuntime()
+    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    monkeypatch.setattr(memory, "_swap_devices", set())
+    return fake
+
+
+def test_pool_lifecycle_with_a_stand_in_runtime(name, fake_cuda):
+    import cupy_swap as cs
+
+    pool = cs.shared_pinned(name, (8, 512), np.float32, create=True)
+    assert pool.shape == (8, 512) and pool.dtype == np.float32 and pool.flags.c_contiguous
+    assert fake_cuda.registered == [(pool.ctypes.data, pool.nbytes)]
+    assert pool.ctypes.data % 4096 == 0  # page-aligned data after the one-page header
+    assert memory.host_alias(pool.ctypes.data, pool.nbytes) == pool.ctypes.data
+    other = cs.shared_pinned(name, (8, 512), np.float32)  # a second mapping of the same pages
+    pool[5, 7] = 2.5
+    assert other[5, 7] == 2.5
+    with pytest.raises(ValueError, match="expected an array passed to cupy_swap.register_host"):
+        cs.unregister_host(pool)  # the pool's lifetime is cupy_swap's, not register_host's
+    start, gen = pool.ctypes.data, memory.generation()
+    view = pool[2:]
+    del pool
+    assert memory.host_alias(start, 1) == start  # a view keeps the mapping
+    del view
+    memory.host_alias(0, 1)  # the next registry user runs the queued release
+    assert start in fake_cuda.unregistered and memory._registry.find(start, 1) is None
+    assert memory.generation() > gen
+    assert other[5, 7] == 2.5  # the other mapping is untouched
+    cs.unlink_shared(name)
+    assert other[5, 7] == 2.5  # unlinking removes the name, not the memory
+
+
+def test_a_failed_page_lock_names_the_limit_and_leaves_no_name(name, fake_cuda, monkeypatch):
+    import cupy_swap as cs
+
+    def refuse(ptr, nbytes, flags):
+        raise RuntimeError("cudaErrorMemoryAllocation: out of memory")
+
+    monkeypatch.setattr(fake_cuda, "hostRegister", refuse)
+    with pytest.raises(RuntimeError, match=r"expected to page-lock 16384 bytes .*out of memory.*ulimit -l"):
+        cs.shared_pinned(name, (4, 4096), np.uint8, create=True)
+    assert not os.path.exists(shared.segment_path(name))  # the creator cleaned up

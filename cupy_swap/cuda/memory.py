@@ -85,7 +85,7 @@ class _Range:
         self.start = start
         self.end = end
         self.alias_offset = alias_offset  # device alias minus host address; None: unmapped
-        self.owned = owned  # allocated here (freed here) vs registered
+        self.owned = owned  # released by cupy_swap (empty_pinned, shared_pinned) vs register_host
 
 
 class _Registry:
@@ -204,18 +204,19 @@ def _drain_frees() -> None:
             ptr, release = _pending_frees.popleft()
         except IndexError:
             return
-        r = _registry.remove(ptr)
-        if r is not None and not r.owned:
-            _generation[0] += 1  # cached aliases of registered memory resolve again
+        if _registry.remove(ptr) is not None:
+            _generation[0] += 1  # cached aliases over the range resolve again
         try:
             release(ptr)
         except Exception:  # interpreter shutdown: the driver may already be gone
             pass
 
 
-def register_range(ptr: int, nbytes: int) -> int:
+def register_range(ptr: int, nbytes: int, owned: bool = False) -> int:
     """Page-lock ``[ptr, ptr + nbytes)`` (``cudaHostRegister``, portable and
-    mapped), remember it, and return its device alias (0: not mapped)."""
+    mapped), remember it, and return its device alias (0: not mapped).
+    ``owned``: cupy_swap releases it (a shared pool), so
+    :func:`unregister_host` refuses it."""
     _drain_frees()
     runtime = _runtime()
     runtime.hostRegister(ptr, nbytes, _PORTABLE_MAPPED)
@@ -224,7 +225,7 @@ def register_range(ptr: int, nbytes: int) -> int:
     except Exception:
         runtime.hostUnregister(ptr)
         raise
-    _registry.add(_Range(ptr, ptr + nbytes, alias - ptr if alias else None, False))
+    _registry.add(_Range(ptr, ptr + nbytes, alias - ptr if alias else None, owned))
     return alias
 
 

@@ -178,7 +178,7 @@ class _SharedBuffer:
         ptr = _address(mm) + HEADER_BYTES
         if nbytes:
             try:
-                memory.register_range(ptr, nbytes)
+                memory.register_range(ptr, nbytes, owned=True)
             except Exception as e:
                 mm.close()
                 raise _register_error(e, name, nbytes) from None
