@@ -128,14 +128,13 @@ def test_pool_lifecycle_with_a_stand_in_runtime(name, fake_cuda):
     assert other[5, 7] == 2.5
     with pytest.raises(ValueError, match="expected an array passed to cupy_swap.register_host"):
         cs.unregister_host(pool)  # the pool's lifetime is cupy_swap's, not register_host's
-    start, gen = pool.ctypes.data, memory.generation()
+    start = pool.ctypes.data
     view = pool[2:]
     del pool
     assert memory.host_alias(start, 1) == start  # a view keeps the mapping
     del view
     memory.host_alias(0, 1)  # the next registry user runs the queued release
     assert start in fake_cuda.unregistered and memory._registry.find(start, 1) is None
-    assert memory.generation() > gen
     assert other[5, 7] == 2.5  # the other mapping is untouched
     cs.unlink_shared(name)
     assert other[5, 7] == 2.5  # unlinking removes the name, not the memory

@@ -119,7 +119,5 @@ def test_a_dropped_mapping_is_unregistered(pool_name):
 
     pool = cs.shared_pinned(pool_name, (16, 4096), np.uint8, create=True)
     start = pool.ctypes.data
-    gen = memory.generation()
     del pool
     assert memory.host_alias(start, 1) == 0  # drained: unregistered, unmapped
-    assert memory.generation() > gen  # cached layouts over it resolve again

@@ -204,8 +204,7 @@ def _drain_frees() -> None:
             ptr, release = _pending_frees.popleft()
         except IndexError:
             return
-        if _registry.remove(ptr) is not None:
-            _generation[0] += 1  # cached aliases over the range resolve again
+        _registry.remove(ptr)  # owned ranges: every array over them is gone (no generation bump)
         try:
             release(ptr)
         except Exception:  # interpreter shutdown: the driver may already be gone
