@@ -62,13 +62,42 @@ def test_a_segment_its_creator_never_finished_is_named(name):
         f.truncate(shared.HEADER_BYTES + 16)
     with pytest.raises(RuntimeError, match="has not finished setting it up"):
         shared.open_segment(name, 16, np.uint8, create=False)
+    with open(path, "r+b") as f:  # the header written, the ready byte not yet
+        f.write(shared._header((16,), np.dtype(np.uint8)))
+    with pytest.raises(RuntimeError, match="has not finished setting it up"):
+        shared.open_segment(name, 16, np.uint8, create=False)
 
 
-def test_a_foreign_file_is_not_taken_for_a_pool(name):
+@pytest.mark.parametrize("last_byte", [0x00, 0x5A])
+def test_a_foreign_file_is_not_taken_for_a_pool(name, last_byte):
     with open(shared.segment_path(name), "wb") as f:
-        f.write(b"x" * (shared.HEADER_BYTES - 1) + bytes([0x5A]) + b"y" * 16)
+        f.write(b"x" * (shared.HEADER_BYTES - 1) + bytes([last_byte]) + b"y" * 16)
     with pytest.raises(ValueError, match="is not a cupy_swap shared pool"):
         shared.open_segment(name, 16, np.uint8, create=False)
+
+
+def test_a_damaged_header_is_named(name):
+    with open(shared.segment_path(name), "wb") as f:
+        body = shared._MAGIC + b'{"dtype": "|u1", "sha'
+        f.write(body + b"\0" * (shared.HEADER_BYTES - 1 - len(body)) + bytes([0x5A]) + b"y" * 16)
+    with pytest.raises(ValueError, match="damaged cupy_swap pool header"):
+        shared.open_segment(name, 16, np.uint8, create=False)
+
+
+def test_structured_dtypes_are_opened_again(name):
+    dt = np.dtype([("k", "<f2", (4,)), ("v", [("x", "<i4"), ("y", "<u1")])])
+    shared.open_segment(name, (3, 2), dt, create=True)[0].close()
+    mm, nbytes = shared.open_segment(name, (3, 2), dt, create=False)
+    assert nbytes == 6 * dt.itemsize
+    mm.close()
+    with pytest.raises(ValueError, match="holds shape"):
+        shared.open_segment(name, (3, 2), np.dtype([("k", "<f2", (4,))]), create=False)
+
+
+def test_a_zero_byte_pool_is_refused(name):
+    with pytest.raises(ValueError, match="expected a pool of at least one byte"):
+        shared.open_segment(name, (0, 16), np.uint8, create=True)
+    assert not os.path.exists(shared.segment_path(name))
 
 
 def test_unlink_removes_the_name_and_says_when_there_is_none(name):
@@ -87,7 +116,8 @@ def test_object_dtype_is_refused(name):
 
 
 class _FakeRuntime:
-    """Stands in for CUDA: registration is recorded, aliases = address."""
+    """Stands in for CUDA: registration is recorded, registered addresses are
+    their own alias, anything else is unregistered memory."""
 
     def __init__(self):
         self.registered, self.unregistered = [], []
@@ -101,7 +131,10 @@ class _FakeRuntime:
     def pointerGetAttributes(self, ptr):
         import types
 
-        return types.SimpleNamespace(type=memory._MEMORY_TYPE_HOST, devicePointer=ptr)
+        live = any(p <= ptr < p + n and p not in self.unregistered for p, n in self.registered)
+        return types.SimpleNamespace(
+            type=memory._MEMORY_TYPE_HOST if live else 0, devicePointer=ptr if live else 0
+        )
 
     def getDevice(self):
         return 0
@@ -131,9 +164,12 @@ def test_pool_lifecycle_with_a_stand_in_runtime(name, fake_cuda):
     start = pool.ctypes.data
     view = pool[2:]
     del pool
-    assert memory.host_alias(start, 1) == start  # a view keeps the mapping
+    memory.host_alias(0, 1)  # a registry user: runs whatever release is queued
+    assert (
+        memory._registry.find(start, 1) is not None and start not in fake_cuda.unregistered
+    )  # the view holds it
     del view
-    memory.host_alias(0, 1)  # the next registry user runs the queued release
+    assert memory.host_alias(start, 1) == 0  # the next registry user ran the queued release
     assert start in fake_cuda.unregistered and memory._registry.find(start, 1) is None
     assert other[5, 7] == 2.5  # the other mapping is untouched
     cs.unlink_shared(name)
@@ -150,3 +186,32 @@ def test_a_failed_page_lock_names_the_limit_and_leaves_no_name(name, fake_cuda, 
     with pytest.raises(RuntimeError, match=r"expected to page-lock 16384 bytes .*out of memory.*ulimit -l"):
         cs.shared_pinned(name, (4, 4096), np.uint8, create=True)
     assert not os.path.exists(shared.segment_path(name))  # the creator cleaned up
+
+
+def test_a_failed_unpin_keeps_the_mapping_and_warns(name, fake_cuda, monkeypatch):
+    import cupy_swap as cs
+
+    pool = cs.shared_pinned(name, (4, 4096), np.uint8, create=True)
+    pool[...] = 7
+    start = pool.ctypes.data
+
+    def refuse(ptr):
+        raise RuntimeError("cudaErrorStreamCaptureUnsupported")
+
+    monkeypatch.setattr(fake_cuda, "hostUnregister", refuse)
+    released = []
+    monkeypatch.setattr(shared._Release, "__call__", _spy(shared._Release.__call__, released))
+    del pool
+    with pytest.warns(RuntimeWarning, match="could not unpin this process's mapping"):
+        memory.host_alias(0, 1)
+    assert released and not released[0].mm.closed  # still mapped: CUDA may still hold it
+    assert bytes(released[0].mm[shared.HEADER_BYTES : shared.HEADER_BYTES + 4]) == b"\x07" * 4
+    assert memory._registry.find(start, 1) is None
+
+
+def _spy(call, seen):
+    def wrapper(self, ptr):
+        seen.append(self)
+        return call(self, ptr)
+
+    return wrapper

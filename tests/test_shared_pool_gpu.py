@@ -29,11 +29,26 @@ def pool_name():
     cs.unlink_shared(name, missing_ok=True)
 
 
+_children: list = []
+
+
+@pytest.fixture(autouse=True)
+def _no_child_left_behind():
+    """A failed assertion must not leave a spawned child running."""
+    yield
+    while _children:
+        proc = _children.pop()
+        if proc.exitcode is None:
+            proc.terminate()
+            proc.join(10)
+
+
 def _spawn(target, *args):
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=target, args=(*args, queue))
     proc.start()
+    _children.append(proc)
     return proc, queue
 
 

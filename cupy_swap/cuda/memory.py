@@ -343,7 +343,10 @@ def unregister_host(array: np.ndarray) -> None:
     _drain_frees()
     r = _registry.find(ptr, 1)
     if r is None or r.start != ptr or r.owned:
-        raise ValueError("array: expected an array passed to cupy_swap.register_host (same start address)")
+        raise ValueError(
+            "array: expected an array passed to cupy_swap.register_host (same start address); "
+            "empty_pinned and shared_pinned memory is released when its arrays are gone"
+        )
     synchronize_swap_devices()
     _registry.remove(ptr)
     _generation[0] += 1

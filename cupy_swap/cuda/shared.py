@@ -28,6 +28,8 @@ import math
 import mmap
 import os
 import re
+import sys
+import warnings
 import weakref
 
 import numpy as np
@@ -52,24 +54,45 @@ def segment_path(name: str) -> str:
 
 
 def _header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    meta = json.dumps({"dtype": dtype.str, "shape": list(shape)}).encode()
+    # dtype_to_descr keeps structured dtypes' fields (dtype.str would say |V8).
+    meta = json.dumps({"dtype": np.lib.format.dtype_to_descr(dtype), "shape": list(shape)}).encode()
     body = _MAGIC + meta + b"\n"
     if len(body) >= HEADER_BYTES:
-        raise ValueError(f"shape: expected a shape that fits the pool header, got {len(shape)} dimensions")
+        raise ValueError(
+            f"shape, dtype: expected a shape and dtype that fit the pool header, got {len(body)} bytes"
+        )
     return body
 
 
-def _read_header(mm, name: str) -> tuple[tuple[int, ...], np.dtype]:
-    head = mm[:HEADER_BYTES]
-    if head[-1] != _READY:
-        raise RuntimeError(
-            f"name: shared pool {name!r} exists but its creator has not finished setting it up "
-            f"(or died while doing so); retry, or unlink_shared({name!r}) and create it again"
-        )
+def _as_descr(value):
+    """A dtype descr read back from JSON (lists where NumPy wants tuples)."""
+    if isinstance(value, str):
+        return value
+    return [
+        tuple(_as_descr(x) if isinstance(x, list) and i == 1 else x for i, x in enumerate(f)) for f in value
+    ]
+
+
+def _unfinished(name: str) -> RuntimeError:
+    return RuntimeError(
+        f"name: shared pool {name!r} exists but its creator has not finished setting it up "
+        f"(or died while doing so); retry, or unlink_shared({name!r}) and create it again"
+    )
+
+
+def _read_header(head: bytes, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from a pool's header page."""
     if not head.startswith(_MAGIC):
+        if not any(head):  # a creator between ftruncate and its header
+            raise _unfinished(name)
         raise ValueError(f"name: {segment_path(name)} exists but is not a cupy_swap shared pool")
-    meta = json.loads(head[len(_MAGIC) : head.index(b"\n", len(_MAGIC))])
-    return tuple(meta["shape"]), np.dtype(meta["dtype"])
+    if head[-1] != _READY:
+        raise _unfinished(name)
+    try:
+        meta = json.loads(head[len(_MAGIC) : head.index(b"\n", len(_MAGIC))])
+        return tuple(int(x) for x in meta["shape"]), np.lib.format.descr_to_dtype(_as_descr(meta["dtype"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"name: {segment_path(name)} has a damaged cupy_swap pool header ({e})") from None
 
 
 def open_segment(name: str, shape, dtype, create: bool):
@@ -87,7 +110,8 @@ def open_segment(name: str, shape, dtype, create: bool):
     FileNotFoundError
         ``create=False`` and no pool has that name.
     ValueError
-        ``create=False`` and the pool's shape or dtype differ from the ones asked for.
+        ``create=False`` and the pool's shape or dtype differ from the ones
+        asked for; a zero-byte pool.
     """
     path = segment_path(name)
     shape = memory._normalize_shape(shape)
@@ -95,37 +119,50 @@ def open_segment(name: str, shape, dtype, create: bool):
     nbytes = math.prod(shape) * dtype.itemsize
     if dtype.hasobject:
         raise TypeError(f"dtype: expected a plain data type, got {dtype} (objects cannot be shared)")
-    if create:
-        header = _header(shape, dtype)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise FileExistsError(
-                errno.EEXIST,
-                f"name: shared pool {name!r} already exists; open it with create=False, or "
-                f"unlink_shared({name!r}) first if it is left over from a run that ended",
-                path,
-            ) from None
-        try:
-            os.ftruncate(fd, HEADER_BYTES + nbytes)
-            # Reserve the pages now: a tmpfs too small for the pool fails
-            # here with ENOSPC instead of a SIGBUS on first touch.
-            os.posix_fallocate(fd, 0, HEADER_BYTES + nbytes)
-            mm = mmap.mmap(fd, HEADER_BYTES + nbytes)
-        except OSError as e:
-            os.close(fd)
-            os.unlink(path)
-            if e.errno == errno.ENOSPC:
-                raise OSError(
-                    errno.ENOSPC,
-                    f"shape: a shared pool of {HEADER_BYTES + nbytes} bytes does not fit in "
-                    f"{SHM_DIR} ({e.strerror}); enlarge it (e.g. docker --shm-size)",
-                ) from None
-            raise
-        os.close(fd)
+    if nbytes == 0:
+        raise ValueError(f"shape: expected a pool of at least one byte, got shape {shape} of {dtype}")
+    return _create(name, path, shape, dtype, nbytes) if create else _open(name, path, shape, dtype, nbytes)
+
+
+def _create(name: str, path: str, shape, dtype: np.dtype, nbytes: int):
+    header = _header(shape, dtype)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"name: shared pool {name!r} already exists; open it with create=False, or "
+            f"unlink_shared({name!r}) first if it is left over from a run that ended",
+            path,
+        ) from None
+    try:
+        os.ftruncate(fd, HEADER_BYTES + nbytes)
+        # Reserve the pages now: a tmpfs too small for the pool fails here
+        # with ENOSPC instead of a SIGBUS on first touch.
+        os.posix_fallocate(fd, 0, HEADER_BYTES + nbytes)
+        mm = mmap.mmap(fd, HEADER_BYTES + nbytes)
         mm[: len(header)] = header
-        mm[HEADER_BYTES - 1] = _READY
-        return mm, nbytes
+        # The ready byte goes in by a system call after the header's stores,
+        # and openers read it by one before the header: a fence both sides.
+        os.pwrite(fd, bytes([_READY]), HEADER_BYTES - 1)
+    except BaseException as e:  # Ctrl-C in a long fallocate included: leave no half-made name
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise OSError(
+                errno.ENOSPC,
+                f"shape: a shared pool of {HEADER_BYTES + nbytes} bytes does not fit in "
+                f"{SHM_DIR} ({e.strerror}); enlarge it (e.g. docker --shm-size)",
+            ) from None
+        raise
+    os.close(fd)
+    return mm, nbytes
+
+
+def _open(name: str, path: str, shape, dtype: np.dtype, nbytes: int):
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
@@ -134,16 +171,10 @@ def open_segment(name: str, shape, dtype, create: bool):
         ) from None
     try:
         size = os.fstat(fd).st_size
-        if size < HEADER_BYTES:
-            raise RuntimeError(
-                f"name: shared pool {name!r} exists but its creator has not finished setting it up "
-                f"(or died while doing so); retry, or unlink_shared({name!r}) and create it again"
-            )
-        mm = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-    try:
-        have_shape, have_dtype = _read_header(mm, name)
+        head = os.pread(fd, HEADER_BYTES, 0) if size >= HEADER_BYTES else b""
+        if len(head) < HEADER_BYTES:
+            raise _unfinished(name)
+        have_shape, have_dtype = _read_header(head, name)
         if have_shape != shape or have_dtype != dtype:
             raise ValueError(
                 f"shape, dtype: shared pool {name!r} holds shape {have_shape} of {have_dtype}, "
@@ -151,10 +182,9 @@ def open_segment(name: str, shape, dtype, create: bool):
             )
         if size < HEADER_BYTES + nbytes:
             raise ValueError(f"name: shared pool {name!r} is truncated ({size} bytes)")
-    except Exception:
-        mm.close()
-        raise
-    return mm, nbytes
+        return mmap.mmap(fd, HEADER_BYTES + nbytes), nbytes
+    finally:
+        os.close(fd)
 
 
 def _address(mm) -> int:
@@ -176,17 +206,12 @@ class _SharedBuffer:
     def __init__(self, mm, nbytes: int, shape, dtype: np.dtype, name: str):
         self.name = name
         ptr = _address(mm) + HEADER_BYTES
-        if nbytes:
-            try:
-                memory.register_range(ptr, nbytes, owned=True)
-            except Exception as e:
-                mm.close()
-                raise _register_error(e, name, nbytes) from None
-        release = _Release(mm) if nbytes else None
-        if release is None:
-            self._finalizer = weakref.finalize(self, mm.close)
-        else:
-            self._finalizer = weakref.finalize(self, memory.release_later, ptr, release)
+        try:
+            memory.register_range(ptr, nbytes, owned=True)
+        except Exception as e:
+            mm.close()
+            raise _register_error(e, name, nbytes) from None
+        self._finalizer = weakref.finalize(self, memory.release_later, ptr, _Release(mm, name))
         self.__array_interface__ = {
             "shape": shape,
             "typestr": dtype.str,
@@ -198,17 +223,28 @@ class _SharedBuffer:
 
 
 class _Release:
-    """Unregister a dropped pool range, then unmap it."""
+    """Unregister a dropped pool range, then unmap it.  Pages are unmapped
+    only once CUDA has let go of them: if waiting for queued swaps or the
+    unregistration fails, the mapping is kept (leaked) and a warning says
+    why, rather than leave CUDA a registered range with no memory behind."""
 
-    def __init__(self, mm):
-        self.mm = mm
+    def __init__(self, mm, name: str):
+        self.mm, self.name = mm, name
 
     def __call__(self, ptr: int) -> None:
         try:
             memory.synchronize_swap_devices()  # no queued swap may touch the pages
             memory._runtime().hostUnregister(ptr)
-        finally:
-            self.mm.close()
+        except Exception as e:
+            if not sys.is_finalizing():
+                warnings.warn(
+                    f"cupy_swap: shared pool {self.name!r}: could not unpin this process's mapping "
+                    f"({e}); it stays mapped until the process exits",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return
+        self.mm.close()
 
 
 def _register_error(e: Exception, name: str, nbytes: int) -> Exception:
