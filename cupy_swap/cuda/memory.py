@@ -150,7 +150,7 @@ class _PinnedBuffer:
     """Owner of one cudaHostAlloc allocation, exposed to NumPy as an array."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype):
-        _drain_frees()
+        release_dropped()
         runtime = _runtime()
         nbytes = math.prod(shape) * dtype.itemsize
         # cudaHostAlloc(0) fails; keep a one-byte allocation behind empty arrays.
@@ -162,14 +162,20 @@ class _PinnedBuffer:
             raise
         _registry.add(_Range(ptr, ptr + max(nbytes, 1), alias - ptr if alias else None, True))
         self._finalizer = weakref.finalize(self, _free_pinned, ptr)
-        self.__array_interface__ = {
-            "shape": shape,
-            "typestr": dtype.str,
-            "descr": dtype.descr,
-            "data": (ptr, False),
-            "strides": None,
-            "version": 3,
-        }
+        self.__array_interface__ = array_interface(ptr, shape, dtype)
+
+
+def array_interface(ptr: int, shape: tuple[int, ...], dtype: np.dtype) -> dict:
+    """NumPy's ``__array_interface__`` of a C-contiguous array at host address
+    ``ptr``, for an owner object that NumPy then keeps alive as the base."""
+    return {
+        "shape": shape,
+        "typestr": dtype.str,
+        "descr": dtype.descr,
+        "data": (ptr, False),
+        "strides": None,
+        "version": 3,
+    }
 
 
 # Buffers whose last reference went away.  The finalizer may run inside a
@@ -197,8 +203,9 @@ def release_later(ptr: int, release) -> None:
     _pending_frees.append((ptr, release))
 
 
-def _drain_frees() -> None:
-    """Run the queued releases (never call with ``_registry._lock`` held)."""
+def release_dropped() -> None:
+    """Run the queued releases of dropped buffers now (every registry user
+    does it first; never call with ``_registry._lock`` held)."""
     while _pending_frees:
         try:
             ptr, release = _pending_frees.popleft()
@@ -216,7 +223,7 @@ def register_range(ptr: int, nbytes: int, owned: bool = False) -> int:
     mapped), remember it, and return its device alias (0: not mapped).
     ``owned``: cupy_swap releases it (a shared pool), so
     :func:`unregister_host` refuses it."""
-    _drain_frees()
+    release_dropped()
     runtime = _runtime()
     runtime.hostRegister(ptr, nbytes, _PORTABLE_MAPPED)
     try:
@@ -308,7 +315,7 @@ def register_host(array: np.ndarray) -> None:
         Contiguous array; its whole byte range is registered.
     """
     ptr, nbytes = _contiguous_span(array, "array")
-    _drain_frees()
+    release_dropped()
     if nbytes == 0:
         raise ValueError("array: expected at least one byte to register, got an empty array")
     if _registry.find(ptr, 1) is not None:
@@ -340,7 +347,7 @@ def unregister_host(array: np.ndarray) -> None:
     and do not replay graphs that swap to or from the range afterwards.
     """
     ptr, _ = _contiguous_span(array, "array")
-    _drain_frees()
+    release_dropped()
     r = _registry.find(ptr, 1)
     if r is None or r.start != ptr or r.owned:
         raise ValueError(
@@ -369,7 +376,7 @@ def host_alias(ptr: int, nbytes: int) -> int:
     ``pin_memory()``) is asked of the driver.
     """
     if _pending_frees:
-        _drain_frees()
+        release_dropped()
     r = _registry.find(ptr, max(nbytes, 1))
     if r is not None:
         return 0 if r.alias_offset is None else ptr + r.alias_offset

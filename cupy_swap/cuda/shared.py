@@ -212,14 +212,7 @@ class _SharedBuffer:
             mm.close()
             raise _register_error(e, name, nbytes) from None
         self._finalizer = weakref.finalize(self, memory.release_later, ptr, _Release(mm, name))
-        self.__array_interface__ = {
-            "shape": shape,
-            "typestr": dtype.str,
-            "descr": dtype.descr,
-            "data": (ptr, False),
-            "strides": None,
-            "version": 3,
-        }
+        self.__array_interface__ = memory.array_interface(ptr, shape, dtype)
 
 
 class _Release:

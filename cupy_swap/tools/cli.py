@@ -20,6 +20,7 @@ import time
 
 from .. import __version__
 from .bench import HOST_LAYOUTS, SwapCase, gpu_status, run_bidir, run_case, run_with_gemm, swapper_settings
+from .node import DRIVERS
 from .peers import CONTENDERS as PEER_NAMES
 
 PAGE_BYTES = 16 * 8 * 128 * 2  # 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB
@@ -635,8 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--drivers",
-        type=_choices_arg(("threads", "one-thread", "processes")),
-        default="threads,one-thread,processes",
+        type=_choices_arg(DRIVERS),
+        default=",".join(DRIVERS),
         help="who issues the swaps of --gpus: a thread per GPU, one thread, a process per GPU",
     )
     b.add_argument("--with-gemm", action="store_true", help="interference with a matmul, CTA budgets 4-32")

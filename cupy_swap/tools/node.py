@@ -23,6 +23,8 @@ import uuid
 
 import numpy as np
 
+from ..cuda.streams import on_device
+
 __all__ = ["run_node", "DIRECTIONS", "DRIVERS"]
 
 DIRECTIONS = ("in", "out", "duplex")
@@ -85,17 +87,11 @@ class GpuWork:
 
         nbytes, block = self.step_bytes, self.pool.strides[0]
         pool, gpu = self.pool.ctypes.data + self.base * block, self.gpu.data.ptr
-        prev = runtime.getDevice()
-        if prev != self.device:
-            runtime.setDevice(self.device)
-        try:
+        with on_device(self.device):
             if direction != "out":
                 runtime.memcpyAsync(gpu, pool, nbytes, 1, self.s_in.ptr)
             if direction != "in":
                 runtime.memcpyAsync(pool + nbytes, gpu + nbytes, nbytes, 2, self.s_out.ptr)
-        finally:
-            if prev != self.device:
-                runtime.setDevice(prev)
 
     def sync(self) -> None:
         self.s_in.synchronize()
@@ -291,7 +287,7 @@ def _run_processes(devices, block_bytes, n, seed, plan, reps, pool_name):
                 p.terminate()
                 p.join(10)
         del pool
-        memory.host_alias(0, 1)  # unpin and unmap this process's mapping now
+        memory.release_dropped()  # unpin and unmap this process's mapping now
         unlink_shared(pool_name, missing_ok=True)
 
 
