@@ -8,6 +8,7 @@ Public API::
     event = sw.swap_in(host, gpu_cache, [(src_block, dst_block), ...])
 """
 
+from .cuda.availability import CudaUnavailableError
 from .cuda.memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
 from .cuda.shared import shared_pinned, unlink_shared
 from .swapper import BlockSwapper, PreparedSwap
@@ -17,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BlockSwapper",
     "PreparedSwap",
+    "CudaUnavailableError",
     "empty_pinned",
     "zeros_pinned",
     "shared_pinned",

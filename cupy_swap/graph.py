@@ -19,13 +19,21 @@ Because that upload is stream-ordered, it runs after every replay already
 queued on ``stream`` and before the next one: the host never writes memory a
 queued replay may still read.  Replay on the stream you pass to
 ``set_mapping`` (or order the two streams yourself).
+
+Lifetime: the descriptor buffer is ``cudaMalloc``'d (never from CuPy's
+pool) and zeroed before the constructor returns.  When the GraphSwap is
+closed or dropped, the buffer is freed once the uploads and eager launches
+queued on it have completed; once :meth:`launch` was captured into a graph,
+it is kept for the life of the process instead, since the graph may be
+replayed at any time.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import functools
 
 from .core.mapping import check_mapping_for
+from .cuda import release
 from .cuda.abi import descriptor_words
 from .cuda.streams import on_device, stream_is_capturing, stream_on_device
 
@@ -63,8 +71,6 @@ class GraphSwap:
     """
 
     def __init__(self, launcher, layout, held: tuple, max_blocks: int):
-        import cupy
-
         if not layout.kernel_ok:
             raise ValueError(
                 "src, dst: graph swaps run the kernel, which needs host memory mapped into the GPU's "
@@ -75,12 +81,30 @@ class GraphSwap:
         self.layout = layout
         self.max_blocks = max_blocks
         self._held = held  # the caller's arrays live as long as the graph swap
-        with cupy.cuda.Device(self.device):
-            self._desc = cupy.zeros(descriptor_words(len(layout.src), max_blocks), dtype=np.int64)
+        nbytes = descriptor_words(len(layout.src), max_blocks) * 8
+        self._state = _DescriptorState(release.device_malloc(nbytes, self.device), self.device)
+        # Zero pairs until the first set_mapping, written and finished before
+        # any stream can use the buffer (so no stream ordering is needed).
+        _zero_now(self._state.ptr, nbytes, self.device)
+        self._finalizer = release.finalizer(self, _drop_descriptor, self._state)
+        with on_device(self.device):
             self._fn, self._grid, self._threads, self._args = launcher.replay_args(
-                layout, self._desc.data.ptr, max_blocks
+                layout, self._state.ptr, max_blocks
             )
         self.num_pairs = 0
+
+    def close(self) -> None:
+        """Give the descriptor buffer back once the work queued on it has
+        completed; if a launch was captured into a graph, the buffer is kept
+        for the life of the process instead (the graph may be replayed at
+        any time).  The object cannot be used afterwards."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def set_mapping(self, block_mapping, *, stream=None):
         """Stage ``block_mapping`` for the next launch or replay on ``stream``.
@@ -99,6 +123,7 @@ class GraphSwap:
             Recorded after the staging copy.
         """
         mapping = check_mapping_for(self.layout, block_mapping, self.max_blocks)
+        state = self._live_state("set_mapping")
         with on_device(self.device):
             handle = stream_on_device(stream, self.device)
             if stream_is_capturing(handle):
@@ -108,8 +133,9 @@ class GraphSwap:
                 )
             layout = self.layout
             event = self._launcher.stage_descriptor(
-                layout.table, layout.units_per_pair, mapping, self._desc.data.ptr, handle
+                layout.table, layout.units_per_pair, mapping, state.ptr, handle
             )
+        state.events[handle] = event
         self.num_pairs = int(mapping.shape[0])
         return event
 
@@ -117,6 +143,66 @@ class GraphSwap:
         """Enqueue the swap kernel on ``stream``: the call to capture.  Reads
         the pair count and pairs staged by the last :meth:`set_mapping` that
         precedes it on the stream."""
+        import cupy
+
+        state = self._live_state("launch")
         with on_device(self.device):
             handle = stream_on_device(stream, self.device)
+            capturing = stream_is_capturing(handle)
             self._launcher.launch_kernel(self._fn, self._grid, self._threads, handle, self._args.ptr)
+            if capturing:
+                state.captured = True  # a graph reads the buffer from now on
+            else:
+                event = cupy.cuda.Event(disable_timing=True)
+                cupy.cuda.runtime.eventRecord(event.ptr, handle)
+                state.events[handle] = event
+
+    def _live_state(self, method: str) -> _DescriptorState:
+        if not self._finalizer.alive:
+            raise RuntimeError(f"{method}: this GraphSwap is closed")
+        return self._state
+
+
+class _DescriptorState:
+    """A GraphSwap's descriptor buffer and what gates its release: the last
+    event of each stream that staged into it or launched over it, and
+    whether a launch was captured (then it is never released)."""
+
+    __slots__ = ("ptr", "device", "events", "captured")
+
+    def __init__(self, ptr: int, device: int):
+        self.ptr, self.device = ptr, device
+        self.events: dict = {}
+        self.captured = False
+
+
+def _drop_descriptor(state: _DescriptorState) -> None:
+    """Finalizer (may run inside any code: only enqueues)."""
+    if state.captured:
+        release.keep_for_process(state)
+        return
+    events = list(state.events.values())
+    release.defer(
+        functools.partial(release.device_free, state.ptr, state.device),
+        functools.partial(_wait_all, events),
+        f"graph-swap descriptor on GPU {state.device}",
+    )
+
+
+def _wait_all(events: list) -> None:
+    for event in events:
+        event.synchronize()
+
+
+def _zero_now(ptr: int, nbytes: int, device: int) -> None:
+    """Zero device memory and wait for it, on a private stream (legal while
+    another stream captures a graph, and ordered before any later use)."""
+    from cupy.cuda import runtime
+
+    with on_device(device), release.relaxed_capture_mode():
+        stream = runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
+        try:
+            runtime.memsetAsync(ptr, 0, nbytes, stream)
+            runtime.streamSynchronize(stream)
+        finally:
+            runtime.streamDestroy(stream)

@@ -84,6 +84,8 @@ class PreparedSwap:
     def _call(self, caller: int, block_mapping, stream, want, mode, wait_for, timing):
         """The swap, with the swapper's GPU current (``caller`` was current
         when the caller called: default-stream ``wait_for`` entries are its)."""
+        if self._swapper._closed:
+            raise RuntimeError("swap: this BlockSwapper is closed; make a new one")
         if self._generation != memory.generation() and self._held is not None:
             # A registered range went away: resolve the host aliases again
             # (raises if this op's host memory is no longer pinned).
@@ -132,7 +134,8 @@ class PreparedSwap:
         if path == "staged":
             path, plan = self._staging_ready(path, plan, mode)
         for w in waits:  # after routing: a refusal enqueues nothing
-            sw._wait_event(handle, w.event_ptr, 0)
+            if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
+                sw._wait_event(handle, w.event_ptr, 0)
         timed = sw.timing if timing is None else timing
         event = sw._events.take(timed)
         event.path, event.nbytes = path, n * layout.bytes_per_pair
@@ -212,7 +215,8 @@ def _fast_path(op: PreparedSwap):
         return op_ref()._run(*args)
 
     src_limit, dst_limit, max_blocks = layout.src_limit, layout.dst_limit, sw.max_blocks
-    parts, block, bpp = len(layout.src), layout.max_block_bytes, layout.bytes_per_pair
+    parts, bpp = len(layout.src), layout.bytes_per_pair
+    smallest, largest = layout.min_block_bytes, layout.max_block_bytes
     device, launch = sw.device, kernel.launch
     current_stream, record, take = sw._current_stream, sw._record, sw._events.take
     from cupy.cuda.runtime import memcpyAsync
@@ -236,14 +240,14 @@ def _fast_path(op: PreparedSwap):
         path = "kernel"
         if mode == "auto":
             policy = sw.policy
-            if block >= policy.dma_min_copy_bytes or n * parts <= policy.dma_max_copies:
+            if smallest >= policy.dma_min_copy_bytes or n * parts <= policy.dma_max_copies:
                 if n != 1 or one_copy is None or type(pairs) is not list:
                     return run(caller, block_mapping, stream, None, None, (), None, pairs)
                 s_ptr, s_stride, d_ptr, d_stride, size, kind = one_copy
                 memcpyAsync(d_ptr + pairs[1] * d_stride, s_ptr + pairs[0] * s_stride, size, kind, handle)
                 path = "dma"
             elif (
-                block * n >= policy.dma_min_copy_bytes
+                largest * n >= policy.dma_min_copy_bytes
                 and route(layout, pairs, mode, policy, lambda: stream_is_capturing(handle))[0] != "kernel"
             ):
                 return run(caller, block_mapping, stream, None, None, (), None, pairs)

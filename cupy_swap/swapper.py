@@ -23,6 +23,7 @@ from .core.mapping import check_mapping_for
 from .core.route import MODES, Policy
 from .cuda import abi, memory
 from .cuda.arrays import convert_array
+from .cuda.availability import translate_unavailable
 from .cuda.copy_engine import DmaCopier
 from .cuda.launcher import Launcher
 from .cuda.resolve import resolve_layout
@@ -161,9 +162,6 @@ class BlockSwapper:
     ring_size : int, optional
         Descriptor slots of kernel swaps; kernel swaps beyond this many still
         queued make ``swap`` wait for the oldest. Default 16.
-    capture_slots : int, optional
-        Descriptor slots reserved for plain ``swap()`` calls captured into CUDA
-        graphs (each captured swap keeps one for good). Default 4.
     mode : {"auto", "kernel", "dma", "staged"}, optional
         Default path (see :meth:`swap`).
     staging_bytes : int, optional
@@ -187,6 +185,13 @@ class BlockSwapper:
     shapes, a NumPy destination's writeability, a torch tensor's address,
     shape and strides.  :meth:`prepare` skips even those checks.
 
+    Memory the swapper allocates (the descriptor ring, staging arenas) is
+    given back by :meth:`close`, at the end of a ``with`` block, or when the
+    swapper is garbage-collected, and in each case only after the swaps
+    queued on it have completed (a background thread waits for them: no
+    call blocks).  Ops from :meth:`prepare` and :meth:`graph_swap` keep the
+    swapper alive.
+
     One swapper may be shared by many threads: each swap takes its own
     descriptor slot, and a slot is rewritten only after the swap that last
     used it has been enqueued and its launch has finished.  ``last_path``
@@ -202,6 +207,7 @@ class BlockSwapper:
     >>> ev.synchronize()
     """
 
+    @translate_unavailable("BlockSwapper()")
     def __init__(
         self,
         max_blocks: int = 4096,
@@ -210,7 +216,6 @@ class BlockSwapper:
         max_ctas: int | None = None,
         max_parts: int = abi.MAX_PARTS,
         ring_size: int = 16,
-        capture_slots: int = 4,
         mode: str = "auto",
         timing: bool = False,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
@@ -221,6 +226,7 @@ class BlockSwapper:
 
         self.mode = _check_mode(mode)
         self.timing = bool(timing)
+        self._closed = False
         self._lock = threading.Lock()
         self.max_blocks = _positive_int(max_blocks, "max_blocks")
         max_ctas = DEFAULT_MAX_CTAS if max_ctas is None else _positive_int(max_ctas, "max_ctas")
@@ -230,10 +236,8 @@ class BlockSwapper:
                 f"max_parts: expected at most {abi.MAX_PARTS} (the kernel's limit), got {max_parts}"
             )
         ring_size = _positive_int(ring_size, "ring_size")
-        capture_slots = _positive_int(capture_slots, "capture_slots", minimum=0)
         staging_bytes = _positive_int(staging_bytes, "staging_bytes", minimum=0)
         self.device = runtime.getDevice() if device is None else int(device)
-        memory.note_swap_device(self.device)  # unregister_host waits for its swaps
         calibrated = load_calibration(self.device) or {}
         self.calibrated = bool(calibrated)  # the thresholds come from `calibrate`
         self.policy = Policy(staging_bytes=staging_bytes, **calibrated)
@@ -244,9 +248,7 @@ class BlockSwapper:
         self._dma = DmaCopier()
         self._serial = itertools.count()
         with cupy.cuda.Device(self.device):
-            self._launcher = Launcher(
-                self.device, self.max_parts, self.max_blocks, ring_size, capture_slots, max_ctas
-            )
+            self._launcher = Launcher(self.device, self.max_parts, self.max_blocks, ring_size, max_ctas)
             self._events = EventPool()
         if max_inline_pairs is not None:
             self._launcher.max_inline_pairs = _positive_int(max_inline_pairs, "max_inline_pairs", minimum=0)
@@ -256,6 +258,23 @@ class BlockSwapper:
         self._current_stream = cupy.cuda.get_current_stream
         self._record, self._wait_event = runtime.eventRecord, runtime.streamWaitEvent
         self._new_event = cupy.cuda.Event
+
+    def close(self) -> None:
+        """Give back the swapper's memory once the swaps queued on it have
+        completed, without waiting for them.  Later calls (of this swapper
+        and of its prepared ops) raise ``RuntimeError``.  Idempotent."""
+        self._closed = True
+        with self._lock:
+            self._layouts.clear()
+        self._launcher.close()
+        for stager in (self._stagers or {}).values():
+            stager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # Settings kept on the parts that use them.
     max_ctas = property(
@@ -340,9 +359,11 @@ class BlockSwapper:
         ``swap`` never synchronizes with the device, except when more than
         ``ring_size`` kernel swaps are still queued (it then waits for the
         oldest).  It may be called while ``stream`` captures a CUDA graph: the
-        captured swap keeps the mapping given at capture (its descriptor slot
-        comes from the ``capture_slots`` reserve and is kept for good).  For a captured swap whose mapping
-        changes on every replay, see :meth:`graph_swap`.
+        captured swap keeps the mapping given at capture (in the kernel's
+        parameters, or for more than 1792 pairs or 64 parts in a descriptor
+        buffer of its own, kept for the life of the process).  For a
+        captured swap whose mapping changes on every replay, see
+        :meth:`graph_swap`.
 
         Raises
         ------
@@ -423,7 +444,10 @@ class BlockSwapper:
         entry = self._layouts.get(key)
         if entry is not None and entry.valid_for(items):
             return entry.op
-        op = PreparedSwap(self, self._layout(src, dst), None)
+        # The cache holds the op and the op only a proxy of the swapper: no
+        # swapper -> cache -> op -> swapper cycle, so dropping the swapper
+        # frees it (and hands its memory to the releaser) at once.
+        op = PreparedSwap(weakref.proxy(self), self._layout(src, dst), None)
         with self._lock:
             self._layouts.pop(key, None)
             if len(self._layouts) >= _LAYOUT_CACHE_SIZE:
@@ -433,6 +457,8 @@ class BlockSwapper:
 
     def _layout(self, src, dst) -> Layout:
         """Check and resolve ``(src, dst)`` (this swapper's GPU current)."""
+        if self._closed:
+            raise RuntimeError("swap: this BlockSwapper is closed; make a new one")
         layout = check_layout(src, dst, convert_array)
         if len(layout.src) > self.max_parts:
             raise ValueError(f"src: expected at most max_parts={self.max_parts} parts, got {len(layout.src)}")

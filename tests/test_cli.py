@@ -1,14 +1,21 @@
 """Command line behaviour that needs no GPU."""
 
+import json
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from cupy_swap.tools import cli
-from cupy_swap.tools.cli import EXIT_NO_GPU, _parse_sizes, build_parser, explain_no_gpu
+from cupy_swap.cuda import availability
+from cupy_swap.tools import cli, node
+from cupy_swap.tools.cli import EXIT_NO_GPU, _parse_sizes, build_parser
 
 from .conftest import GPU_OK
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _run(*argv):
@@ -35,9 +42,17 @@ def test_exit_codes_are_distinct():
 
 # (a) a bad argument is reported by argparse (exit 2) before any GPU check, on
 # any machine: with a GPU these would otherwise start a benchmark or crash in it.
+# The usage line is the command's own (the demo's for options without a command).
 @pytest.mark.parametrize(
     "argv, message",
     [
+        (["--reps", "0"], "argument --reps: '0' is not a positive whole number"),
+        (["--block-bytes", "4k"], "unrecognized arguments: --block-bytes 4k"),
+        (
+            ["bench", "--json", "/no/such/dir/out.json"],
+            "argument --json: expected an existing directory for '/no/such/dir/out.json', "
+            "but '/no/such/dir' does not exist",
+        ),
         (["bench", "--bogus"], "unrecognized arguments: --bogus"),
         (["bench", "--block-bytes", "foo"], "argument --block-bytes: 'foo' is not a size"),
         (["bench", "--counts", "1,x"], "argument --counts: 'x' is not a positive whole number"),
@@ -55,16 +70,20 @@ def test_exit_codes_are_distinct():
         ),
     ],
 )
-def test_bad_argument_is_reported_before_the_gpu_check(argv, message, monkeypatch):
+def test_bad_argument_is_reported_before_the_gpu_check(argv, message, monkeypatch, capsys):
+    command = argv[0] if argv[0] in cli.COMMANDS else "demo"
+    usage = "usage: {} [-h]" if argv[0] == "frobnicate" else "usage: {} " + command + " [-h]"
     r = _run(*argv)
     assert r.returncode == 2, r.stderr
-    assert message in r.stderr and "usage: cupy-swap" in r.stderr
+    assert message in r.stderr and usage.format("python -m cupy_swap") in r.stderr
+    assert f"python -m cupy_swap{'' if argv[0] == 'frobnicate' else ' ' + command}: error: " in r.stderr
     assert "needs an NVIDIA GPU" not in r.stderr and "Traceback" not in r.stderr
     # In process too, with the GPU check made to fail loudly if it were reached.
     monkeypatch.setattr(cli, "gpu_status", lambda: pytest.fail("GPU checked before the arguments"))
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2
+    assert usage.format("cupy-swap") in capsys.readouterr().err
 
 
 # (b) and (d): no GPU has its own exit code, and the message does not send a
@@ -76,7 +95,7 @@ def test_without_gpu_says_so_and_exits_3(argv):
     assert r.returncode == EXIT_NO_GPU, r.stderr
     assert "GPU" in r.stderr and "Traceback" not in r.stderr
     assert f"exit status {EXIT_NO_GPU}" in r.stderr
-    if cli.probe_driver() is None:  # this machine has no driver at all
+    if availability.probe_driver() is None:  # this machine has no driver at all
         assert "no NVIDIA driver found" in r.stderr
         assert "upgrade" not in r.stderr.lower() and "insufficient" not in r.stderr.lower()
 
@@ -90,7 +109,7 @@ def test_info_without_gpu_exits_3():
 
 def test_no_gpu_main_exit_code_in_process(monkeypatch, capsys):
     monkeypatch.setattr(cli, "gpu_status", lambda: (False, "no CUDA GPU is available (test)"))
-    monkeypatch.setattr(cli, "probe_driver", lambda: None)
+    monkeypatch.setattr(availability, "probe_driver", lambda: None)
     for argv in (
         [],
         ["bench", "--counts", "3"],
@@ -104,49 +123,6 @@ def test_no_gpu_main_exit_code_in_process(monkeypatch, capsys):
     assert cli.main(["info"]) == EXIT_NO_GPU
     err = capsys.readouterr().err
     assert "no NVIDIA driver found" in err and "upgrade" not in err
-
-
-# What the CUDA runtime says without a driver (libcuda.so.1 missing) is the
-# same as for an old driver; only the driver probe tells them apart.
-RUNTIME_SAYS = (
-    "no CUDA GPU is available (cudaErrorInsufficientDriver: "
-    "CUDA driver version is insufficient for CUDA runtime version)"
-)
-
-
-def test_explain_no_driver_does_not_suggest_an_upgrade():
-    text = explain_no_gpu(RUNTIME_SAYS, None, 12090)
-    assert "no NVIDIA driver found" in text and "libcuda.so.1" in text
-    assert "upgrade" not in text.lower() and "insufficient" not in text.lower()
-
-
-def test_explain_driver_too_old_suggests_an_upgrade():
-    text = explain_no_gpu(RUNTIME_SAYS, {"init": 0, "version": 12020, "devices": 1}, 13000)
-    assert "older than the CUDA 13.0 runtime" in text and "NVIDIA driver for CUDA 12.2" in text
-    assert "upgrade the driver" in text and "cupy-swap[cuda12]" in text
-
-
-def test_explain_driver_without_device():
-    for driver in (
-        {"init": 100, "version": 12040, "devices": None},
-        {"init": 0, "version": 12040, "devices": 0},
-    ):
-        text = explain_no_gpu(RUNTIME_SAYS, driver, 12090)
-        assert "installed but sees no GPU" in text and "upgrade" not in text
-
-
-def test_explain_driver_that_does_not_start_and_other_cases():
-    text = explain_no_gpu(RUNTIME_SAYS, {"init": 999, "version": 12040, "devices": None}, 12090)
-    assert "does not start" in text and "999" in text and "upgrade" not in text
-    missing = "CuPy is not installed (No module named 'cupy'); install cupy-swap[cuda12] or [cuda13]"
-    assert explain_no_gpu(missing, None, None) == missing
-    other = "no CUDA GPU is available (cudaErrorDevicesUnavailable: all CUDA-capable devices are busy)"
-    assert explain_no_gpu(other, {"init": 0, "version": 12040, "devices": 1}, 12090) == other
-
-
-def test_probe_driver_runs_anywhere():
-    found = cli.probe_driver()
-    assert found is None or set(found) == {"init", "version", "devices"}
 
 
 # (c) the top-level help lists every command in plain text, and the exit codes.
@@ -191,6 +167,7 @@ def _fake_row(case, mode):
         "num_blocks": case.num_blocks,
         "parts": case.parts,
         "contiguous": case.contiguous,
+        "bytes": case.total_bytes,
         "mode": mode,
         "path": "kernel",
         "gbps": 1.0,
@@ -244,3 +221,207 @@ def _bidir_row(block_bytes):
         "sustained_ceiling_gbps": 2.0,
         "sustained_ratio": 0.5,
     }
+
+
+def _stub_measurements(monkeypatch, *, devices=1):
+    """A machine with ``devices`` GPUs whose measurements are stubbed; returns
+    the list of run_case calls (case, mode, reps)."""
+    seen = []
+
+    def fake_run_case(case, *, max_ctas=None, reps=30, baseline=True, mode="auto"):
+        seen.append((case.direction, case.block_bytes, case.num_blocks, mode, reps))
+        return _fake_row(case, mode)
+
+    monkeypatch.setattr(cli, "_require_gpu", lambda: "fake GPU")
+    monkeypatch.setattr(cli, "_device_count", lambda: devices)
+    monkeypatch.setattr(cli, "environment_lines", lambda: ["GPU 0: fake"])
+    monkeypatch.setattr(cli, "swapper_settings", lambda: "settings: fake")
+    monkeypatch.setattr(cli, "run_case", fake_run_case)
+    return seen
+
+
+# Item: options without a command are the demo's (the bare command runs the demo).
+def test_options_without_a_command_are_the_demos(monkeypatch, capsys):
+    seen = _stub_measurements(monkeypatch)
+    assert cli.main(["--reps", "5"]) == cli.EXIT_OK
+    assert [(d, n, reps) for d, _, n, _, reps in seen] == [("out", 1250, 5), ("in", 1250, 5)]
+    assert "bit-exact: yes" in capsys.readouterr().out
+    args = cli.parse_args([])
+    assert args.command == "demo" and args.reps == 30
+
+
+def test_top_level_options_stay_top_level(capsys):
+    for argv in (["--version"], ["--vers"]):
+        with pytest.raises(SystemExit) as e:
+            cli.parse_args(argv)
+        assert e.value.code == 0 and capsys.readouterr().out.startswith("cupy_swap ")
+    for argv in (["-h"], ["--help"]):
+        with pytest.raises(SystemExit) as e:
+            cli.parse_args(argv, prog="cupy-swap")
+        out = capsys.readouterr().out
+        assert e.value.code == 0 and "usage: cupy-swap [-h] [--version] [COMMAND] [options]" in out
+        assert "`cupy-swap --reps 5`" in out and "`cupy-swap COMMAND --help`" in out
+
+
+def _readme_commands() -> list[list[str]]:
+    """Every ``python -m cupy_swap ...`` command of the README, inline (which may
+    wrap lines) or in a code block (up to a ``#`` comment)."""
+    text = README.read_text()
+    found = [" ".join(m.split()) for m in re.findall(r"`python -m cupy_swap\b([^`]*)`", text)]
+    found += [m.strip() for m in re.findall(r"^python -m cupy_swap\b([^#\n]*)", text, flags=re.M)]
+    return [cmd.split() for cmd in found]
+
+
+def test_readme_commands_parse(monkeypatch):
+    commands = _readme_commands()
+    assert [] in commands and ["bench"] in commands and ["info"] in commands and len(commands) >= 8
+    monkeypatch.setattr(cli, "gpu_status", lambda: pytest.fail("parsing looked for a GPU"))
+    for argv in commands:
+        args = cli.parse_args(argv, prog="python -m cupy_swap")
+        assert args.command == (argv[0] if argv else "demo"), argv
+    # And the demo's one option, which the README names for the bare command.
+    assert cli.parse_args(["--reps", "5"]).reps == 5
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_command_usage_is_its_own(name, capsys):
+    parser = cli.build_parser("python -m cupy_swap")
+    args = parser.parse_args([name])
+    assert args.command_parser.prog == f"python -m cupy_swap {name}"
+    args.command_parser.print_usage()
+    assert capsys.readouterr().out.startswith(f"usage: python -m cupy_swap {name} [-h]")
+
+
+# Item: --gpus beyond this machine's GPUs is a usage error (exit 2), found before
+# anything is measured (here: before the header, which builds a swapper).
+@pytest.mark.parametrize(
+    "gpus, devices, message",
+    [
+        ("7", 1, "argument --gpus: expected GPU index 0 (this machine has 1 GPU), got 7"),
+        ("0,2,5", 2, "argument --gpus: expected GPU indices from 0 to 1 (this machine has 2 GPUs), got 2, 5"),
+    ],
+)
+def test_gpus_beyond_the_machine_is_a_usage_error(gpus, devices, message, monkeypatch, capsys):
+    _stub_measurements(monkeypatch, devices=devices)
+    monkeypatch.setattr(cli, "_header", lambda args: pytest.fail("measured before checking --gpus"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--gpus", gpus])
+    assert e.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "usage: cupy-swap bench [-h]" in err and f"cupy-swap bench: error: {message}" in err
+
+
+def test_gpus_all_reaches_the_harness_as_indices(monkeypatch, capsys):
+    _stub_measurements(monkeypatch, devices=2)
+    ran = []
+
+    def fake_run_node(devices, **kw):
+        ran.append((devices, kw["block_bytes"], kw["n"]))
+        return {"together": [{"verified": True}]}
+
+    monkeypatch.setattr(node, "run_node", fake_run_node)
+    assert cli.main(["bench", "--gpus", "all", "--gpu-blocks", "8", "--block-bytes", "4k"]) == cli.EXIT_OK
+    assert ran == [([0, 1], 4096, 8)]
+    assert "2 GPU(s) [0, 1] at once" in capsys.readouterr().out
+
+
+def test_select_devices():
+    assert node.select_devices("all", 3) == [0, 1, 2]
+    assert node.select_devices([2, 0], 3) == [2, 0]
+    for spec, count, message in (
+        ([3], 3, "expected GPU indices from 0 to 2 (this machine has 3 GPUs), got 3"),
+        ([-1], 1, "expected GPU index 0 (this machine has 1 GPU), got -1"),
+        ([], 2, "expected distinct GPU indices, got []"),
+        ([1, 1], 2, "expected distinct GPU indices, got [1, 1]"),
+        ("some", 2, "expected 'all' or a list of GPU indices, got 'some'"),
+        ("all", 0, "expected a machine with at least one GPU, got 0 GPUs"),
+    ):
+        with pytest.raises(ValueError) as e:
+            node.select_devices(spec, count)
+        assert str(e.value) == message
+
+
+# Item: --json is checked before the run, so a sweep is not thrown away at its end.
+def test_check_output_file(tmp_path, monkeypatch):
+    new = str(tmp_path / "out.json")
+    assert cli.check_output_file(new) == new and not os.path.exists(new)  # checked, not created
+    (tmp_path / "old.json").write_text("{}")
+    assert cli.check_output_file(str(tmp_path / "old.json")) == str(tmp_path / "old.json")
+    (tmp_path / "file").write_text("")
+    cases = [
+        ("", "expected a file name, got ''"),
+        (str(tmp_path), f"expected a file name, got {str(tmp_path)!r}, a directory"),
+        (
+            str(tmp_path / "no" / "out.json"),
+            f"expected an existing directory for {str(tmp_path / 'no' / 'out.json')!r}, "
+            f"but {str(tmp_path / 'no')!r} does not exist",
+        ),
+        (
+            str(tmp_path / "file" / "out.json"),
+            f"expected a directory for {str(tmp_path / 'file' / 'out.json')!r}, "
+            f"but {str(tmp_path / 'file')!r} is not one",
+        ),
+    ]
+    for path, message in cases:
+        with pytest.raises(ValueError) as e:
+            cli.check_output_file(path)
+        assert str(e.value) == message
+    # Permissions through os.access (root may write anywhere, so stand in for it).
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(
+        ValueError, match=r"expected a writable directory for .*out\.json', but .* is not writable"
+    ):
+        cli.check_output_file(new)
+    with pytest.raises(ValueError, match=r"expected a writable file, but .*old\.json' is not writable"):
+        cli.check_output_file(str(tmp_path / "old.json"))
+
+
+def test_bench_json_into_a_missing_directory_fails_before_the_gpu_check(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "gpu_status", lambda: pytest.fail("GPU checked before --json"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--json", "/no/such/dir/out.json"])
+    assert e.value.code == cli.EXIT_USAGE
+    assert (
+        "cupy-swap bench: error: argument --json: expected an existing directory" in capsys.readouterr().err
+    )
+
+
+def test_bench_json_that_cannot_be_written_at_the_end_is_kept(monkeypatch, tmp_path, capsys):
+    """The directory goes away during the run: the figures land in a temporary file."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    spare_dir = tmp_path / "spare"
+    spare_dir.mkdir()
+    monkeypatch.setattr(cli.tempfile, "tempdir", str(spare_dir))
+    seen = _stub_measurements(monkeypatch)
+    fake = cli.run_case
+
+    def run_case_then_remove(case, **kw):
+        if out_dir.exists():
+            out_dir.rmdir()
+        return fake(case, **kw)
+
+    monkeypatch.setattr(cli, "run_case", run_case_then_remove)
+    assert cli.main(["bench", "--counts", "3", "--json", str(out_dir / "b.json")]) == cli.EXIT_OK
+    (spare,) = spare_dir.glob("cupy_swap-bench-*.json")
+    assert len(json.loads(spare.read_text())["results"]) == len(seen) == 2
+    err = capsys.readouterr().err
+    assert f"could not write --json {out_dir / 'b.json'}" in err and str(spare) in err
+
+
+# Item: after `pip install .` without an extra, the message says CuPy is missing
+# (not a GPU) and gives this project's install command, not a package PyPI lacks.
+def test_without_cupy_says_so_with_the_install_command(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
+    for argv in ([], ["bench"], ["calibrate"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == EXIT_NO_GPU
+        err = capsys.readouterr().err
+        assert err.startswith("cupy_swap: CuPy is not installed (")
+        assert 'pip install ".[cuda12]" (CUDA 12.x driver)' in err and 'pip install ".[cuda13]"' in err
+        assert "This command needs CuPy (exit status 3: CuPy missing)." in err
+        assert "needs an NVIDIA GPU" not in err and "cupy-swap[" not in err
+    assert cli.main(["info"]) == EXIT_NO_GPU
+    out = capsys.readouterr().out
+    assert "CuPy: missing (CuPy is not installed" in out and "GPU: none" not in out

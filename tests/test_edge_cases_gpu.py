@@ -144,10 +144,10 @@ def test_layout_cache_does_not_keep_arrays_alive(rng):
     del pool, gpu
     gc.collect()
     assert buffer() is None and gpu_ref() is None  # the swapper's cache let both go
-    # The finalizer only queues the free (see memory._free_pinned); the next
-    # registry user, here host_alias, frees it and forgets the range.
-    assert memory.host_alias(start, 1) == 0
-    assert memory._registry.find(start, 1) is None and not memory._pending_frees
+    # The finalizer only queues the release; the releaser thread frees it
+    # and forgets the range, with no further call of ours.
+    assert memory.release_dropped(timeout=30)
+    assert memory._registry.find(start, 1) is None
 
 
 def test_destination_made_read_only_after_a_swap_is_refused(rng):

@@ -106,7 +106,7 @@ class _Swapper:
 
     def __init__(self, rec, *, mode="auto", max_pairs=1792, policy=None):
         self.rec = rec
-        self.device, self.max_blocks, self.mode, self.timing = 0, 4096, mode, False
+        self.device, self.max_blocks, self.mode, self.timing, self._closed = 0, 4096, mode, False, False
         self.policy, self.last_path, self._serial = policy or Policy(), None, iter(range(1000))
         self._stagers = {"in": _Stager(rec), "out": _Stager(rec)}
         self._launcher = _Launcher(rec, max_pairs)

@@ -70,7 +70,7 @@ def test_captured_inline_swaps_keep_their_pairs_without_slots(rng):
     """A captured inline launch carries its pairs in the graph node: no
     capture slot is taken (there are none here), and each replay moves the
     pairs given at capture."""
-    sw = cs.BlockSwapper(max_blocks=64, capture_slots=0)
+    sw = cs.BlockSwapper(max_blocks=64)
     host = cs.empty_pinned((64, 1024), np.uint8)
     gpu = cp.empty((64, 1024), cp.uint8)
     rand_fill(host, rng)

@@ -107,3 +107,69 @@ def test_launch_shape_follows_the_budget():
     lau.max_ctas = 4
     bound.launch(m, 1250, 0)
     assert [x[1] for x in lau.launches] == [8, 4]
+
+
+def test_a_thread_that_sees_the_tiers_never_sees_a_larger_bound():
+    """On a compiler without parameters over 4 KiB the first launch lowers
+    ``max_pairs`` from the largest tier to the largest this GPU has.  The
+    tiers were once published before the bound was lowered: a second
+    thread in between passed the bound check, found no tier large enough
+    and wrote 193 pairs into a 192-pair buffer (ValueError)."""
+    old = _Launcher(tiers=abi.TIERS[:2])
+    bound = BoundKernel(old, _layout(1))
+    # The state another thread could observe between the two stores.
+    bound._tiers = [[t, None] for t in abi.TIERS[:2]]
+    bound.max_pairs = abi.TIERS[-1].pairs
+    assert not bound.launch(np.zeros((193, 2), np.int64), 193, 0)  # the ring takes it
+    assert old.launches == []
+
+
+class _RingLauncher:
+    """A Launcher's descriptor methods over plain NumPy slots (no CUDA)."""
+
+    from cupy_swap.cuda.launcher import Launcher
+
+    write_slot = Launcher.write_slot
+    acquire = Launcher.acquire
+
+    def __init__(self):
+        import threading
+        import types
+
+        self._lock = threading.Lock()
+        self._next, self.ring_waits, self.descriptor_from_host_max_pairs = 0, 0, 1 << 20
+        self._finalizer = types.SimpleNamespace(alive=True)
+        words = np.zeros(abi.descriptor_words(2, 64), np.int64)
+        self._slots = [
+            types.SimpleNamespace(
+                lock=threading.Lock(), host_words=words, table_serial=-1, event=None, alias_args="alias"
+            )
+        ]
+
+
+def test_an_interrupted_descriptor_write_leaves_no_table_marked_current(monkeypatch):
+    """The slot's table tag was once set after the write: a write of layout
+    B's table cut short left B's partial table tagged as layout A's, and
+    A's next swap reused it without rewriting."""
+    from cupy_swap.cuda import launcher as launcher_module
+
+    lau = _RingLauncher()
+    a, b = _layout(2), _layout(2, block=8192)
+    a.serial, b.serial = 1, 2
+    held: list = []
+    lau.write_slot(a, [1, 2], 0, False, held)
+    held.pop().lock.release()
+    real = abi.write_descriptor
+
+    def interrupted(out, table, units, mapping, include_table):
+        out[abi.HEADER_WORDS] = -1  # the first word of B's table went in, then the interrupt
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher_module.abi, "write_descriptor", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lau.write_slot(b, [3, 4], 0, False, held)
+    held.pop().lock.release()
+    monkeypatch.setattr(launcher_module.abi, "write_descriptor", real)
+    lau.write_slot(a, [5, 6], 0, False, held)  # A again: the table must be written afresh
+    words = lau._slots[0].host_words
+    assert words[abi.HEADER_WORDS : abi.HEADER_WORDS + a.table.size].tolist() == a.table.tolist()

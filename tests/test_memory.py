@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap.cuda import memory
+from cupy_swap.cuda import memory, release
 
 
 def test_shape_checks():
@@ -49,11 +49,13 @@ class _FakeRuntime:
     """Stands in for CUDA: page-aligned fake allocations, aliases = address."""
 
     def __init__(self):
-        self.next, self.freed = 1 << 30, []
+        self.memory, self.ranges, self.freed = [], [], []
 
     def hostAlloc(self, nbytes, flags):
-        self.next += 1 << 16
-        return self.next
+        self.memory.append(np.empty(nbytes + 4096, np.uint8))  # real bytes: arrays over it may be read
+        start = -(-self.memory[-1].ctypes.data // 4096) * 4096
+        self.ranges.append((start, start + nbytes))
+        return start
 
     def freeHost(self, ptr):
         self.freed.append(ptr)
@@ -61,15 +63,25 @@ class _FakeRuntime:
     def pointerGetAttributes(self, ptr):
         import types
 
-        return types.SimpleNamespace(type=memory._MEMORY_TYPE_HOST, devicePointer=ptr)
+        inside = any(start <= ptr < end for start, end in self.ranges)
+        return types.SimpleNamespace(type=memory._MEMORY_TYPE_HOST if inside else 0, devicePointer=ptr)
 
 
-def test_freeing_never_takes_the_registry_lock(monkeypatch):
-    """A pinned buffer is freed by a finalizer, which may run inside a garbage
-    collection at any point, also while this thread holds the registry's
-    lock (Python 3.12+ collects right after C calls such as ``bisect``):
-    the finalizer only queues the address, and the next registry user frees
-    it outside the lock.  Taking the lock there hung the GPU test suite."""
+@pytest.fixture(autouse=True)
+def _released_before_the_fakes_go(monkeypatch):
+    """Buffers dropped under a stand-in runtime are released under it too."""
+    assert release.drain(timeout=10)  # nothing of earlier tests released under the stand-in
+    yield
+    assert release.drain(timeout=10)
+
+
+def test_a_dropped_buffer_is_freed_by_the_releaser_never_under_the_registry_lock(monkeypatch):
+    """A pinned buffer is freed through a finalizer, which may run inside a
+    garbage collection at any point, also while a thread holds the
+    registry's lock (Python 3.12+ collects right after C calls such as
+    ``bisect``).  The finalizer only enqueues; the releaser thread then
+    unpublishes and frees it, soon after the drop and with no further
+    call of the program's (it once waited for the next registry user)."""
     import gc
     import threading
 
@@ -78,7 +90,7 @@ def test_freeing_never_takes_the_registry_lock(monkeypatch):
     buf = memory._PinnedBuffer((4096,), np.dtype(np.uint8))
     ptr = buf.__array_interface__["data"][0]
     assert memory._registry.find(ptr, 1) is not None
-    buf.cycle = buf  # freed by the cyclic collector, as a swapper's ring is
+    buf.cycle = buf  # freed by the cyclic collector, as a swapper once was
     del buf
     done = threading.Event()
     with memory._registry._lock:  # a collection landing inside find() or add()
@@ -91,6 +103,67 @@ def test_freeing_never_takes_the_registry_lock(monkeypatch):
         t.start()
         t.join(timeout=10)
         assert done.is_set(), "the finalizer blocked on the registry lock"
-    assert ptr not in fake.freed and memory._registry.find(ptr, 1) is not None  # queued, still pinned
-    memory.host_alias(123, 1)  # any registry user frees the queue, outside the lock
+        assert ptr not in fake.freed  # the releaser waits for the lock: still pinned, still listed
+    assert release.drain(timeout=10)  # waits for the releaser; touches no registry itself
     assert ptr in fake.freed and memory._registry.find(ptr, 1) is None
+
+
+def test_a_failed_release_is_reported_not_swallowed(monkeypatch):
+    fake = _FakeRuntime()
+
+    def refuse(ptr):
+        raise RuntimeError("cudaErrorInvalidValue")
+
+    fake.freeHost = refuse
+    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    buf = memory._PinnedBuffer((64,), np.dtype(np.uint8))
+    ptr = buf.__array_interface__["data"][0]
+    before = len(release.failures)
+    with pytest.warns(RuntimeWarning, match=f"could not release pinned buffer {ptr:#x}"):
+        del buf
+        assert release.drain(timeout=10)
+    what, error = release.failures[-1]
+    assert len(release.failures) == before + 1 and "cudaErrorInvalidValue" in str(error)
+
+
+def test_unregister_unpublishes_then_unregisters_and_republishes_on_failure(monkeypatch):
+    """unregister_host once waited before unpublishing (a cached op could
+    enqueue on the range in between) and forgot the range before CUDA
+    unregistered it (a failure left it pinned and unknown).  Now the range
+    is unpublished first, unpinned by cudaHostUnregister (which waits for
+    queued work itself), and published again if CUDA refuses."""
+    fake = _FakeRuntime()
+    steps = []
+    array = np.zeros(1 << 16, np.uint8)
+    ptr = array.ctypes.data
+
+    def register(p, nbytes, flags):
+        steps.append("register")
+
+    def unregister(p):
+        steps.append(("unregister", "unpublished" if memory._registry.find(ptr, 1) is None else "listed"))
+        if fake.refuse:
+            raise RuntimeError("cudaErrorHostMemoryNotRegistered")
+
+    fake.hostRegister, fake.hostUnregister, fake.refuse = register, unregister, True
+    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    cs.register_host(array)
+    generation = memory.generation()
+    with pytest.raises(RuntimeError, match="could not unpin the range .* it stays registered"):
+        cs.unregister_host(array)
+    assert steps == ["register", ("unregister", "unpublished")]
+    assert memory._registry.find(ptr, 1) is not None  # published again: the call can be retried
+    assert memory.generation() > generation  # cached layouts resolve again
+    fake.refuse = False
+    cs.unregister_host(array)
+    assert memory._registry.find(ptr, 1) is None
+
+
+def test_is_pinned_spans_negative_and_gapped_strides(monkeypatch):
+    fake = _FakeRuntime()
+    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    pool = np.asarray(memory._PinnedBuffer((16, 8), np.dtype(np.float32)))
+    assert cs.is_pinned(pool) and cs.is_pinned(pool[::-1]) and cs.is_pinned(pool[::-2, ::3])
+    assert memory.byte_span(pool[::-1]) == (pool.ctypes.data, pool.ctypes.data + pool.nbytes)
+    outside = np.lib.stride_tricks.as_strided(pool[8:], (9, 8), pool.strides)  # one row past the end
+    assert not cs.is_pinned(outside)

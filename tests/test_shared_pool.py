@@ -2,13 +2,14 @@
 and every refusal, named clearly (cupy_swap.cuda.shared.open_segment).
 Page-locking and swaps across processes are in test_shared_pool_gpu.py."""
 
+import mmap
 import os
 import uuid
 
 import numpy as np
 import pytest
 
-from cupy_swap.cuda import memory, shared
+from cupy_swap.cuda import memory, release, shared
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(shared.SHM_DIR), reason="needs /dev/shm")
 
@@ -142,10 +143,11 @@ class _FakeRuntime:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
+    assert release.drain(timeout=10)  # nothing of earlier tests released under the stand-in
     fake = _FakeRuntime()
     monkeypatch.setattr(memory, "_runtime", lambda: fake)
-    monkeypatch.setattr(memory, "_swap_devices", set())
-    return fake
+    yield fake
+    assert release.drain(timeout=10)  # what was dropped under the stand-in is released under it
 
 
 def test_pool_lifecycle_with_a_stand_in_runtime(name, fake_cuda):
@@ -154,7 +156,7 @@ def test_pool_lifecycle_with_a_stand_in_runtime(name, fake_cuda):
     pool = cs.shared_pinned(name, (8, 512), np.float32, create=True)
     assert pool.shape == (8, 512) and pool.dtype == np.float32 and pool.flags.c_contiguous
     assert fake_cuda.registered == [(pool.ctypes.data, pool.nbytes)]
-    assert pool.ctypes.data % 4096 == 0  # page-aligned data after the one-page header
+    assert pool.ctypes.data % mmap.PAGESIZE == 0  # page-aligned data after the header page(s)
     assert memory.host_alias(pool.ctypes.data, pool.nbytes) == pool.ctypes.data
     other = cs.shared_pinned(name, (8, 512), np.float32)  # a second mapping of the same pages
     pool[5, 7] = 2.5
@@ -164,13 +166,14 @@ def test_pool_lifecycle_with_a_stand_in_runtime(name, fake_cuda):
     start = pool.ctypes.data
     view = pool[2:]
     del pool
-    memory.host_alias(0, 1)  # a registry user: runs whatever release is queued
+    assert release.drain(timeout=10)  # runs whatever release is queued
     assert (
         memory._registry.find(start, 1) is not None and start not in fake_cuda.unregistered
     )  # the view holds it
     del view
-    assert memory.host_alias(start, 1) == 0  # the next registry user ran the queued release
+    assert release.drain(timeout=10)  # the releaser thread unpinned it, with no call of ours
     assert start in fake_cuda.unregistered and memory._registry.find(start, 1) is None
+    assert memory.host_alias(start, 1) == 0
     assert other[5, 7] == 2.5  # the other mapping is untouched
     cs.unlink_shared(name)
     assert other[5, 7] == 2.5  # unlinking removes the name, not the memory
@@ -201,9 +204,11 @@ def test_a_failed_unpin_keeps_the_mapping_and_warns(name, fake_cuda, monkeypatch
     monkeypatch.setattr(fake_cuda, "hostUnregister", refuse)
     released = []
     monkeypatch.setattr(shared._Release, "__call__", _spy(shared._Release.__call__, released))
-    del pool
-    with pytest.warns(RuntimeWarning, match="could not unpin this process's mapping"):
-        memory.host_alias(0, 1)
+    with pytest.warns(
+        RuntimeWarning, match=f"could not release shared pool {name!r}.*StreamCaptureUnsupported"
+    ):
+        del pool
+        assert release.drain(timeout=10)
     assert released and not released[0].mm.closed  # still mapped: CUDA may still hold it
     assert bytes(released[0].mm[shared.HEADER_BYTES : shared.HEADER_BYTES + 4]) == b"\x07" * 4
     assert memory._registry.find(start, 1) is None
@@ -215,3 +220,20 @@ def _spy(call, seen):
         return call(self, ptr)
 
     return wrapper
+
+
+def test_the_header_fills_whole_pages_of_a_64_kib_page_host(name, fake_cuda, monkeypatch):
+    """Pools once assumed 4 KiB pages: with 64 KiB pages (many aarch64 hosts)
+    the data started inside the header's page."""
+    import cupy_swap as cs
+
+    assert shared.HEADER_BYTES % mmap.PAGESIZE == 0 and shared.HEADER_BYTES >= 4096
+    monkeypatch.setattr(shared, "HEADER_BYTES", 1 << 16)  # what a 64 KiB-page host computes
+    pool = cs.shared_pinned(name, (4, 4096), np.uint8, create=True)
+    pool[...] = 3
+    other = cs.shared_pinned(name, (4, 4096), np.uint8)
+    assert os.path.getsize(shared.segment_path(name)) == (1 << 16) + 4 * 4096  # data after 64 KiB
+    assert other[3, 4095] == 3  # the opener reads the same header size
+    assert fake_cuda.registered[0] == (pool.ctypes.data, 4 * 4096)
+    del pool, other
+    cs.unlink_shared(name)

@@ -135,4 +135,5 @@ def test_a_dropped_mapping_is_unregistered(pool_name):
     pool = cs.shared_pinned(pool_name, (16, 4096), np.uint8, create=True)
     start = pool.ctypes.data
     del pool
-    assert memory.host_alias(start, 1) == 0  # drained: unregistered, unmapped
+    assert memory.release_dropped(timeout=30)  # the releaser thread unregistered and unmapped it
+    assert memory.host_alias(start, 1) == 0

@@ -94,3 +94,19 @@ def test_tensor_repointed_to_new_storage_is_noticed():
     sw.swap_in(cpu, gpu, [(2, 0)]).synchronize()
     assert torch.equal(fresh[0].cpu(), cpu[2])  # went to the new storage
     assert torch.equal(old[0].cpu(), cpu[1])
+
+
+def test_wait_for_an_unrecorded_torch_event():
+    """torch creates an event's CUDA event on its first record(); waiting on
+    one never recorded is a no-op in torch, and so it is for a swap."""
+    sw = cs.BlockSwapper(max_blocks=8)
+    cpu = torch.arange(8 * 64, dtype=torch.float32).reshape(8, 64).pin_memory()
+    gpu = torch.zeros((8, 64), device="cuda")
+    fresh = torch.cuda.Event()
+    assert fresh.cuda_event == 0  # what the swap must not hand to cudaStreamWaitEvent
+    sw.swap_in(cpu, gpu, [(1, 0)], wait_for=fresh).synchronize()
+    recorded = torch.cuda.Event()
+    recorded.record()
+    sw.swap_in(cpu, gpu, [(2, 1)], wait_for=[torch.cuda.Event(), recorded]).synchronize()
+    assert torch.equal(gpu[0].cpu(), cpu[1]) and torch.equal(gpu[1].cpu(), cpu[2])
+    assert bool((gpu[2:] == 0).all())

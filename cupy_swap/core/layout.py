@@ -65,8 +65,9 @@ class Layout:
         The descriptor's part table for ``width``.
     units_per_pair : int
         Vectors per mapping row, all parts together.
-    bytes_per_pair, max_block_bytes : int
-        Bytes one mapping row moves (all parts), and the largest part's block.
+    bytes_per_pair, min_block_bytes, max_block_bytes : int
+        Bytes one mapping row moves (all parts), the smallest and the
+        largest part's block.
     host_groups : list of CopyGroup or None
         The host side's parts as whole-row copy groups, or None when they
         cannot be copied run by run, or there is no host side (see
@@ -97,10 +98,12 @@ class Layout:
     staging_layout: Layout | None = None
     # Derived once here: the hot path reads them on every swap.
     bytes_per_pair: int = field(init=False)
+    min_block_bytes: int = field(init=False)
     max_block_bytes: int = field(init=False)
 
     def __post_init__(self):
         self.bytes_per_pair = sum(p.block_bytes for p in self.src)
+        self.min_block_bytes = min((p.block_bytes for p in self.src), default=0)
         self.max_block_bytes = max((p.block_bytes for p in self.src), default=0)
 
 

@@ -7,19 +7,97 @@ cache ``[num_blocks, layers, 2, ...]`` are parts too.
 
 Nothing here touches the GPU: a part only records addresses and geometry, so
 the checks run (and are tested) on machines without one.
+
+Element types NumPy lacks
+-------------------------
+The swap copies bytes, so an array whose element type NumPy (and CuPy) cannot
+represent -- torch's ``bfloat16``, ``float8_*``, ``complex32``, sub-byte and
+bit types -- is viewed as an integer type of the same width, and its part's
+``dtype`` is an :class:`ElementType` that keeps the caller's type for the
+pairing check and for error messages.  A source part and its destination
+pair when their element types are the same; in addition an element type
+NumPy lacks pairs with a NumPy integer type of its width (``uint8`` storage
+for ``torch.float8_e4m3fn``: NumPy arrays, or vLLM's uint8 fp8 caches, cannot
+hold the type itself) and with a NumPy type of the same name (ml_dtypes'
+``float8_e4m3fn``).  Two different such types never pair
+(``torch.float8_e4m3fn`` with ``torch.float8_e5m2``: the same bytes mean
+other numbers), nor does one with a NumPy float (``torch.bfloat16`` with
+``float16``).
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Part", "as_parts", "HOST", "DEVICE"]
+__all__ = ["Part", "ElementType", "TypedView", "as_parts", "readable", "HOST", "DEVICE"]
 
 HOST = "host"
 DEVICE = "device"
+
+
+@dataclass(frozen=True, eq=False)
+class ElementType:
+    """An element type NumPy lacks, held in an array of another NumPy type.
+
+    Parameters
+    ----------
+    name : str
+        The caller's type, as its framework spells it (``"torch.bfloat16"``).
+    carrier : numpy.dtype
+        The integer type of the same width whose array holds the bytes.
+
+    Comparing with ``==`` is the pairing rule of the module docstring, not
+    identity: equal to the same type (by name, whichever framework prefix),
+    to a NumPy integer type of the same width, and to a NumPy type of the
+    same name; so it is not transitive (``torch.float8_e4m3fn == uint8 ==
+    torch.float8_e5m2``, yet the two float8 types differ).  ``str()`` is
+    ``name``, which is what pairing errors print.
+    """
+
+    name: str
+    carrier: np.dtype
+    hasobject = False  # as numpy.dtype: plain bytes, never Python objects
+
+    @property
+    def short_name(self) -> str:
+        """``name`` without its framework prefix: ``"bfloat16"``."""
+        return self.name.rpartition(".")[2]
+
+    @property
+    def itemsize(self) -> int:
+        return self.carrier.itemsize
+
+    def __eq__(self, other):
+        if isinstance(other, ElementType):
+            return other.short_name == self.short_name
+        if isinstance(other, (type, str)):  # np.uint8, "uint8": what np.dtype() takes
+            try:
+                other = np.dtype(other)
+            except TypeError:
+                return NotImplemented
+        if isinstance(other, np.dtype):
+            storage = other.kind in "iu" and other.itemsize == self.itemsize
+            return storage or other.name == self.short_name
+        return NotImplemented  # numpy.dtype returns it too, so dtype != ElementType lands here
+
+    def __hash__(self):
+        return hash(self.short_name)
+
+    def __str__(self):
+        return self.name
+
+
+class TypedView(NamedTuple):
+    """What a ``convert`` callable returns for an array of a type NumPy
+    lacks: a NumPy or CuPy ``array`` over the same memory, holding the bytes
+    as ``dtype.carrier``, and the caller's element type ``dtype``."""
+
+    array: Any
+    dtype: ElementType
 
 
 @dataclass(frozen=True)
@@ -44,8 +122,10 @@ class Part:
         Bytes in one block.
     block_shape : tuple of int
         Shape of one block, ``array.shape[1:]``.
-    dtype : numpy.dtype
-        Element type.
+    dtype : numpy.dtype or ElementType
+        Element type: an :class:`ElementType` for a type NumPy lacks
+        (``torch.float8_e4m3fn``), whose bytes ``block_shape`` and
+        ``block_bytes`` describe as ``dtype.carrier``.
     writeable : bool
         False for read-only NumPy arrays.
 
@@ -62,7 +142,7 @@ class Part:
     block_stride: int
     block_bytes: int
     block_shape: tuple
-    dtype: np.dtype
+    dtype: np.dtype | ElementType
     writeable: bool
 
     def span(self) -> tuple[int, int]:
@@ -86,7 +166,8 @@ def _is_block_contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:
 
 def _describe(array, name: str, convert=None) -> Part:
     """Describe one array as a part, or raise naming ``name``; ``convert``
-    views other arrays (torch, DLPack) as NumPy or CuPy ones."""
+    views other arrays (torch, DLPack) as NumPy or CuPy ones (or returns a
+    :class:`TypedView` of them)."""
     cupy = sys.modules.get("cupy")
     if isinstance(array, np.ndarray):
         location, device = HOST, None
@@ -103,6 +184,8 @@ def _describe(array, name: str, convert=None) -> Part:
                 f"{name}: expected a cupy.ndarray (GPU) or a numpy.ndarray in pinned host "
                 f"memory, got {type(array).__module__}.{type(array).__qualname__}"
             )
+        if isinstance(converted, TypedView):  # the bytes of a type NumPy lacks
+            return replace(_describe(converted.array, name), dtype=converted.dtype)
         return _describe(converted, name)  # a NumPy or CuPy array now
 
     shape, strides, dtype = array.shape, array.strides, array.dtype
@@ -139,15 +222,61 @@ def _describe(array, name: str, convert=None) -> Part:
 def _numpy_view(obj, name: str):
     """NumPy's view of an object exposing ``__array_interface__`` (the
     conversion used when no GPU-aware ``convert`` is given), else None."""
-    return np.asarray(obj) if hasattr(obj, "__array_interface__") else None
+    return np.asarray(obj) if readable(obj, "__array_interface__", name) else None
+
+
+_ARRAY_PROTOCOLS = ("__cuda_array_interface__", "__dlpack__", "__array_interface__")
+
+
+def _offers(obj, attr: str) -> bool:
+    """True when ``obj`` defines ``attr``, even if reading it fails.
+
+    ``hasattr`` lets any exception but AttributeError out: torch's
+    ``__cuda_array_interface__`` raises KeyError for the dtypes it cannot
+    describe (float8, bfloat16 ...).  Such an object still is an array; the
+    conversion that follows reports what it cannot use, naming the argument.
+    """
+    try:
+        return readable(obj, attr, "")
+    except TypeError:  # it raised: offered, not served
+        return True
+
+
+def readable(obj, attr: str, name: str) -> bool:
+    """True when ``obj`` has a readable ``attr``, False when it has none.
+
+    Raises
+    ------
+    TypeError
+        Naming the argument ``name``, when reading ``attr`` raises anything
+        but AttributeError (an array protocol the object offers but cannot
+        serve); the cause is chained.
+    """
+    try:
+        getattr(obj, attr)
+    except AttributeError:
+        return False
+    except Exception as e:
+        raise TypeError(
+            f"{name}: expected an array whose {attr} can be read, got a "
+            f"{type(obj).__module__}.{type(obj).__qualname__} whose {attr} raised "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    return True
+
+
+def _is_torch_tensor(obj) -> bool:
+    # Asked first, so torch's array-interface properties are never read here;
+    # sys.modules: a caller passing a tensor has imported torch already.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def _is_single_array(obj) -> bool:
     return (
         isinstance(obj, np.ndarray)
-        or hasattr(obj, "__cuda_array_interface__")
-        or hasattr(obj, "__dlpack__")
-        or hasattr(obj, "__array_interface__")
+        or _is_torch_tensor(obj)
+        or any(_offers(obj, attr) for attr in _ARRAY_PROTOCOLS)
     )
 
 

@@ -101,13 +101,14 @@ def route(layout: Layout, mapping, mode: str, policy: Policy, capturing) -> tupl
         return ("staged", plan) if plan is not None else ("dma", None)
     if mode != "auto":
         return mode, None
-    block = layout.max_block_bytes
-    if block >= policy.dma_min_copy_bytes:
+    if layout.min_block_bytes >= policy.dma_min_copy_bytes:
         return "dma", None  # every copy is large: the copy engines win
     n = len(mapping) if type(mapping) is not list else len(mapping) // 2
     if n * len(layout.src) <= policy.dma_max_copies:
         return "dma", None
-    if block * n < policy.dma_min_copy_bytes:
+    # A mix of large and small blocks falls through: one large part does not
+    # send every small part's blocks to the copy engines one by one.
+    if layout.max_block_bytes * n < policy.dma_min_copy_bytes:
         return "kernel", None  # no run of these can be large enough
     m = as_array(mapping)
     steps = sampled_steps(m)

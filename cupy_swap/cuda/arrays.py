@@ -7,7 +7,34 @@ import sys
 
 import numpy as np
 
+from ..core.parts import ElementType, TypedView, readable
+
 __all__ = ["convert_array"]
+
+# torch dtypes NumPy and CuPy have under the same name.
+_PLAIN = frozenset(
+    (
+        "bool",
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "uint32",
+        "int32",
+        "uint64",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+)
+# A tensor leaves torch as the integer type of its width: every torch >= 2.4
+# exports these through DLPack and .numpy(), which is not so for bool, the
+# unsigned types past uint8 (DLPack and .numpy() in some versions) or the
+# types NumPy lacks (none).  Same width, so shape and strides stay.
+_CARRIERS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
 def _torch_tensor(obj):
@@ -17,42 +44,103 @@ def _torch_tensor(obj):
     return None
 
 
-def _torch_fp8(torch) -> tuple:
-    names = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
-    return tuple(getattr(torch, n) for n in names if hasattr(torch, n))
-
-
 def convert_array(obj, name: str):
-    """A ``cupy.ndarray`` or ``numpy.ndarray`` viewing the same memory as
-    ``obj``, or None when ``obj`` is not an array this library understands.
+    """View ``obj``'s memory as a CuPy or NumPy array, copying nothing.
 
-    torch CUDA tensors become CuPy arrays through DLPack; torch CPU tensors
-    become NumPy arrays over the same storage (pinned or not: the caller
-    checks).  bfloat16 and float8 tensors are viewed as int16 / uint8 (the
-    swap copies bytes).  Nothing is copied.
+    Parameters
+    ----------
+    obj : object
+        A torch tensor, or an object exposing ``__cuda_array_interface__``,
+        ``__array_interface__`` or ``__dlpack__`` (tried in that order).
+    name : str
+        Argument name for error messages (``"src[3]"``).
+
+    Returns
+    -------
+    cupy.ndarray, numpy.ndarray, TypedView or None
+        torch CUDA tensors become CuPy arrays (through DLPack), torch CPU
+        tensors NumPy arrays over the same storage (pinned or not: the
+        caller checks).  A tensor of a type NumPy lacks (``bfloat16``,
+        ``float8_*``, ``complex32`` ...) comes as a
+        :class:`~cupy_swap.core.parts.TypedView`: its bytes as the integer
+        type of its width (uint8, int16, int32, int64; a width without one is
+        viewed as uint8, which widens the last axis) and its torch type.
+        None when ``obj`` is no array this library understands.
+
+    Raises
+    ------
+    TypeError
+        Naming ``name``: a tensor on another device, not dense, with a
+        conjugate or negative bit set, or whose memory torch cannot view;
+        an object whose array protocol raises when read.
     """
     torch = _torch_tensor(obj)
     if torch is not None:
-        t = obj.detach()
-        if t.dtype == torch.bfloat16:
-            t = t.view(torch.int16)  # neither NumPy nor CuPy has bfloat16: same bytes as int16
-        elif t.dtype in _torch_fp8(torch):
-            t = t.view(torch.uint8)
+        return _torch_view(obj, torch, name)
+    # A protocol that raises when read is skipped while another one serves;
+    # if none does, the first failure is reported, naming the argument.
+    failed = None
+    for attr, view in (
+        ("__cuda_array_interface__", _cupy_asarray),
+        ("__array_interface__", np.asarray),
+        ("__dlpack__", _cupy_from_dlpack),
+    ):
+        try:
+            offered = readable(obj, attr, name)
+        except TypeError as e:
+            failed = failed or e
+            continue
+        if offered:
+            return view(obj)
+    if failed is not None:
+        raise failed
+    return None
+
+
+def _cupy_asarray(obj):
+    import cupy
+
+    return cupy.asarray(obj)
+
+
+def _cupy_from_dlpack(obj):
+    import cupy
+
+    return cupy.from_dlpack(obj)
+
+
+def _torch_view(obj, torch, name: str):
+    """:func:`convert_array` of a torch tensor."""
+    t = obj.detach()
+    dtype = t.dtype
+    if t.device.type not in ("cuda", "cpu"):
+        raise TypeError(f"{name}: expected a CUDA or CPU tensor, got a tensor on {t.device}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got layout {t.layout}")
+    if t.is_conj() or t.is_neg():
+        # A lazy conjugate/negation: the memory does not hold the values.
+        raise TypeError(
+            f"{name}: expected a tensor whose memory holds its values, got a lazy "
+            f"{'conjugate' if t.is_conj() else 'negative'} view; pass "
+            f"{'t.resolve_conj()' if t.is_conj() else 't.resolve_neg()'} (a copy)"
+        )
+    short = str(dtype).rpartition(".")[2]
+    plain = np.dtype(short) if short in _PLAIN else None
+    width = t.element_size()
+    carrier = _CARRIERS.get(width)
+    try:
+        if carrier is not None:
+            t = t.view(getattr(torch, carrier))
+        elif plain is None:
+            t = t.view(torch.uint8)  # no integer of this width: bytes, last axis widened
         if t.is_cuda:
             import cupy
 
-            return cupy.from_dlpack(t)
-        if obj.device.type != "cpu":
-            raise TypeError(f"{name}: expected a CUDA or CPU tensor, got a tensor on {obj.device}")
-        return t.numpy()
-    if hasattr(obj, "__cuda_array_interface__"):
-        import cupy
-
-        return cupy.asarray(obj)
-    if hasattr(obj, "__array_interface__"):
-        return np.asarray(obj)
-    if hasattr(obj, "__dlpack__"):
-        import cupy
-
-        return cupy.from_dlpack(obj)
-    return None
+            array = cupy.from_dlpack(t)
+        else:
+            array = t.numpy()
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+        raise TypeError(f"{name}: could not view the memory of a {dtype} tensor without copying ({e})") from e
+    if plain is not None:
+        return array if array.dtype == plain else array.view(plain)  # same width: a view
+    return TypedView(array, ElementType(str(dtype), array.dtype))

@@ -5,7 +5,11 @@ Copies go out as one ``cuMemcpyBatchAsync`` call where the driver has it
 (CUDA 12.8+; called through ctypes with NumPy pointer arrays, so a batch of
 thousands costs microseconds, not a Python loop), else as one
 ``cudaMemcpyAsync`` per copy.  The batch call rejects the legacy default
-stream, so swaps on stream 0 use the loop.
+stream, which two raw handles name: 0 (the NULL stream: the symbol loaded
+here is not the per-thread ``_ptsz`` one) and 1 (``cudaStreamLegacy`` /
+``CU_STREAM_LEGACY``, e.g. ``stream=1`` or a ``cupy.cuda.ExternalStream(1)``),
+so swaps on either use the loop.  2 (``cudaStreamPerThread``) is a real
+stream to the driver and takes the batch.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ _KINDS = {"in": 1, "out": 2, "gpu->gpu": 3}
 
 
 _CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
+
+# Raw handles of the legacy default stream (NULL and CU_STREAM_LEGACY): the
+# batch call refuses them (CUresult 1, CUDA_ERROR_INVALID_VALUE, for handle 1
+# on an H200 with driver 580), the loop works.
+_LEGACY_STREAM_HANDLES = (0, 1)
 
 
 def batch_available() -> bool:
@@ -60,8 +69,10 @@ class DmaCopier:
         """Enqueue copies ``srcs[i] -> dsts[i]`` of ``sizes[i]`` bytes on
         ``stream``: one ``cuMemcpyBatchAsync`` where possible, else one
         ``cudaMemcpyAsync`` (of memcpy ``kind``) each.  While ``stream``
-        captures a graph, copies go one by one (plain memcpy nodes);
-        ``capturing`` is a bool or a callable asked only when it matters.
+        captures a graph, copies go one by one (plain memcpy nodes), and so
+        they do on the legacy default stream (handles 0 and 1), which the
+        batch call refuses; ``capturing`` is a bool or a callable asked only
+        when it matters.
 
         Parameters
         ----------
@@ -81,7 +92,7 @@ class DmaCopier:
         if (
             fn is not None
             and count > 1
-            and stream != 0
+            and stream not in _LEGACY_STREAM_HANDLES
             and not (capturing() if callable(capturing) else capturing)
         ):
             if isinstance(dsts, list):

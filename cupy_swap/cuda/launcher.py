@@ -18,16 +18,19 @@ to the slot's fixed device buffer by a small upload kernel rather than a
 descriptor copy could wait behind a long transfer of another stream.
 Buffers are allocated once, so their addresses never move.  A slot is
 rewritten only after the event recorded behind its last launch has
-completed.
+completed, and the ring is freed (by the releaser thread) only after every
+slot's last launch has.  A descriptor swap captured into a graph gets a
+buffer of its own, kept for the life of the process.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
 
-from . import abi, kernels, memory
+from . import abi, kernels, memory, release
 
 __all__ = ["Launcher", "BoundKernel", "launch_shape"]
 
@@ -89,6 +92,13 @@ class _Slot:
         self.event = None
 
 
+def _wait_for_slots(slots: list) -> None:
+    for slot in slots:
+        event = slot.event
+        if event is not None:
+            event.synchronize()
+
+
 class BoundKernel:
     """The kernel launch of one resolved layout, ready for any mapping.
 
@@ -128,15 +138,16 @@ class BoundKernel:
         tiers = self._tiers
         if tiers is None:
             parts = len(self.layout.src)
-            tiers = self._tiers = [
-                [t, None] for t in self._launcher.inline_tiers(self.layout.width) if t.parts >= parts
-            ]
+            tiers = [[t, None] for t in self._launcher.inline_tiers(self.layout.width) if t.parts >= parts]
+            # Lower the bound before publishing the tiers: a thread that sees
+            # them must never see a bound above their largest.
             self.max_pairs = tiers[-1][0].pairs if tiers else -1
-            if n > self.max_pairs:
-                return False
+            self._tiers = tiers
         for entry in tiers:
             if n <= entry[0].pairs:
                 break
+        else:
+            return False  # no tier this GPU has holds n pairs
         args = entry[1]
         if args is None:
             args = entry[1] = self._bind_tier(entry[0])
@@ -174,16 +185,14 @@ class Launcher:
     device : int
     max_parts, max_blocks : int
         Size of a descriptor slot.
-    ring_size, capture_slots : int
-        Slots for eager swaps, and a reserve for plain swaps captured into
-        graphs (each keeps its slot for good).
+    ring_size : int
+        Slots for eager swaps (a swap captured into a graph gets a
+        descriptor buffer of its own instead).
     max_ctas : int
         CTA budget of swaps longer than :data:`SHORT_SWAP_BYTES`.
     """
 
-    def __init__(
-        self, device: int, max_parts: int, max_blocks: int, ring_size: int, capture_slots: int, max_ctas: int
-    ):
+    def __init__(self, device: int, max_parts: int, max_blocks: int, ring_size: int, max_ctas: int):
         import cupy
         from cupy.cuda import driver, runtime
 
@@ -203,18 +212,24 @@ class Launcher:
         # Without host mapping the kernel must find its descriptor in device memory.
         self.descriptor_from_host_max_pairs = DESCRIPTOR_FROM_HOST_MAX_PAIRS if mapped else 0
         self.slot_words = abi.descriptor_words(max_parts, max_blocks)
-        rows = ring_size + capture_slots
-        with cupy.cuda.Device(device):
-            self._host = memory.zeros_pinned((rows, self.slot_words), np.int64)
-            self._dev = cupy.zeros((rows, self.slot_words), dtype=np.int64)
         row_bytes = self.slot_words * 8
-        slots = [_Slot(self._host[i], self._dev.data.ptr + i * row_bytes) for i in range(rows)]
-        self._slots = slots[:ring_size]
-        # Never used by eager swaps, so a swap captured into a graph can take
-        # one without asking whether a queued launch still reads it.
-        self._capture_pool = slots[ring_size:]
+        host = memory.zeros_pinned((ring_size, self.slot_words), np.int64)
+        # Device copies of large descriptors: cudaMalloc'd, not from CuPy's
+        # stream-ordered pool, and written only by uploads on the stream of
+        # the swap that reads them (nothing to zero first).
+        dev = release.device_malloc(ring_size * row_bytes, device)
+        self._slots = [_Slot(host[i], dev + i * row_bytes) for i in range(ring_size)]
         self._next = 0
         self._tiers: dict[int, list] = {}
+        # Dropped or closed: the releaser frees the ring once the last swap
+        # that read each slot has completed (the host words go with the slots).
+        free = functools.partial(release.device_free, dev, device)
+        wait = functools.partial(_wait_for_slots, self._slots)
+        self._finalizer = release.when_dropped(self, free, wait, f"descriptor ring of GPU {device}")
+
+    def close(self) -> None:
+        """Hand the ring to the releaser (freed after the swaps that read it)."""
+        self._finalizer()
 
     # ---------------------------------------------------------- functions
     def function(self, name: str) -> int:
@@ -250,15 +265,38 @@ class Launcher:
 
     def write_slot(self, layout, mapping, stream: int, capturing: bool, held: list) -> abi.DescriptorArgs:
         """Write a descriptor into a free slot (eager swaps: a ring slot,
-        locked and appended to ``held``; captured swaps: a slot of the
-        capture reserve, kept for good); returns the arguments that point
+        locked and appended to ``held``; captured swaps: a buffer of their
+        own, kept for good); returns the arguments that point
         the kernel at it (large mappings are first uploaded on ``stream``)."""
-        slot = self._capture_slot() if capturing else self.acquire(held)
-        end = abi.write_descriptor(
-            slot.host_words, layout.table, layout.units_per_pair, mapping, slot.table_serial != layout.serial
-        )
+        if capturing:
+            return self._captured_descriptor(layout, mapping, stream)
+        slot = self.acquire(held)
+        fresh_table = slot.table_serial != layout.serial
+        slot.table_serial = -1  # until the write completes: an interrupted one leaves no table marked current
+        end = abi.write_descriptor(slot.host_words, layout.table, layout.units_per_pair, mapping, fresh_table)
         slot.table_serial = layout.serial
         if end - abi.HEADER_WORDS - layout.table.shape[0] <= 2 * self.descriptor_from_host_max_pairs:
+            return slot.alias_args
+        self.upload(slot, slot.device_ptr, end, stream)
+        return slot.device_args
+
+    def _captured_descriptor(self, layout, mapping, stream: int) -> abi.DescriptorArgs:
+        """The descriptor of a swap being captured into a graph: every replay
+        reads it, so it gets its own buffer, sized for it and kept for the
+        life of the process (a graph may be replayed at any time, and CUDA
+        tells no one when it is destroyed).  Allocated in relaxed capture
+        mode, which a capture in progress allows."""
+        n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
+        words = abi.HEADER_WORDS + layout.table.size + 2 * n
+        with release.relaxed_capture_mode():
+            host = memory.zeros_pinned(words + (words & 1), np.int64)
+            slot = _Slot(host, 0)
+            if not slot.host_alias:  # host memory not mapped: the kernel reads a device copy
+                slot.device_ptr = release.device_malloc(host.nbytes, self.device)
+                slot.device_args = abi.DescriptorArgs(slot.device_ptr)
+        release.keep_for_process(slot)
+        end = abi.write_descriptor(slot.host_words, layout.table, layout.units_per_pair, mapping, True)
+        if slot.host_alias:
             return slot.alias_args
         self.upload(slot, slot.device_ptr, end, stream)
         return slot.device_args
@@ -314,6 +352,8 @@ class Launcher:
         """The next ring slot, locked and appended to ``held``, once the swap
         that last used it has been enqueued (its lock) and its launch has
         finished (its event).  The caller unlocks it with :meth:`release`."""
+        if not self._finalizer.alive:
+            raise RuntimeError("swap: the BlockSwapper that made this object is closed")
         with self._lock:
             slot = self._slots[self._next]
             self._next = (self._next + 1) % len(self._slots)
@@ -354,16 +394,3 @@ class Launcher:
                 if event is not None:
                     slot.event = event
                 slot.lock.release()
-
-    def _capture_slot(self) -> _Slot:
-        """A slot for a swap being captured into a graph: every replay reads
-        it, so it is taken for good from a reserve that eager swaps never
-        touch (no event query needed, which capture would not allow)."""
-        with self._lock:
-            if not self._capture_pool:
-                raise RuntimeError(
-                    "swap: expected a free capture slot, got none (each swap captured into a graph "
-                    "with more than 1792 pairs or 64 parts keeps one); create the BlockSwapper with "
-                    "more capture_slots, or capture a graph_swap() whose mapping changes between replays"
-                )
-            return self._capture_pool.pop()

@@ -11,13 +11,15 @@ driver call.
 from __future__ import annotations
 
 import bisect
-import collections
+import functools
 import math
 import os
 import threading
-import weakref
 
 import numpy as np
+
+from . import release
+from .availability import translate_unavailable
 
 __all__ = [
     "host_mapping_status",
@@ -27,7 +29,6 @@ __all__ = [
     "unregister_host",
     "is_pinned",
     "host_alias",
-    "note_swap_device",
     "uva_disabled_by_env",
 ]
 
@@ -147,10 +148,12 @@ def _device_alias(ptr: int) -> int:
 
 
 class _PinnedBuffer:
-    """Owner of one cudaHostAlloc allocation, exposed to NumPy as an array."""
+    """Owner of one cudaHostAlloc allocation, exposed to NumPy as an array.
+    When it (so every array on it) is gone, the releaser thread frees it
+    (:func:`release_owned`)."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype):
-        release_dropped()
+        release.start()
         runtime = _runtime()
         nbytes = math.prod(shape) * dtype.itemsize
         # cudaHostAlloc(0) fails; keep a one-byte allocation behind empty arrays.
@@ -161,7 +164,8 @@ class _PinnedBuffer:
             runtime.freeHost(ptr)
             raise
         _registry.add(_Range(ptr, ptr + max(nbytes, 1), alias - ptr if alias else None, True))
-        self._finalizer = weakref.finalize(self, _free_pinned, ptr)
+        free = functools.partial(release_owned, ptr, _free_host)
+        self._finalizer = release.when_dropped(self, free, None, f"pinned buffer {ptr:#x}")
         self.__array_interface__ = array_interface(ptr, shape, dtype)
 
 
@@ -178,44 +182,33 @@ def array_interface(ptr: int, shape: tuple[int, ...], dtype: np.dtype) -> dict:
     }
 
 
-# Buffers whose last reference went away.  The finalizer may run inside a
-# garbage collection at any bytecode boundary, including while this very
-# thread holds ``_registry._lock`` (Python 3.12+ runs the GC from the eval
-# breaker, e.g. right after ``bisect`` returns in ``find``): it must not take
-# that lock, so it only queues the pointer (deque.append is atomic) and the
-# next registry user frees it.  The memory stays pinned until then, so its
-# address cannot be handed out again while the registry still lists it.
-_pending_frees: collections.deque = collections.deque()
-
-
-def _free_pinned(ptr: int) -> None:
-    _pending_frees.append((ptr, _free_host))
-
-
 def _free_host(ptr: int) -> None:
     _runtime().freeHost(ptr)
 
 
-def release_later(ptr: int, release) -> None:
-    """Queue ``release(ptr)`` for a range registered at ``ptr``, to run (after
-    the range leaves the registry) at the next registry use: safe to call from
-    a finalizer, which may run inside the registry's locked section."""
-    _pending_frees.append((ptr, release))
+def release_owned(ptr: int, free) -> None:
+    """Release a range cupy_swap owns (every array over it is gone), on the
+    releaser thread: unpublish it (no lookup finds it), then ``free(ptr)``
+    (``cudaFreeHost``, or ``cudaHostUnregister`` and unmap).  Both wait for
+    the work queued on the device before they return (the driver
+    synchronizes the context, as a 0.5 s free behind a queued swap showed),
+    and, unlike ``cudaDeviceSynchronize``, they leave a graph that another
+    thread is capturing valid (benchmarks/probes/capture_probe.py); the
+    releaser runs in relaxed capture mode, which permits them.
+    ``tests/test_lifetimes_gpu.py`` checks the wait: the swap queued on a
+    dropped pool has completed when its release has.  A failure propagates
+    to the releaser, which reports it."""
+    _registry.remove(ptr)  # owned ranges: no array over them, so no cached layout (no generation bump)
+    free(ptr)
 
 
-def release_dropped() -> None:
-    """Run the queued releases of dropped buffers now (every registry user
-    does it first; never call with ``_registry._lock`` held)."""
-    while _pending_frees:
-        try:
-            ptr, release = _pending_frees.popleft()
-        except IndexError:
-            return
-        _registry.remove(ptr)  # owned ranges: every array over them is gone (no generation bump)
-        try:
-            release(ptr)
-        except Exception:  # interpreter shutdown: the driver may already be gone
-            pass
+def release_dropped(timeout: float | None = None) -> bool:
+    """Wait until every pinned buffer or pool dropped so far (and any other
+    memory cupy_swap handed to its releaser thread) has been released.
+    Dropped memory is released soon after the drop anyway; call this where
+    the release must have happened, e.g. before measuring free memory.
+    Returns False if ``timeout`` seconds passed first."""
+    return release.drain(timeout)
 
 
 def register_range(ptr: int, nbytes: int, owned: bool = False) -> int:
@@ -223,7 +216,7 @@ def register_range(ptr: int, nbytes: int, owned: bool = False) -> int:
     mapped), remember it, and return its device alias (0: not mapped).
     ``owned``: cupy_swap releases it (a shared pool), so
     :func:`unregister_host` refuses it."""
-    release_dropped()
+    release.start()
     runtime = _runtime()
     runtime.hostRegister(ptr, nbytes, _PORTABLE_MAPPED)
     try:
@@ -233,21 +226,6 @@ def register_range(ptr: int, nbytes: int, owned: bool = False) -> int:
         raise
     _registry.add(_Range(ptr, ptr + nbytes, alias - ptr if alias else None, owned))
     return alias
-
-
-def synchronize_swap_devices() -> None:
-    """``cudaDeviceSynchronize`` on every GPU a ``BlockSwapper`` was made for:
-    after it no queued swap reads or writes host memory."""
-    if not _swap_devices:
-        return
-    runtime = _runtime()
-    prev = runtime.getDevice()
-    try:
-        for device in sorted(_swap_devices):
-            runtime.setDevice(device)
-            runtime.deviceSynchronize()
-    finally:
-        runtime.setDevice(prev)
 
 
 def _normalize_shape(shape) -> tuple[int, ...]:
@@ -262,6 +240,7 @@ def _normalize_shape(shape) -> tuple[int, ...]:
     return shape
 
 
+@translate_unavailable("empty_pinned()")
 def empty_pinned(shape, dtype="float32") -> np.ndarray:
     """Allocate an uninitialized NumPy array in page-locked, portable, mapped
     host memory, sized exactly (no pool, no power-of-two rounding).
@@ -284,6 +263,7 @@ def empty_pinned(shape, dtype="float32") -> np.ndarray:
     return np.asarray(_PinnedBuffer(shape, dtype))
 
 
+@translate_unavailable("zeros_pinned()")
 def zeros_pinned(shape, dtype="float32") -> np.ndarray:
     """Like :func:`empty_pinned`, filled with zeros."""
     a = empty_pinned(shape, dtype)
@@ -301,6 +281,7 @@ def _contiguous_span(array: np.ndarray, name: str) -> tuple[int, int]:
     return array.ctypes.data, array.nbytes
 
 
+@translate_unavailable("register_host()")
 def register_host(array: np.ndarray) -> None:
     """Page-lock existing NumPy memory (``cudaHostRegister``, portable and
     mapped) so swaps can read and write it.
@@ -315,7 +296,6 @@ def register_host(array: np.ndarray) -> None:
         Contiguous array; its whole byte range is registered.
     """
     ptr, nbytes = _contiguous_span(array, "array")
-    release_dropped()
     if nbytes == 0:
         raise ValueError("array: expected at least one byte to register, got an empty array")
     if _registry.find(ptr, 1) is not None:
@@ -326,45 +306,64 @@ def register_host(array: np.ndarray) -> None:
     register_range(ptr, nbytes)
 
 
-# GPUs that BlockSwappers were created for: their queued swaps may still
-# read or write registered memory.
-_swap_devices: set[int] = set()
-
-
-def note_swap_device(device: int) -> None:
-    """Remember that swaps may be queued on GPU ``device`` (see
-    :func:`unregister_host`)."""
-    _swap_devices.add(int(device))
-
-
 def unregister_host(array: np.ndarray) -> None:
     """Undo :func:`register_host` for the same array (same start address).
 
-    Swaps on the memory may still be queued: the call first waits for all
-    work queued on every GPU a ``BlockSwapper`` was created for
-    (``cudaDeviceSynchronize``), so no queued copy reads or writes the range
-    after it is unpinned.  Do not call it while a stream captures a graph,
-    and do not replay graphs that swap to or from the range afterwards.
+    In order: the range is unpublished (swaps and cached layouts no longer
+    find it: a later swap on it raises), then unpinned with
+    ``cudaHostUnregister``, which first waits for the work queued on the
+    device (so no queued swap touches the memory once this returns) and,
+    called here in relaxed capture mode, leaves a graph another thread is
+    capturing valid; then it is forgotten.  If CUDA refuses, the range is
+    published again and the error raised, so the call can be retried.  Do
+    not replay graphs that swap to or from the range afterwards.
+
+    Raises
+    ------
+    ValueError
+        ``array`` does not start a range passed to :func:`register_host`.
+    RuntimeError
+        CUDA could not unpin the range (it stays registered).
     """
     ptr, _ = _contiguous_span(array, "array")
-    release_dropped()
     r = _registry.find(ptr, 1)
     if r is None or r.start != ptr or r.owned:
         raise ValueError(
             "array: expected an array passed to cupy_swap.register_host (same start address); "
             "empty_pinned and shared_pinned memory is released when its arrays are gone"
         )
-    synchronize_swap_devices()
-    _registry.remove(ptr)
-    _generation[0] += 1
-    _runtime().hostUnregister(ptr)
+    _registry.remove(ptr)  # unpublish
+    _generation[0] += 1  # cached layouts resolve their host aliases again
+    try:
+        with release.relaxed_capture_mode():
+            _runtime().hostUnregister(ptr)  # waits for the queued work, then unpins
+    except Exception as e:
+        _registry.add(r)  # still pinned: publish it again
+        raise RuntimeError(
+            f"array: could not unpin the range at {ptr:#x} ({type(e).__name__}: {e}); it stays registered"
+        ) from e
 
 
+@translate_unavailable("is_pinned()")
 def is_pinned(array: np.ndarray) -> bool:
-    """True if every byte of ``array`` lies in one page-locked host range
-    that is mapped for the GPU (``array`` is assumed contiguous)."""
-    ptr, nbytes = array.ctypes.data, array.nbytes
-    return host_alias(ptr, nbytes) != 0
+    """True if every byte ``array`` spans (any strides, negative ones
+    included) lies in one page-locked host range mapped for the GPU."""
+    low, high = byte_span(array)
+    return host_alias(low, high - low) != 0
+
+
+def byte_span(array: np.ndarray) -> tuple[int, int]:
+    """``(low, high)`` host addresses of the bytes ``array`` can touch."""
+    low = high = array.ctypes.data
+    if array.size == 0:
+        return low, high
+    for n, stride in zip(array.shape, array.strides):
+        reach = (n - 1) * stride
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low, high + array.itemsize
 
 
 def host_alias(ptr: int, nbytes: int) -> int:
@@ -375,8 +374,6 @@ def host_alias(ptr: int, nbytes: int) -> int:
     registry; other pinned memory (``cupyx.empty_pinned``, ``torch``'s
     ``pin_memory()``) is asked of the driver.
     """
-    if _pending_frees:
-        release_dropped()
     r = _registry.find(ptr, max(nbytes, 1))
     if r is not None:
         return 0 if r.alias_offset is None else ptr + r.alias_offset

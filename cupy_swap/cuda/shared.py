@@ -23,25 +23,26 @@ Lifetime, as POSIX shared memory:
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import math
 import mmap
 import os
 import re
-import sys
-import warnings
-import weakref
 
 import numpy as np
 
-from . import memory
+from . import memory, release
+from .availability import cuda_unavailable_error, translate_unavailable
 
 __all__ = ["shared_pinned", "unlink_shared", "SHM_DIR"]
 
 SHM_DIR = "/dev/shm"
 _PREFIX = "cupy_swap."
 _MAGIC = b"cupy_swap shared pool v1\n"
-HEADER_BYTES = 4096  # one page: the data starts page-aligned
+# At least one page, so the data starts page-aligned (4 KiB pages on x86-64,
+# 64 KiB on many aarch64 hosts; every process of one host agrees).
+HEADER_BYTES = max(4096, mmap.PAGESIZE)
 _READY = 0x5A  # last header byte, written once the header is complete
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 
@@ -200,8 +201,9 @@ def _address(mm) -> int:
 class _SharedBuffer:
     """Owner of one process's mapping of a pool, exposed to NumPy.  The
     range stays registered until this object (so every array on it) is
-    gone; then queued work on swapper GPUs is waited for, the range
-    unregistered and the mapping closed."""
+    gone; then the releaser thread unpublishes it, waits for queued work on
+    swapper GPUs, unregisters the range and closes the mapping
+    (:func:`cupy_swap.cuda.memory.release_owned`)."""
 
     def __init__(self, mm, nbytes: int, shape, dtype: np.dtype, name: str):
         self.name = name
@@ -211,36 +213,30 @@ class _SharedBuffer:
         except Exception as e:
             mm.close()
             raise _register_error(e, name, nbytes) from None
-        self._finalizer = weakref.finalize(self, memory.release_later, ptr, _Release(mm, name))
+        unpin = functools.partial(memory.release_owned, ptr, _Release(mm, name))
+        self._finalizer = release.when_dropped(self, unpin, None, f"shared pool {name!r}")
         self.__array_interface__ = memory.array_interface(ptr, shape, dtype)
 
 
 class _Release:
     """Unregister a dropped pool range, then unmap it.  Pages are unmapped
-    only once CUDA has let go of them: if waiting for queued swaps or the
-    unregistration fails, the mapping is kept (leaked) and a warning says
-    why, rather than leave CUDA a registered range with no memory behind."""
+    only once CUDA has let go of them: if the unregistration fails, the
+    mapping is kept (until the process exits) and the error propagates to
+    the releaser, which reports it, rather than leave CUDA a registered
+    range with no memory behind."""
 
     def __init__(self, mm, name: str):
         self.mm, self.name = mm, name
 
     def __call__(self, ptr: int) -> None:
-        try:
-            memory.synchronize_swap_devices()  # no queued swap may touch the pages
-            memory._runtime().hostUnregister(ptr)
-        except Exception as e:
-            if not sys.is_finalizing():
-                warnings.warn(
-                    f"cupy_swap: shared pool {self.name!r}: could not unpin this process's mapping "
-                    f"({e}); it stays mapped until the process exits",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            return
+        memory._runtime().hostUnregister(ptr)
         self.mm.close()
 
 
 def _register_error(e: Exception, name: str, nbytes: int) -> Exception:
+    unavailable = cuda_unavailable_error(e, f"shared_pinned({name!r})")
+    if unavailable is not None:  # no driver or no GPU: not a locked-memory limit
+        return unavailable
     limit = ""
     try:
         import resource
@@ -257,6 +253,7 @@ def _register_error(e: Exception, name: str, nbytes: int) -> Exception:
     )
 
 
+@translate_unavailable("shared_pinned()")
 def shared_pinned(name: str, shape, dtype="float32", *, create: bool = False) -> np.ndarray:
     """A pinned host pool shared by every process that opens ``name``.
 

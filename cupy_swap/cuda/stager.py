@@ -5,6 +5,7 @@ the GPU blocks).  The plan itself is :mod:`cupy_swap.core.staged_plan`."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 from ..core.layout import IN, Layout, layout_from_parts
@@ -17,11 +18,36 @@ from ..core.staged_plan import (
     kernel_pairs,
     staging_parts,
 )
+from . import release
 from .resolve import resolve_layout
 
 __all__ = ["Stager"]
 
 _H2D, _D2H = 1, 2
+
+
+class _ArenaUsers:
+    """What may still read or write the arena: the row ring (its events
+    mark the last work on each region) and the copy stream.  Kept apart
+    from the Stager so its finalizer can wait for them without keeping it
+    alive."""
+
+    __slots__ = ("ring", "stream")
+
+    def __init__(self):
+        self.ring: RowRing | None = None
+        self.stream = None
+
+
+def _wait_for_users(users: _ArenaUsers) -> None:
+    """Block until no queued work touches the arena.  Event and stream waits
+    only: staged swaps are never captured, and unlike a device-wide
+    synchronize these leave a capture on another thread valid."""
+    if users.ring is not None:
+        for event in users.ring.events():
+            event.synchronize()
+    if users.stream is not None:
+        users.stream.synchronize()
 
 
 class Stager:
@@ -40,8 +66,7 @@ class Stager:
         self.staging_bytes = staging_bytes // 256 * 256
         self.lock = threading.Lock()
         self._memory = None
-        self.stream = None
-        self.ring: RowRing | None = None
+        self._users = _ArenaUsers()
         self.geometry = None  # row sizes of the groups the ring is laid out for
         self._events: list = []
 
@@ -57,12 +82,28 @@ class Stager:
             return
         import cupy
 
+        ptr = release.device_malloc(self.staging_bytes, self.device)  # not CuPy's stream-ordered pool
+        self._finalizer = release.when_dropped(
+            self,
+            functools.partial(release.device_free, ptr, self.device),
+            functools.partial(_wait_for_users, self._users),
+            f"staging arena of GPU {self.device}",
+        )
         with cupy.cuda.Device(self.device):
-            memory = cupy.empty(self.staging_bytes, dtype=cupy.uint8)
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.start = cupy.cuda.Event(disable_timing=True)
-        self.base = memory.data.ptr
-        self._memory = memory  # last: it marks the stager ready
+        self.base = ptr
+        self._memory = ptr  # last: it marks the stager ready
+
+    # The row ring and the copy stream live in ``_users`` (see _ArenaUsers).
+    ring = property(lambda self: self._users.ring, lambda self, r: setattr(self._users, "ring", r))
+    stream = property(lambda self: self._users.stream, lambda self, s: setattr(self._users, "stream", s))
+
+    def close(self) -> None:
+        """Hand the arena to the releaser: freed once the work the row ring
+        and the copy stream say may touch it has completed."""
+        if self._memory is not None:
+            self._finalizer()
 
     def layout_for(self, groups: list[CopyGroup], bytes_per_pair: int) -> None:
         """Lay the ring out for ``groups``.  Work that read the arena under

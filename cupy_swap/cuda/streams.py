@@ -15,6 +15,7 @@ __all__ = [
     "EventPool",
     "wait_handle",
     "Wait",
+    "NO_WAIT",
     "stream_handle",
     "stream_device",
     "stream_on_device",
@@ -72,11 +73,20 @@ def swap_event_class():
 class Wait(NamedTuple):
     """One ``wait_for`` entry, ready to enqueue: the event to wait on, the
     object that keeps it alive until then, and whether the stream it was
-    recorded on is capturing a graph (waiting on it joins the capture)."""
+    recorded on is capturing a graph (waiting on it joins the capture).
+    ``event_ptr`` 0 (:data:`NO_WAIT`) means there is nothing to wait for:
+    callers enqueue no wait for it."""
 
     event_ptr: int
     keepalive: object
     capturing: bool
+
+
+# What an unrecorded torch event turns into: torch creates the CUDA event on
+# its first record(), so until then ``cuda_event`` is 0, and torch's own
+# Event.wait() / Stream.wait_event() enqueue nothing for it.  Handing 0 to
+# cudaStreamWaitEvent would fail with "invalid resource handle" instead.
+NO_WAIT = Wait(0, None, False)
 
 
 # Raw handles of the legacy and per-thread default streams: they act on
@@ -88,11 +98,19 @@ def wait_handle(item, device: int | None = None, caller_device: int | None = Non
     """Turn one ``wait_for`` entry into an event to wait on.
 
     Events are waited on as they are (a stream may wait for an event of
-    another GPU).  Streams get an event recorded on them now, on the GPU the
-    stream belongs to: its own for CuPy and torch stream objects; the
-    caller's (``caller_device``) for the default streams (CuPy's
-    ``Stream.null`` and ``Stream.ptds``, raw handles 0, 1, 2); the
+    another GPU).  A torch event that was never recorded is :data:`NO_WAIT`:
+    torch's own waits skip it (it has no CUDA event yet), and so does a
+    swap; a CuPy event that was never recorded is waited on as CUDA does,
+    which completes at once.  Streams get an event recorded on them now, on
+    the GPU the stream belongs to: its own for CuPy and torch stream
+    objects; the caller's (``caller_device``) for the default streams
+    (CuPy's ``Stream.null`` and ``Stream.ptds``, raw handles 0, 1, 2); the
     swapper's (``device``) for other raw handles, as for ``stream=``.
+
+    Returns
+    -------
+    Wait
+        :data:`NO_WAIT` (``event_ptr`` 0) when there is nothing to wait for.
     """
     import cupy
 
@@ -100,7 +118,7 @@ def wait_handle(item, device: int | None = None, caller_device: int | None = Non
         return Wait(item.ptr, None, False)
     handle = getattr(item, "cuda_event", None)  # torch.cuda.Event
     if isinstance(handle, int):
-        return Wait(handle, None, False)
+        return Wait(handle, None, False) if handle else NO_WAIT
     try:
         stream = stream_handle(item)
     except TypeError:

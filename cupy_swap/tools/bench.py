@@ -35,13 +35,25 @@ __all__ = [
 
 
 def gpu_status() -> tuple[bool, str]:
-    """(True, description) when a CUDA GPU answers, else (False, why not)."""
+    """(True, description) when a CUDA GPU answers, else (False, why not).
+
+    Returns
+    -------
+    tuple of (bool, str)
+        Without CuPy the reason starts with "CuPy" and gives the install
+        command of this project's CUDA extras
+        (:func:`cupy_swap.cuda.availability.cupy_missing_message`); a CUDA
+        error's reason is its text, for
+        :func:`cupy_swap.cuda.availability.no_gpu_message` to explain.
+    """
     try:
         import cupy
 
         n = cupy.cuda.runtime.getDeviceCount()
     except ImportError as e:
-        return False, f"CuPy is not installed ({e}); install cupy-swap[cuda12] or [cuda13]"
+        from ..cuda.availability import cupy_missing_message
+
+        return False, cupy_missing_message(e)
     except Exception as e:  # CUDARuntimeError without a driver or device
         return False, f"no CUDA GPU is available ({e})"
     if n == 0:

@@ -6,21 +6,26 @@ seed's table (swap in / out of 1 and 1250 pages) or any sweep you ask for.
 ``info`` says what the library found; ``calibrate`` stores per-device
 thresholds.
 
-Arguments are checked (argparse, exit 2) before anything looks for a GPU;
-without a usable GPU every command exits with :data:`EXIT_NO_GPU` (3).
+Arguments are checked (argparse, exit 2) before anything looks for a GPU,
+``bench --gpus`` against the GPU count as soon as CUDA answers, and all of
+them before anything is measured; without CuPy or a usable GPU every command
+exits with :data:`EXIT_NO_GPU` (3).  Options given without a command are the
+demo's (``python -m cupy_swap --reps 5``).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
+import os
 import sys
+import tempfile
 import time
 
 from .. import __version__
+from ..cuda.availability import no_gpu_message
 from .bench import HOST_LAYOUTS, SwapCase, gpu_status, run_bidir, run_case, run_with_gemm, swapper_settings
-from .node import DRIVERS
+from .node import DRIVERS, select_devices
 from .peers import CONTENDERS as PEER_NAMES
 
 PAGE_BYTES = 16 * 8 * 128 * 2  # 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB
@@ -42,120 +47,48 @@ COMMANDS = {
     "info": "what the library found: GPUs, host mapping, copy engines, modes, calibration",
     "calibrate": "measure the kernel / copy-engine thresholds of this GPU and store them",
 }
-COMMANDS_TEXT = (
-    "commands (demo runs when none is given):\n"
-    + "\n".join(f"  {name:<10} {line}" for name, line in COMMANDS.items())
-    + "\n\n`cupy-swap COMMAND --help` lists a command's options."
-)
+
+
+def _commands_text(prog: str) -> str:
+    return (
+        f"commands (demo runs when none is given, and options without a command are its own: "
+        f"`{prog} --reps 5`):\n"
+        + "\n".join(f"  {name:<10} {line}" for name, line in COMMANDS.items())
+        + f"\n\n`{prog} COMMAND --help` lists a command's options."
+    )
+
 
 EXIT_TEXT = f"""\
 exit status:
   {EXIT_OK}  success
   {EXIT_MISMATCH}  a swap's bytes did not match
-  {EXIT_USAGE}  bad command line (checked before any GPU is looked for)
+  {EXIT_USAGE}  bad command line (checked before anything is measured; bench --gpus as soon as
+     the GPU count is known, the rest before any GPU is looked for)
   {EXIT_NO_GPU}  no usable NVIDIA GPU (no driver, no device, a driver too old, or CuPy missing)"""
-
-# The CUresult the no-GPU diagnosis names.
-_CUDA_ERROR_NO_DEVICE = 100
-
-
-def _cuda_version(v: int) -> str:
-    return f"{v // 1000}.{v % 1000 // 10}"
-
-
-def probe_driver():
-    """What the NVIDIA driver says, through ``libcuda.so.1`` directly (no
-    CuPy, no CUDA runtime).
-
-    Returns
-    -------
-    None or dict
-        None when ``libcuda.so.1`` cannot be loaded (no driver); else
-        ``{"init": CUresult of cuInit(0), "version": driver CUDA version
-        (e.g. 12040) or None, "devices": device count or None}``.
-    """
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    out = {"init": None, "version": None, "devices": None}
-    try:
-        v = ctypes.c_int(0)
-        if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
-            out["version"] = v.value
-        out["init"] = lib.cuInit(0)
-        n = ctypes.c_int(0)
-        if out["init"] == 0 and lib.cuDeviceGetCount(ctypes.byref(n)) == 0:
-            out["devices"] = n.value
-    except (AttributeError, OSError):  # a libcuda without these symbols: say what we know
-        pass
-    return out
-
-
-def _runtime_version():
-    try:
-        from cupy.cuda import runtime
-
-        return runtime.runtimeGetVersion()
-    except Exception:
-        return None
-
-
-def explain_no_gpu(what: str, driver, runtime_version) -> str:
-    """Why no GPU answered, in words that point at the real fix.
-
-    ``what`` is :func:`cupy_swap.tools.bench.gpu_status`'s reason, ``driver`` what
-    :func:`probe_driver` found, ``runtime_version`` the CUDA runtime CuPy
-    loaded (or None).  The CUDA runtime reports a missing driver as
-    "driver version is insufficient"; that is only said when a driver is
-    there and really older than the runtime.
-    """
-    if what.startswith("CuPy is not installed"):
-        return what
-    if driver is None:
-        return (
-            "no NVIDIA driver found (libcuda.so.1 cannot be loaded): this machine has no NVIDIA GPU, "
-            "or its driver is not installed"
-        )
-    drv, init, devices = driver.get("version"), driver.get("init"), driver.get("devices")
-    drv_text = f"NVIDIA driver for CUDA {_cuda_version(drv)}" if drv else "NVIDIA driver"
-    if init == _CUDA_ERROR_NO_DEVICE or devices == 0:
-        return (
-            f"the {drv_text} is installed but sees no GPU (check CUDA_VISIBLE_DEVICES, "
-            "and that the device is present: nvidia-smi)"
-        )
-    if init not in (None, 0):
-        return f"the {drv_text} is installed but does not start (cuInit returned CUresult {init}; try nvidia-smi)"
-    too_old = "InsufficientDriver" in what or "insufficient" in what
-    if too_old and drv and runtime_version and drv < runtime_version:
-        major = drv // 1000
-        other = (
-            f", or install cupy-swap[cuda{major}]"
-            if major in (12, 13) and major != runtime_version // 1000
-            else ""
-        )
-        return (
-            f"the {drv_text} is older than the CUDA {_cuda_version(runtime_version)} runtime CuPy uses: "
-            f"upgrade the driver{other}"
-        )
-    return what
-
-
-def no_gpu_message(what: str) -> str:
-    """The whole no-GPU message (without the ``cupy_swap:`` prefix)."""
-    return explain_no_gpu(what, probe_driver(), _runtime_version())
 
 
 def _require_gpu() -> str:
+    """The GPU's description, or exit :data:`EXIT_NO_GPU` saying what is
+    missing: CuPy, or a usable GPU (and why)."""
     ok, what = gpu_status()
     if not ok:
+        if what.startswith("CuPy"):  # gpu_status's reason when `import cupy` failed
+            needs = f"CuPy (exit status {EXIT_NO_GPU}: CuPy missing)"
+        else:
+            needs = f"an NVIDIA GPU and its driver (exit status {EXIT_NO_GPU}: no usable GPU)"
         print(
-            f"cupy_swap: {no_gpu_message(what)}.\n"
-            f"This command needs an NVIDIA GPU and its driver (exit status {EXIT_NO_GPU}: no usable GPU).",
+            f"cupy_swap: {no_gpu_message(what)}.\nThis command needs {needs}.",
             file=sys.stderr,
         )
         raise SystemExit(EXIT_NO_GPU)
     return what
+
+
+def _device_count() -> int:
+    """CUDA devices visible to this process (CUDA is known to answer)."""
+    from cupy.cuda import runtime
+
+    return runtime.getDeviceCount()
 
 
 def environment_lines() -> list[str]:
@@ -323,6 +256,50 @@ def _gpus_arg(text: str):
     return devices
 
 
+def check_output_file(path: str) -> str:
+    """``path`` when a file can be written there, checked before a run so
+    that its figures are not lost at the end.
+
+    Parameters
+    ----------
+    path : str
+        A file to create or overwrite.
+
+    Returns
+    -------
+    str
+        ``path`` unchanged.
+
+    Raises
+    ------
+    ValueError
+        When ``path`` is empty or a directory, its directory does not exist
+        or is not a directory, or the file or its directory is not writable.
+    """
+    if not path:
+        raise ValueError("expected a file name, got ''")
+    if os.path.isdir(path):
+        raise ValueError(f"expected a file name, got {path!r}, a directory")
+    parent = os.path.dirname(path) or "."
+    if not os.path.exists(parent):
+        raise ValueError(f"expected an existing directory for {path!r}, but {parent!r} does not exist")
+    if not os.path.isdir(parent):
+        raise ValueError(f"expected a directory for {path!r}, but {parent!r} is not one")
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"expected a writable file, but {path!r} is not writable")
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"expected a writable directory for {path!r}, but {parent!r} is not writable")
+    return path
+
+
+def _output_file_arg(text: str) -> str:
+    try:
+        return check_output_file(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _counts_arg(text: str) -> list[int]:
     return [_positive_int(t.strip()) for t in text.split(",")]
 
@@ -354,16 +331,11 @@ def _header(args) -> list[str]:
 
 
 def _bench_gpus(args) -> list[dict]:
-    """``bench --gpus``: every listed GPU swapping at once (tools/node.py)."""
-    from cupy import cuda
-
+    """``bench --gpus``: every listed GPU swapping at once (tools/node.py);
+    ``args.gpus`` is already checked against this machine's GPUs."""
     from .node import run_node
 
-    count = cuda.runtime.getDeviceCount()
-    devices = list(range(count)) if args.gpus == "all" else args.gpus
-    bad = [d for d in devices if d >= count]
-    if bad:
-        raise SystemExit(f"--gpus: expected GPU indices below {count} (this machine's GPUs), got {bad}")
+    devices = args.gpus
     print(
         f"\n{len(devices)} GPU(s) {devices} at once, one swapper each, one pinned pool (one "
         f"shared_pinned pool for processes); {args.gpu_blocks} random blocks per GPU and direction; "
@@ -386,8 +358,27 @@ def _bench_gpus(args) -> list[dict]:
     return results
 
 
+def _write_report(path: str, report: dict) -> None:
+    """Write ``report`` as JSON to ``path``; should that fail after all (the
+    path was checked before the run), keep the figures in a temporary file
+    and say where."""
+    try:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+    except OSError as e:
+        fd, spare = tempfile.mkstemp(prefix="cupy_swap-bench-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"cupy_swap: could not write --json {path} ({e}); the figures are in {spare}", file=sys.stderr)
+
+
 def cmd_bench(args) -> int:
     _require_gpu()
+    if args.gpus is not None:  # usage error (exit 2) before anything is measured
+        try:
+            args.gpus = select_devices(args.gpus, _device_count())
+        except ValueError as e:
+            args.command_parser.error(f"argument --gpus: {e}")
     head = _header(args)
     report = {"environment": head, "page": PAGE_TEXT, "argv": sys.argv[1:]}
     ok = True
@@ -467,8 +458,7 @@ def cmd_bench(args) -> int:
                 print(_fmt_row(r))
         report["results"] = results
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        _write_report(args.json, report)
     return EXIT_OK if ok else EXIT_MISMATCH
 
 
@@ -527,7 +517,8 @@ def cmd_info(args) -> int:
     ok, what = gpu_status()
     print(f"cupy_swap {__version__}")
     if not ok:
-        print(f"GPU: none ({no_gpu_message(what)})")
+        # Without CuPy nothing is known about the GPUs: say what is missing, not "no GPU".
+        print(f"{'CuPy: missing' if what.startswith('CuPy') else 'GPU: none'} ({no_gpu_message(what)})")
         return EXIT_NO_GPU
     import cupy
     from cupy.cuda import runtime
@@ -572,15 +563,33 @@ def cmd_calibrate(args) -> int:
     return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
+def default_prog() -> str:
+    """How the user ran the command line: ``python -m cupy_swap`` or
+    ``cupy-swap`` (the console script, and anything else)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return "python -m cupy_swap" if getattr(spec, "name", None) == "cupy_swap.__main__" else "cupy-swap"
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line.  Every argument is checked here, so a bad one is
-    reported (exit 2) before any command looks for a GPU."""
+    reported (exit 2) before any command looks for a GPU; ``bench --gpus``
+    is checked against the GPU count by :func:`cmd_bench`, through
+    ``args.command_parser`` (each command's own parser, whose usage line its
+    errors print).
+
+    Parameters
+    ----------
+    prog : str, optional
+        The program name in usage lines; :func:`default_prog` by default.
+        A command's parser is named ``"{prog} {command}"``.
+    """
+    prog = prog or default_prog()
     p = argparse.ArgumentParser(
-        prog="cupy-swap",
-        usage="%(prog)s [-h] [--version] [COMMAND [options]]",
+        prog=prog,
+        usage="%(prog)s [-h] [--version] [COMMAND] [options]",
         description="Swap paged KV-cache blocks between GPU memory and pinned host memory; "
         "measure and check it on this machine.",
-        epilog=f"{COMMANDS_TEXT}\n\n{EXIT_TEXT}",
+        epilog=f"{_commands_text(prog)}\n\n{EXIT_TEXT}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"cupy_swap {__version__}")
@@ -588,12 +597,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
 
     def command(name: str):
-        return sub.add_parser(
+        parser = sub.add_parser(
             name,
+            prog=f"{prog} {name}",
             description=COMMANDS[name],
             epilog=EXIT_TEXT,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        parser.set_defaults(command_parser=parser)
+        return parser
 
     d = command("demo")
     d.add_argument("--reps", type=_positive_int, default=30, help="timed repetitions per direction")
@@ -651,7 +663,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--reps", type=_positive_int, default=30)
     b.add_argument("--no-baseline", action="store_true", help="skip one-memcpy-per-block")
-    b.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    b.add_argument(
+        "--json",
+        metavar="FILE",
+        type=_output_file_arg,
+        help="also write every figure to FILE (its directory must exist and be writable)",
+    )
     i = command("info")
     i.set_defaults(reps=0)
     c = command("calibrate")
@@ -659,11 +676,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_top_level_option(token: str) -> bool:
+    """``-h``, ``--help``, ``--version`` or an abbreviation argparse takes for one."""
+    return token == "-h" or (len(token) > 2 and any(o.startswith(token) for o in ("--help", "--version")))
+
+
+def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
+    """Parse a command line (``sys.argv[1:]`` by default).  With no command,
+    the demo runs, and options before any command are the demo's:
+    ``--reps 5`` is ``demo --reps 5``; ``-h`` and ``--version`` stay the top
+    level's.
+
+    Raises
+    ------
+    SystemExit
+        Code 2 (argparse) for a bad command line, 0 after ``--help`` or
+        ``--version``.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or (argv[0].startswith("-") and not _is_top_level_option(argv[0])):
+        argv = ["demo", *argv]
+    args, extra = build_parser(prog).parse_known_args(argv)
+    if extra:  # argparse leaves these to the top level; the command's own usage says more
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command is None:
-        args.reps = 30
-        return cmd_demo(args)
+    args = parse_args(argv)
     return {"demo": cmd_demo, "bench": cmd_bench, "info": cmd_info, "calibrate": cmd_calibrate}[args.command](
         args
     )

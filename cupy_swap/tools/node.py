@@ -25,11 +25,52 @@ import numpy as np
 
 from ..cuda.streams import on_device
 
-__all__ = ["run_node", "DIRECTIONS", "DRIVERS"]
+__all__ = ["run_node", "select_devices", "DIRECTIONS", "DRIVERS"]
 
 DIRECTIONS = ("in", "out", "duplex")
 BARRIER_TIMEOUT_S = 300  # a worker that stops answering breaks the barrier instead of hanging the rest
 DRIVERS = ("threads", "one-thread", "processes")
+
+
+def select_devices(spec, count: int) -> list[int]:
+    """The GPUs that ``spec`` names on a machine with ``count`` of them.
+
+    Parameters
+    ----------
+    spec : "all" or sequence of int
+        ``"all"``, or distinct non-negative device indices.
+    count : int
+        CUDA devices visible to this process.
+
+    Returns
+    -------
+    list of int
+        ``range(count)`` for ``"all"``, else ``spec`` as a list.
+
+    Raises
+    ------
+    ValueError
+        When ``spec`` is empty, repeats an index, or names a device that is
+        not there (an index of ``count`` or more, or a negative one).
+    """
+    if count <= 0:
+        raise ValueError(f"expected a machine with at least one GPU, got {count} GPUs")
+    if isinstance(spec, str):
+        if spec != "all":
+            raise ValueError(f"expected 'all' or a list of GPU indices, got {spec!r}")
+        return list(range(count))
+    devices = [int(d) for d in spec]
+    if not devices or len(set(devices)) != len(devices):
+        raise ValueError(f"expected distinct GPU indices, got {devices}")
+    bad = [d for d in devices if not 0 <= d < count]
+    if bad:
+        expected = (
+            "GPU index 0 (this machine has 1 GPU)"
+            if count == 1
+            else f"GPU indices from 0 to {count - 1} (this machine has {count} GPUs)"
+        )
+        raise ValueError(f"expected {expected}, got {', '.join(map(str, bad))}")
+    return devices
 
 
 def pool_rows(index: int, n: int, seed: int):
@@ -292,7 +333,7 @@ def _run_processes(devices, block_bytes, n, seed, plan, reps, pool_name):
 
 
 def run_node(
-    devices: list[int],
+    devices: list[int] | str,
     *,
     block_bytes: int = 32768,
     n: int = 1250,
@@ -301,8 +342,10 @@ def run_node(
     seed: int = 0,
     progress=print,
 ) -> dict:
-    """Every GPU in ``devices`` swapping at once, per driver and direction,
-    against memcpy on all of them at once (same harness, same run).
+    """Every GPU in ``devices`` (``"all"``, or indices checked by
+    :func:`select_devices` before anything is allocated) swapping at once,
+    per driver and direction, against memcpy on all of them at once (same
+    harness, same run).
 
     Returns
     -------
@@ -317,8 +360,11 @@ def run_node(
         final duplex swap into poisoned destinations is bit-exact, and, for
         processes, this process sees what each worker swapped out.
     """
+    from cupy.cuda import runtime
+
     from ..cuda.memory import empty_pinned
 
+    devices = select_devices(devices, runtime.getDeviceCount())
     shape = (2 * n * len(devices), block_bytes)
     pool = empty_pinned(shape, np.uint8)
     pool[...] = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)

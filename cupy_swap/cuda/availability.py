@@ -1,0 +1,309 @@
+"""Whether CUDA can be used here at all, and why not, in words that point at the fix.
+
+The CUDA runtime reports a machine with no NVIDIA driver at all as
+``cudaErrorInsufficientDriver: CUDA driver version is insufficient``, the
+same error as a driver that is really too old.  :func:`probe_driver` asks
+``libcuda.so.1`` directly (no CuPy, no CUDA runtime) and tells the cases
+apart: no driver, a driver that sees no device, a driver that does not
+start, a driver older than the runtime.  A missing CuPy is a case of its
+own, with the install command of this project's extras.
+
+Library entry points turn such failures into :class:`CudaUnavailableError`::
+
+    with translate_unavailable("BlockSwapper()"):
+        device = runtime.getDevice()
+
+Any other exception passes through unchanged.  Nothing here imports CuPy at
+module level, and nothing runs until an error is being explained.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from contextlib import contextmanager
+
+__all__ = [
+    "CudaUnavailableError",
+    "cuda_unavailable_error",
+    "translate_unavailable",
+    "probe_driver",
+    "runtime_version",
+    "explain_no_gpu",
+    "no_gpu_message",
+    "cupy_missing_message",
+    "CUPY_MISSING",
+    "INSTALL_EXTRAS",
+]
+
+# The CUDA extras of pyproject.toml's [project.optional-dependencies]: name ->
+# (driver it is for, what it installs).  tests/test_availability.py holds them to
+# pyproject.toml.  The project itself is not on PyPI, so the install command is
+# the extra from a checkout, or the same requirements straight from PyPI.
+INSTALL_EXTRAS = {
+    "cuda12": ("CUDA 12.x", ("cupy-cuda12x>=14.1", "cuda-toolkit[nvrtc]==12.*")),
+    "cuda13": ("CUDA 13.x", ("cupy-cuda13x>=14.1", "cuda-toolkit[nvrtc]==13.*")),
+}
+
+# How every "CuPy is missing" message starts (gpu_status's reason included), and
+# the one for a CuPy that is there but fails to import (e.g. a broken install).
+CUPY_MISSING = "CuPy is not installed"
+_CUPY_BROKEN = "CuPy cannot be imported"
+
+# CUDA runtime (cudaError_t) and driver (CUresult) codes that mean "CUDA cannot be
+# used on this machine", not "this call was wrong".  The two enums agree on these.
+_UNAVAILABLE_STATUS = {
+    3: "cudaErrorInitializationError",
+    34: "cudaErrorStubLibrary",
+    35: "cudaErrorInsufficientDriver",
+    46: "cudaErrorDevicesUnavailable",
+    100: "cudaErrorNoDevice",
+    802: "cudaErrorSystemNotReady",
+    803: "cudaErrorSystemDriverMismatch",
+    804: "cudaErrorCompatNotSupportedOnDevice",
+}
+_CUDA_ERROR_NO_DEVICE = 100
+_CUDA_ERROR_CLASSES = ("CUDARuntimeError", "CUDADriverError")
+
+
+class CudaUnavailableError(RuntimeError):
+    """CUDA cannot be used here: CuPy is missing, there is no NVIDIA driver,
+    the driver sees no GPU or does not start, or it is older than the CUDA
+    runtime CuPy uses.
+
+    The message names the cause and the fix; the CUDA error it stands for is
+    its ``__cause__``.
+
+    Attributes
+    ----------
+    reason : str
+        ``"no-cupy"``, ``"no-driver"``, ``"no-device"``, ``"driver-failed"``,
+        ``"driver-too-old"`` or ``"unavailable"`` (another availability
+        error, such as every GPU busy in exclusive-process mode).
+    """
+
+    def __init__(self, message: str, reason: str = "unavailable"):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def probe_driver():
+    """What the NVIDIA driver says, through ``libcuda.so.1`` directly (no
+    CuPy, no CUDA runtime).
+
+    Returns
+    -------
+    None or dict
+        None when ``libcuda.so.1`` cannot be loaded (no driver); else
+        ``{"init": CUresult of cuInit(0), "version": driver CUDA version
+        (e.g. 12040) or None, "devices": device count or None}``.
+    """
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    out = {"init": None, "version": None, "devices": None}
+    try:
+        v = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+            out["version"] = v.value
+        out["init"] = lib.cuInit(0)
+        n = ctypes.c_int(0)
+        if out["init"] == 0 and lib.cuDeviceGetCount(ctypes.byref(n)) == 0:
+            out["devices"] = n.value
+    except (AttributeError, OSError):  # a libcuda without these symbols: say what we know
+        pass
+    return out
+
+
+def runtime_version():
+    """The CUDA runtime version CuPy loaded (e.g. 12090), or None when CuPy
+    is missing or cannot tell."""
+    try:
+        from cupy.cuda import runtime
+
+        return runtime.runtimeGetVersion()
+    except Exception:
+        return None
+
+
+def _install_hint() -> str:
+    extras = " or ".join(
+        f'pip install ".[{name}]" ({driver} driver)' for name, (driver, _) in INSTALL_EXTRAS.items()
+    )
+    direct = " or ".join(
+        "pip install " + " ".join(f'"{r}"' for r in reqs) for _, reqs in INSTALL_EXTRAS.values()
+    )
+    return (
+        f"install the extra that matches the NVIDIA driver, from the cupy_swap checkout: {extras}; "
+        f"or the same packages from PyPI: {direct}"
+    )
+
+
+def cupy_missing_message(exc: BaseException) -> str:
+    """The message for a failed ``import cupy``: CuPy is missing (or broken),
+    and the install command of this project's CUDA extras.
+
+    Parameters
+    ----------
+    exc : BaseException
+        The ImportError ``import cupy`` raised.
+
+    Returns
+    -------
+    str
+        Starts with :data:`CUPY_MISSING` when the module is not there at all.
+    """
+    head = CUPY_MISSING if getattr(exc, "name", None) == "cupy" else _CUPY_BROKEN
+    return f"{head} ({exc}); {_install_hint()}"
+
+
+def _diagnose(what: str, driver, runtime_version) -> tuple[str, str]:
+    """``(reason, text)`` for :func:`explain_no_gpu`; reason as in
+    :class:`CudaUnavailableError`."""
+    if what.startswith((CUPY_MISSING, _CUPY_BROKEN)):
+        return "no-cupy", what
+    if driver is None:
+        return "no-driver", (
+            "no NVIDIA driver found (libcuda.so.1 cannot be loaded): this machine has no NVIDIA GPU, "
+            "or its driver is not installed"
+        )
+    drv, init, devices = driver.get("version"), driver.get("init"), driver.get("devices")
+    drv_text = f"NVIDIA driver for CUDA {_cuda_version(drv)}" if drv else "NVIDIA driver"
+    if init == _CUDA_ERROR_NO_DEVICE or devices == 0:
+        return "no-device", (
+            f"the {drv_text} is installed but sees no GPU (check CUDA_VISIBLE_DEVICES, "
+            "and that the device is present: nvidia-smi)"
+        )
+    if init not in (None, 0):
+        return "driver-failed", (
+            f"the {drv_text} is installed but does not start (cuInit returned CUresult {init}; try nvidia-smi)"
+        )
+    too_old = "InsufficientDriver" in what or "insufficient" in what
+    if too_old and drv and runtime_version and drv < runtime_version:
+        major = drv // 1000
+        other = (
+            f', or install the cuda{major} extra (pip install ".[cuda{major}]" from the cupy_swap checkout)'
+            if f"cuda{major}" in INSTALL_EXTRAS and major != runtime_version // 1000
+            else ""
+        )
+        return "driver-too-old", (
+            f"the {drv_text} is older than the CUDA {_cuda_version(runtime_version)} runtime CuPy uses: "
+            f"upgrade the driver{other}"
+        )
+    return "unavailable", what
+
+
+def explain_no_gpu(what: str, driver, runtime_version) -> str:
+    """Why no GPU answered, in words that point at the real fix.
+
+    The CUDA runtime reports a missing driver as "driver version is
+    insufficient"; that is only said when a driver is there and really
+    older than the runtime.
+
+    Parameters
+    ----------
+    what : str
+        What failed: :func:`cupy_swap.tools.bench.gpu_status`'s reason, or
+        the text of a CUDA error.
+    driver : dict or None
+        What :func:`probe_driver` found.
+    runtime_version : int or None
+        The CUDA runtime version CuPy loaded (:func:`runtime_version`).
+
+    Returns
+    -------
+    str
+        The cause and the fix; ``what`` itself when the probe adds nothing.
+    """
+    return _diagnose(what, driver, runtime_version)[1]
+
+
+def no_gpu_message(what: str) -> str:
+    """The whole no-GPU message for ``what`` (probing the driver and the
+    runtime now), without a ``cupy_swap:`` prefix."""
+    return explain_no_gpu(what, probe_driver(), runtime_version())
+
+
+def _unavailable_status(exc: BaseException):
+    """The availability code of a CuPy CUDA error, or None for any other
+    exception (matched by class name and ``status``, so CuPy need not be
+    importable)."""
+    if type(exc).__name__ not in _CUDA_ERROR_CLASSES:
+        return None
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status if status in _UNAVAILABLE_STATUS else None
+    text = str(exc)  # no status: go by the error's name, which CuPy puts first
+    return next((code for code, name in _UNAVAILABLE_STATUS.items() if text.startswith(name)), None)
+
+
+def cuda_unavailable_error(exc: BaseException, what: str | None = None) -> CudaUnavailableError | None:
+    """The :class:`CudaUnavailableError` that ``exc`` stands for, or None.
+
+    Parameters
+    ----------
+    exc : BaseException
+        An exception from a CUDA call: CuPy's ``CUDARuntimeError`` or
+        ``CUDADriverError`` with a code that means CUDA cannot be used here
+        (no driver, no device, driver too old or mismatched, initialization
+        failed, devices unavailable), or the ImportError of ``import cupy``.
+    what : str, optional
+        The call that failed (e.g. ``"BlockSwapper()"``); the message then
+        starts with ``"{what}: "``.
+
+    Returns
+    -------
+    CudaUnavailableError or None
+        The error, its message naming the real cause (the driver is probed
+        now), not yet raised and without a ``__cause__``; None when ``exc``
+        is not an availability problem (a bad argument, out of memory, an
+        ImportError of another module).
+    """
+    if isinstance(exc, ImportError):
+        package = (getattr(exc, "name", None) or "").split(".")[0]
+        if package not in ("cupy", "cupy_backends", "cupyx") and "CuPy" not in str(exc):
+            return None
+        reason, text = "no-cupy", cupy_missing_message(exc)
+    elif _unavailable_status(exc) is not None:
+        reason, text = _diagnose(str(exc), probe_driver(), runtime_version())
+    else:
+        return None
+    return CudaUnavailableError(f"{what}: {text}" if what else text, reason)
+
+
+@contextmanager
+def translate_unavailable(what: str):
+    """Raise :class:`CudaUnavailableError` ``from`` the exception of the block
+    when that exception means CUDA cannot be used here; let any other one
+    (and a CudaUnavailableError from a nested call) through unchanged.
+
+    Parameters
+    ----------
+    what : str
+        The call to name in the message, e.g. ``"BlockSwapper()"`` or
+        ``"empty_pinned()"``.
+
+    Examples
+    --------
+    As a context manager or, being a :func:`contextlib.contextmanager`, as a
+    decorator::
+
+        with translate_unavailable("empty_pinned()"):
+            ptr = runtime.hostAlloc(nbytes, flags)
+
+        @translate_unavailable("BlockSwapper()")
+        def __init__(self, ...): ...
+    """
+    try:
+        yield
+    except CudaUnavailableError:
+        raise
+    except Exception as e:
+        err = cuda_unavailable_error(e, what)
+        if err is None:
+            raise
+        raise err from e

@@ -1,0 +1,208 @@
+"""Memory the library allocates goes back only after the GPU work that
+touches it has completed, and never inside a swap.
+
+An owner (a swapper's descriptor ring and staging arenas, a ``GraphSwap``'s
+descriptor, a pinned buffer, a shared pool) hands its memory over with
+:func:`defer` when it is closed or garbage-collected: a *gate* (a callable
+that blocks until the GPU work that may read or write the memory has
+completed) and a *release* (the callable that frees it).  One daemon thread,
+the releaser, runs them in order: gate, then release.  So
+
+* a finalizer only enqueues (``queue.SimpleQueue.put`` is safe inside a
+  finalizer that interrupted any code, a locked section included), and the
+  memory is freed soon after the drop, not at some later registry call;
+* nothing waits or frees inside a swap, or in whichever thread the garbage
+  collector happened to run;
+* the releaser sets its stream-capture interaction mode to *relaxed*, so a
+  free or a device drain there never invalidates a CUDA graph that another
+  thread is capturing;
+* a release that fails is reported (``RuntimeWarning``), never swallowed.
+
+Memory that a captured CUDA graph reads is never handed here: the graph may
+be replayed at any time, so it is kept for the life of the process
+(:func:`keep_for_process`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import ctypes
+import queue
+import sys
+import threading
+import warnings
+import weakref
+
+__all__ = [
+    "defer",
+    "when_dropped",
+    "finalizer",
+    "drain",
+    "keep_for_process",
+    "relaxed_capture_mode",
+    "device_malloc",
+    "device_free",
+]
+
+_queue: queue.SimpleQueue = queue.SimpleQueue()
+_start_lock = threading.Lock()
+_thread: list = []
+_kept: list = []  # memory read by captured graphs: lives until the process exits
+# The last failed releases, ``(what, exception)``, newest last (also warned).
+failures: collections.deque = collections.deque(maxlen=32)
+
+# CUstreamCaptureMode
+_CAPTURE_MODE_RELAXED = 2
+
+
+def defer(release, gate=None, what: str = "memory") -> None:
+    """Queue ``gate()`` then ``release()`` for the releaser thread.
+
+    Safe to call from a finalizer (it only enqueues).  The thread is
+    started by :func:`start` (owners call it when they allocate, outside any
+    finalizer); if it is not running yet the work waits in the queue.
+
+    Parameters
+    ----------
+    release : callable
+        Frees the memory; runs once, after ``gate``.
+    gate : callable, optional
+        Blocks until no queued GPU work touches the memory any more.
+    what : str
+        How a failure report names the memory.
+    """
+    _queue.put((release, gate, what))
+
+
+def when_dropped(owner, release, gate=None, what: str = "memory") -> weakref.finalize:
+    """Arrange :func:`defer` ``(release, gate, what)`` for when ``owner`` is
+    garbage-collected; call the returned finalizer to do it earlier (once)."""
+    return finalizer(owner, defer, release, gate, what)
+
+
+def finalizer(owner, fn, *args) -> weakref.finalize:
+    """``weakref.finalize(owner, fn, *args)`` that is not run at interpreter
+    exit: the process's memory goes with it, and unpinning a large pool
+    there would only delay the exit."""
+    f = weakref.finalize(owner, fn, *args)
+    f.atexit = False
+    return f
+
+
+def start() -> None:
+    """Start the releaser thread (once per process)."""
+    if _thread:
+        return
+    with _start_lock:
+        if not _thread:
+            t = threading.Thread(target=_run, name="cupy_swap-releaser", daemon=True)
+            t.start()
+            _thread.append(t)
+
+
+def drain(timeout: float | None = None) -> bool:
+    """Wait until everything deferred before this call has been released.
+
+    Returns
+    -------
+    bool
+        False when ``timeout`` seconds passed first.
+    """
+    start()
+    done = threading.Event()
+    _queue.put((done.set, None, None))
+    return done.wait(timeout)
+
+
+def keep_for_process(obj) -> None:
+    """Keep ``obj`` (memory a captured graph reads) until the process exits."""
+    _kept.append(obj)
+
+
+def relaxed_capture_mode():
+    """A context manager making this thread's stream-capture interaction
+    mode *relaxed* inside the block: allocation calls there neither fail
+    nor invalidate a capture in progress (``cuThreadExchangeStreamCaptureMode``)."""
+    return _CaptureMode(_CAPTURE_MODE_RELAXED)
+
+
+class _CaptureMode:
+    __slots__ = ("_mode", "_saved")
+
+    def __init__(self, mode: int):
+        self._mode = mode
+        self._saved = None
+
+    def __enter__(self):
+        self._saved = _exchange_capture_mode(self._mode)
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            _exchange_capture_mode(self._saved)
+
+
+def _exchange_capture_mode(mode: int) -> int | None:
+    """Set this thread's capture interaction mode; the previous one (None
+    where the driver cannot be reached: then nothing can be captured)."""
+    from .driver import libcuda
+
+    lib = libcuda()
+    fn = getattr(lib, "cuThreadExchangeStreamCaptureMode", None) if lib is not None else None
+    if fn is None:
+        return None
+    value = ctypes.c_int(mode)
+    if fn(ctypes.byref(value)) != 0:
+        return None
+    return value.value
+
+
+def device_malloc(nbytes: int, device: int) -> int:
+    """``cudaMalloc`` on ``device``, outside CuPy's stream-ordered pool: no
+    memory that queued work of some stream still uses is handed out, and
+    the block never returns to the pool while ours.  Free it with
+    :func:`device_free` (from a release)."""
+    from cupy.cuda import runtime
+
+    from .streams import on_device
+
+    start()
+    with on_device(device), relaxed_capture_mode():
+        return runtime.malloc(max(int(nbytes), 1))
+
+
+def device_free(ptr: int, device: int) -> None:
+    from cupy.cuda import runtime
+
+    from .streams import on_device
+
+    with on_device(device):
+        runtime.free(ptr)
+
+
+def _run() -> None:
+    _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
+    while True:
+        release, gate, what = _queue.get()
+        try:
+            if gate is not None:
+                gate()
+            release()
+        except Exception as e:
+            failures.append((what, e))
+            if not sys.is_finalizing():
+                warnings.warn(
+                    f"cupy_swap: could not release {what} ({type(e).__name__}: {e}); it stays allocated",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
+        del release, gate
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    # Releases queued by drops during the program's last steps run while
+    # CUDA is still up; a bounded wait, so a stuck GPU cannot hang the exit.
+    if _thread:
+        drain(timeout=10.0)

@@ -1,0 +1,80 @@
+"""``wait_for=`` entries on the CPU: a torch event that was never recorded
+(``cuda_event == 0``: torch creates the CUDA event on its first record) is
+nothing to wait for, as in torch, instead of a wait on handle 0 that CUDA
+refuses; a recorded one is waited on."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cupy_swap.core.layout import layout_from_parts
+from cupy_swap.core.parts import DEVICE, as_parts
+from cupy_swap.core.route import Policy
+from cupy_swap.cuda.streams import NO_WAIT, Wait, wait_handle
+from cupy_swap.prepared import PreparedSwap
+
+pytest.importorskip("cupy", reason="wait_handle tells CuPy events apart")
+
+
+class _TorchEvent:
+    """Stands in for ``torch.cuda.Event``: ``cuda_event`` is 0 until recorded."""
+
+    def __init__(self, cuda_event: int):
+        self.cuda_event = cuda_event
+
+
+def test_unrecorded_torch_event_is_no_wait():
+    assert wait_handle(_TorchEvent(0), 0, 0) is NO_WAIT
+    assert NO_WAIT.event_ptr == 0 and not NO_WAIT.capturing
+
+
+def test_recorded_torch_event_is_waited_on():
+    assert wait_handle(_TorchEvent(0xBEEF), 0, 0) == Wait(0xBEEF, None, False)
+
+
+class _Event:
+    def __init__(self):
+        self.ptr, self.start = 0xE0, None
+
+
+class _Swapper:
+    """What PreparedSwap reads of a swapper, recording waits and records."""
+
+    def __init__(self, calls: list):
+        self.device, self.max_blocks, self.mode, self.timing = 0, 64, "auto", False
+        self.policy, self.last_path, self._closed = Policy(), None, False
+        self._launcher = type("Launcher", (), {"bind": lambda self, layout: None})()
+        self._events = type("Pool", (), {"take": lambda self, timed: _Event()})()
+        self._current_stream = lambda: type("Stream", (), {"ptr": 77})()
+        self._get_device = lambda: 0
+        self._record = lambda ptr, stream: calls.append(("record", ptr, stream))
+        self._wait_event = lambda stream, event, flags: calls.append(("wait", stream, event))
+
+
+def _op(calls: list) -> PreparedSwap:
+    host = np.zeros((8, 64), np.uint8)
+    gpu = [
+        dataclasses.replace(p, location=DEVICE, device=0)
+        for p in as_parts(np.zeros((8, 64), np.uint8), "dst")
+    ]
+    layout = layout_from_parts(as_parts(host, "src"), gpu)
+    layout.kernel_ok = False  # no fast path: every call takes PreparedSwap._run
+    return PreparedSwap(_Swapper(calls), layout, (host,))
+
+
+@pytest.mark.parametrize(
+    "wait_for, waited",
+    [
+        (_TorchEvent(0), []),
+        ([_TorchEvent(0)], []),
+        ([_TorchEvent(0), _TorchEvent(0xBEEF), _TorchEvent(0)], [0xBEEF]),
+    ],
+    ids=["unrecorded", "unrecorded-in-a-list", "mixed"],
+)
+def test_swap_skips_unrecorded_torch_events(wait_for, waited):
+    calls: list = []
+    event = _op(calls)([], wait_for=wait_for)
+    # Each wait on the swap's stream (77), then the swap's event recorded on it.
+    assert calls == [("wait", 77, ptr) for ptr in waited] + [("record", 0xE0, 77)]
+    assert event.path == "none"
