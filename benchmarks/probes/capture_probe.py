@@ -1,64 +1,112 @@
-"""Which releases are legal while another thread captures a graph (global mode)?"""
-import threading, ctypes
-import numpy as np
+"""Which release calls are legal while another thread captures a CUDA graph?
+
+The main thread captures one kernel on a non-blocking stream (CuPy's default
+capture mode); meanwhile a second thread, in relaxed capture mode as
+cupy_swap's releaser is, makes one call.  Printed per call: whether the call
+succeeded, and whether the capture survived (its graph then runs and
+computes the right value).  A last line tries allocation and a private-
+stream memset on the capturing thread itself, in relaxed mode, as
+``GraphSwap`` and captured descriptor swaps do.
+
+    python benchmarks/probes/capture_probe.py
+"""
+
+import threading
+
 import cupy as cp
+import numpy as np
 from cupy.cuda import runtime
+
 from cupy_swap.cuda import release
 
-def attempt(name, fn):
-    s = cp.cuda.Stream(non_blocking=True)
+_NON_BLOCKING = 1
+_PORTABLE_MAPPED = 3
+
+
+def _outcome(fn) -> str:
+    try:
+        fn()
+        return "ok"
+    except Exception as e:
+        return repr(e)[:120]
+
+
+def attempt(name: str, fn) -> None:
+    """Run ``fn`` on another thread while this thread captures."""
+    stream = cp.cuda.Stream(non_blocking=True)
     a = cp.zeros(16, cp.float32)
     cp.cuda.Device().synchronize()
     result = {}
     started, finished = threading.Event(), threading.Event()
+
     def other():
-        release._exchange_capture_mode(2)  # relaxed, as the releaser
-        started.wait()
-        try:
-            fn()
-            result["call"] = "ok"
-        except Exception as e:
-            result["call"] = repr(e)[:120]
+        with release.relaxed_capture_mode():
+            started.wait()
+            result["call"] = _outcome(fn)
         finished.set()
-    t = threading.Thread(target=other); t.start()
-    s.begin_capture()  # CuPy default mode
-    with s:
+
+    t = threading.Thread(target=other)
+    t.start()
+    stream.begin_capture()
+    with stream:
         a += 1
-    started.set(); finished.wait(20)
-    try:
-        g = s.end_capture()
-        g.launch(s); s.synchronize()
-        result["capture"] = "ok" if float(a[0]) == 1.0 else f"bad value {float(a[0])}"
-    except Exception as e:
-        result["capture"] = repr(e)[:120]
+    started.set()
+    finished.wait(20)
+
+    def replay():
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        if float(a[0]) != 1.0:
+            raise AssertionError(f"bad value {float(a[0])}")
+
+    result["capture"] = _outcome(replay)
     t.join()
     print(f"{name:28s} call={result.get('call')}  capture={result.get('capture')}", flush=True)
 
-def pinned():
-    return runtime.hostAlloc(1 << 20, 3)
 
-p1 = pinned(); attempt("cudaFreeHost", lambda: runtime.freeHost(p1))
-buf = np.zeros(1 << 20, np.uint8); runtime.hostRegister(buf.ctypes.data, buf.nbytes, 3)
-attempt("cudaHostUnregister", lambda: runtime.hostUnregister(buf.ctypes.data))
-d1 = runtime.malloc(1 << 20); attempt("cudaFree", lambda: runtime.free(d1))
-attempt("cudaDeviceSynchronize", runtime.deviceSynchronize)
-ev = cp.cuda.Event(); ev.record(cp.cuda.Stream(non_blocking=True))
-attempt("cudaEventSynchronize", ev.synchronize)
-attempt("cudaMalloc", lambda: runtime.free(runtime.malloc(1 << 20)))
-# and on the capturing thread itself, in relaxed mode
-s = cp.cuda.Stream(non_blocking=True); a = cp.zeros(4, cp.float32); cp.cuda.Device().synchronize()
-s.begin_capture()
-with s:
-    a += 1
-try:
-    with release.relaxed_capture_mode():
-        p = runtime.hostAlloc(4096, 3); d = runtime.malloc(4096)
-        st = runtime.streamCreateWithFlags(1); runtime.memsetAsync(d, 0, 4096, st); runtime.streamSynchronize(st); runtime.streamDestroy(st)
-    r = "ok"
-except Exception as e:
-    r = repr(e)[:120]
-try:
-    g = s.end_capture(); g.launch(s); s.synchronize(); c = "ok" if float(a[0]) == 1 else "bad"
-except Exception as e:
-    c = repr(e)[:120]
-print(f"{'same-thread alloc+memset':28s} call={r}  capture={c}")
+def same_thread() -> None:
+    """Allocation and a private-stream memset on the capturing thread."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    a = cp.zeros(4, cp.float32)
+    cp.cuda.Device().synchronize()
+    stream.begin_capture()
+    with stream:
+        a += 1
+
+    def allocate():
+        with release.relaxed_capture_mode():
+            runtime.hostAlloc(4096, _PORTABLE_MAPPED)
+            d = runtime.malloc(4096)
+            private = runtime.streamCreateWithFlags(_NON_BLOCKING)
+            runtime.memsetAsync(d, 0, 4096, private)
+            runtime.streamSynchronize(private)
+            runtime.streamDestroy(private)
+
+    call = _outcome(allocate)
+
+    def replay():
+        stream.end_capture().launch(stream)
+        stream.synchronize()
+
+    print(f"{'same-thread alloc+memset':28s} call={call}  capture={_outcome(replay)}")
+
+
+def main() -> None:
+    pinned = runtime.hostAlloc(1 << 20, _PORTABLE_MAPPED)
+    attempt("cudaFreeHost", lambda: runtime.freeHost(pinned))
+    registered = np.zeros(1 << 20, np.uint8)
+    runtime.hostRegister(registered.ctypes.data, registered.nbytes, _PORTABLE_MAPPED)
+    attempt("cudaHostUnregister", lambda: runtime.hostUnregister(registered.ctypes.data))
+    device = runtime.malloc(1 << 20)
+    attempt("cudaFree", lambda: runtime.free(device))
+    attempt("cudaDeviceSynchronize", runtime.deviceSynchronize)
+    event = cp.cuda.Event()
+    event.record(cp.cuda.Stream(non_blocking=True))
+    attempt("cudaEventSynchronize", event.synchronize)
+    attempt("cudaMalloc", lambda: runtime.free(runtime.malloc(1 << 20)))
+    same_thread()
+
+
+if __name__ == "__main__":
+    main()
