@@ -31,6 +31,7 @@ replayed at any time.
 from __future__ import annotations
 
 import functools
+import threading
 
 from .core.mapping import check_mapping_for
 from .cuda import release
@@ -83,10 +84,13 @@ class GraphSwap:
         self._held = held  # the caller's arrays live as long as the graph swap
         nbytes = descriptor_words(len(layout.src), max_blocks) * 8
         self._state = _DescriptorState(release.device_malloc(nbytes, self.device), self.device)
+        self._finalizer = release.finalizer(self, _drop_descriptor, self._state)
+        # Launches, mapping uploads and close() one at a time: close() then
+        # sees every event (or the capture) of the work queued on the buffer.
+        self._lock = threading.Lock()
         # Zero pairs until the first set_mapping, written and finished before
         # any stream can use the buffer (so no stream ordering is needed).
         _zero_now(self._state.ptr, nbytes, self.device)
-        self._finalizer = release.finalizer(self, _drop_descriptor, self._state)
         with on_device(self.device):
             self._fn, self._grid, self._threads, self._args = launcher.replay_args(
                 layout, self._state.ptr, max_blocks
@@ -98,7 +102,8 @@ class GraphSwap:
         completed; if a launch was captured into a graph, the buffer is kept
         for the life of the process instead (the graph may be replayed at
         any time).  The object cannot be used afterwards."""
-        self._finalizer()
+        with self._lock:
+            self._finalizer()
 
     def __enter__(self):
         return self
@@ -123,8 +128,8 @@ class GraphSwap:
             Recorded after the staging copy.
         """
         mapping = check_mapping_for(self.layout, block_mapping, self.max_blocks)
-        state = self._live_state("set_mapping")
-        with on_device(self.device):
+        with self._lock, on_device(self.device):
+            state = self._live_state("set_mapping")
             handle = stream_on_device(stream, self.device)
             if stream_is_capturing(handle):
                 raise RuntimeError(
@@ -135,7 +140,7 @@ class GraphSwap:
             event = self._launcher.stage_descriptor(
                 layout.table, layout.units_per_pair, mapping, state.ptr, handle
             )
-        state.events[handle] = event
+            state.note(event)
         self.num_pairs = int(mapping.shape[0])
         return event
 
@@ -145,8 +150,8 @@ class GraphSwap:
         precedes it on the stream."""
         import cupy
 
-        state = self._live_state("launch")
-        with on_device(self.device):
+        with self._lock, on_device(self.device):
+            state = self._live_state("launch")
             handle = stream_on_device(stream, self.device)
             capturing = stream_is_capturing(handle)
             self._launcher.launch_kernel(self._fn, self._grid, self._threads, handle, self._args.ptr)
@@ -155,7 +160,7 @@ class GraphSwap:
             else:
                 event = cupy.cuda.Event(disable_timing=True)
                 cupy.cuda.runtime.eventRecord(event.ptr, handle)
-                state.events[handle] = event
+                state.note(event)
 
     def _live_state(self, method: str) -> _DescriptorState:
         if not self._finalizer.alive:
@@ -164,16 +169,23 @@ class GraphSwap:
 
 
 class _DescriptorState:
-    """A GraphSwap's descriptor buffer and what gates its release: the last
-    event of each stream that staged into it or launched over it, and
+    """A GraphSwap's descriptor buffer and what gates its release: the
+    events of the uploads and launches that may not have completed (not one
+    per stream: a destroyed stream's handle can come back as another's), and
     whether a launch was captured (then it is never released)."""
 
     __slots__ = ("ptr", "device", "events", "captured")
 
     def __init__(self, ptr: int, device: int):
         self.ptr, self.device = ptr, device
-        self.events: dict = {}
+        self.events: list = []
         self.captured = False
+
+    def note(self, event) -> None:
+        """Keep ``event`` as a gate; drop the ones that completed."""
+        if len(self.events) >= 16:
+            self.events = [e for e in self.events if not e.done]
+        self.events.append(event)
 
 
 def _drop_descriptor(state: _DescriptorState) -> None:
@@ -181,7 +193,7 @@ def _drop_descriptor(state: _DescriptorState) -> None:
     if state.captured:
         release.keep_for_process(state)
         return
-    events = list(state.events.values())
+    events = list(state.events)
     release.defer(
         functools.partial(release.device_free, state.ptr, state.device),
         functools.partial(_wait_all, events),

@@ -162,6 +162,9 @@ class BlockSwapper:
     ring_size : int, optional
         Descriptor slots of kernel swaps; kernel swaps beyond this many still
         queued make ``swap`` wait for the oldest. Default 16.
+    capture_slots : int, optional
+        Deprecated and ignored: captured swaps no longer take slots from a
+        reserve (see :meth:`swap`).
     mode : {"auto", "kernel", "dma", "staged"}, optional
         Default path (see :meth:`swap`).
     staging_bytes : int, optional
@@ -189,8 +192,8 @@ class BlockSwapper:
     given back by :meth:`close`, at the end of a ``with`` block, or when the
     swapper is garbage-collected, and in each case only after the swaps
     queued on it have completed (a background thread waits for them: no
-    call blocks).  Ops from :meth:`prepare` and :meth:`graph_swap` keep the
-    swapper alive.
+    call blocks).  Ops from :meth:`prepare` keep the swapper alive; a
+    :meth:`graph_swap` keeps its descriptor ring alive.
 
     One swapper may be shared by many threads: each swap takes its own
     descriptor slot, and a slot is rewritten only after the swap that last
@@ -216,6 +219,7 @@ class BlockSwapper:
         max_ctas: int | None = None,
         max_parts: int = abi.MAX_PARTS,
         ring_size: int = 16,
+        capture_slots: int | None = None,
         mode: str = "auto",
         timing: bool = False,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
@@ -236,6 +240,13 @@ class BlockSwapper:
                 f"max_parts: expected at most {abi.MAX_PARTS} (the kernel's limit), got {max_parts}"
             )
         ring_size = _positive_int(ring_size, "ring_size")
+        if capture_slots is not None:
+            warnings.warn(
+                "capture_slots: no longer used (a swap captured into a graph gets a descriptor "
+                "buffer of its own, with no limit); the argument will be removed",
+                DeprecationWarning,
+                stacklevel=3,  # the caller, past the availability wrapper
+            )
         staging_bytes = _positive_int(staging_bytes, "staging_bytes", minimum=0)
         self.device = runtime.getDevice() if device is None else int(device)
         calibrated = load_calibration(self.device) or {}
@@ -261,8 +272,11 @@ class BlockSwapper:
 
     def close(self) -> None:
         """Give back the swapper's memory once the swaps queued on it have
-        completed, without waiting for them.  Later calls (of this swapper
-        and of its prepared ops) raise ``RuntimeError``.  Idempotent."""
+        completed, without waiting for them.  Later calls of this swapper,
+        of its prepared ops and of its graph swaps' ``set_mapping`` raise
+        ``RuntimeError`` (a ``GraphSwap``'s own buffer stays until it is
+        closed or dropped).  Idempotent; safe while other threads swap
+        (each finishes enqueuing first, or raises)."""
         self._closed = True
         with self._lock:
             self._layouts.clear()

@@ -4,6 +4,7 @@ as the driver does, and checks tier choice, contents and laziness."""
 
 import ctypes
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -173,3 +174,28 @@ def test_an_interrupted_descriptor_write_leaves_no_table_marked_current(monkeypa
     lau.write_slot(a, [5, 6], 0, False, held)  # A again: the table must be written afresh
     words = lau._slots[0].host_words
     assert words[abi.HEADER_WORDS : abi.HEADER_WORDS + a.table.size].tolist() == a.table.tolist()
+
+
+def test_a_swap_that_gets_its_slot_after_close_raises_and_frees_the_slot():
+    """close() once raced a swap that had passed the closed check: the ring
+    was freed while that swap wrote and launched over a slot."""
+    lau = _RingLauncher()
+    slot = lau._slots[0]
+    slot.lock.acquire()  # another swap holds the slot ...
+    held: list = []
+    outcome = []
+
+    def swap():
+        try:
+            lau.acquire(held)
+            outcome.append("acquired")
+        except RuntimeError as e:
+            outcome.append(str(e))
+
+    t = threading.Thread(target=swap)
+    t.start()
+    lau._finalizer.alive = False  # ... while close() runs
+    slot.lock.release()
+    t.join(10)
+    assert outcome and "closed" in outcome[0]
+    assert held == [] and not slot.lock.locked()

@@ -331,3 +331,24 @@ def test_auto_sends_a_mixed_layout_to_the_kernel(rng):
         expected = np.full(h.shape, POISON, np.uint8)
         expected[m[:, 1]] = h[m[:, 0]]
         assert np.array_equal(cp.asnumpy(g), expected)
+
+
+# ------------------------------------------------------------ out of memory
+def test_a_staging_arena_that_does_not_fit_falls_back_or_is_refused(rng):
+    """The arena once came from cudaMalloc with no translation: auto raised
+    cudaErrorMemoryAllocation instead of falling back to the kernel, and
+    mode='staged' raised it instead of its ValueError."""
+    free, _ = cp.cuda.runtime.memGetInfo()
+    host = cs.empty_pinned((256, 32768), np.uint8)
+    gpu = cp.empty((256, 32768), cp.uint8)
+    rand_fill(host, rng)
+    m = np.column_stack((np.arange(200), rng.permutation(256)[:200]))  # host runs: auto would stage
+    sw = cs.BlockSwapper(max_blocks=256, staging_bytes=4 * free)
+    sw.staged_min_bytes = 1
+    with pytest.raises(ValueError, match="'staged' could not allocate its staging arena"):
+        sw.swap_in(host, gpu, m, mode="staged")
+    poison(gpu)
+    ev = sw.swap_in(host, gpu, m)
+    ev.synchronize()
+    assert ev.path == "kernel"
+    assert np.array_equal(cp.asnumpy(gpu)[m[:, 1]], host[m[:, 0]])

@@ -60,6 +60,12 @@ class _FakeRuntime:
     def freeHost(self, ptr):
         self.freed.append(ptr)
 
+    def getDevice(self):
+        return 0
+
+    def setDevice(self, device):
+        pass
+
     def pointerGetAttributes(self, ptr):
         import types
 
@@ -167,3 +173,22 @@ def test_is_pinned_spans_negative_and_gapped_strides(monkeypatch):
     assert memory.byte_span(pool[::-1]) == (pool.ctypes.data, pool.ctypes.data + pool.nbytes)
     outside = np.lib.stride_tricks.as_strided(pool[8:], (9, 8), pool.strides)  # one row past the end
     assert not cs.is_pinned(outside)
+
+
+def test_two_threads_unregistering_one_range_unpin_it_once(monkeypatch):
+    """Both calls once found the range; the second failed to unpin and
+    published again a range that was no longer pinned."""
+    fake = _FakeRuntime()
+    unpinned = []
+    fake.hostRegister = lambda p, n, f: None
+    fake.hostUnregister = unpinned.append
+    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    array = np.zeros(1 << 12, np.uint8)
+    cs.register_host(array)
+    r = memory._registry.find(array.ctypes.data, 1)
+    memory._registry.remove(array.ctypes.data)  # the other thread's unpublish, just done
+    monkeypatch.setattr(memory._registry, "find", lambda ptr, n: r)  # ... after this call's lookup
+    with pytest.raises(ValueError, match="another call just unregistered"):
+        cs.unregister_host(array)
+    monkeypatch.undo()
+    assert unpinned == [] and memory._registry.find(array.ctypes.data, 1) is None

@@ -94,7 +94,8 @@ class _Slot:
 
 def _wait_for_slots(slots: list) -> None:
     for slot in slots:
-        event = slot.event
+        with slot.lock:  # a swap holding the slot stores its event first
+            event = slot.event
         if event is not None:
             event.synchronize()
 
@@ -218,7 +219,11 @@ class Launcher:
         # stream-ordered pool, and written only by uploads on the stream of
         # the swap that reads them (nothing to zero first).
         dev = release.device_malloc(ring_size * row_bytes, device)
-        self._slots = [_Slot(host[i], dev + i * row_bytes) for i in range(ring_size)]
+        try:
+            self._slots = [_Slot(host[i], dev + i * row_bytes) for i in range(ring_size)]
+        except BaseException:
+            release.defer(functools.partial(release.device_free, dev, device), None, "descriptor ring")
+            raise
         self._next = 0
         self._tiers: dict[int, list] = {}
         # Dropped or closed: the releaser frees the ring once the last swap
@@ -359,6 +364,8 @@ class Launcher:
             self._next = (self._next + 1) % len(self._slots)
         slot.lock.acquire()
         try:
+            if not self._finalizer.alive:  # closed while this swap waited for the slot
+                raise RuntimeError("swap: the BlockSwapper that made this object is closed")
             event = slot.event
             if event is not None and not event.done:
                 with self._lock:

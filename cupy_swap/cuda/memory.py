@@ -164,7 +164,7 @@ class _PinnedBuffer:
             runtime.freeHost(ptr)
             raise
         _registry.add(_Range(ptr, ptr + max(nbytes, 1), alias - ptr if alias else None, True))
-        free = functools.partial(release_owned, ptr, _free_host)
+        free = functools.partial(release_owned, ptr, _free_host, runtime.getDevice())
         self._finalizer = release.when_dropped(self, free, None, f"pinned buffer {ptr:#x}")
         self.__array_interface__ = array_interface(ptr, shape, dtype)
 
@@ -186,7 +186,7 @@ def _free_host(ptr: int) -> None:
     _runtime().freeHost(ptr)
 
 
-def release_owned(ptr: int, free) -> None:
+def release_owned(ptr: int, free, device: int | None = None) -> None:
     """Release a range cupy_swap owns (every array over it is gone), on the
     releaser thread: unpublish it (no lookup finds it), then ``free(ptr)``
     (``cudaFreeHost``, or ``cudaHostUnregister`` and unmap).  Both wait for
@@ -199,6 +199,8 @@ def release_owned(ptr: int, free) -> None:
     dropped pool has completed when its release has.  A failure propagates
     to the releaser, which reports it."""
     _registry.remove(ptr)  # owned ranges: no array over them, so no cached layout (no generation bump)
+    if device is not None:  # the allocating thread's GPU: no context made on another one
+        _runtime().setDevice(device)
     free(ptr)
 
 
@@ -332,7 +334,8 @@ def unregister_host(array: np.ndarray) -> None:
             "array: expected an array passed to cupy_swap.register_host (same start address); "
             "empty_pinned and shared_pinned memory is released when its arrays are gone"
         )
-    _registry.remove(ptr)  # unpublish
+    if _registry.remove(ptr) is None:  # unpublish (another thread may have been first)
+        raise ValueError("array: expected a registered range, got one another call just unregistered")
     _generation[0] += 1  # cached layouts resolve their host aliases again
     try:
         with release.relaxed_capture_mode():

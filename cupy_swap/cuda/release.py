@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import collections
 import ctypes
+import os
 import queue
 import sys
 import threading
@@ -54,6 +55,7 @@ failures: collections.deque = collections.deque(maxlen=32)
 
 # CUstreamCaptureMode
 _CAPTURE_MODE_RELAXED = 2
+_CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 
 
 def defer(release, gate=None, what: str = "memory") -> None:
@@ -91,12 +93,14 @@ def finalizer(owner, fn, *args) -> weakref.finalize:
 
 
 def start() -> None:
-    """Start the releaser thread (once per process)."""
-    if _thread:
+    """Start the releaser thread (once per process, and again in a forked
+    child)."""
+    if _thread and _thread[0].is_alive():
         return
     with _start_lock:
-        if not _thread:
-            t = threading.Thread(target=_run, name="cupy_swap-releaser", daemon=True)
+        if not (_thread and _thread[0].is_alive()):
+            _thread.clear()
+            t = threading.Thread(target=_run, args=(_queue,), name="cupy_swap-releaser", daemon=True)
             t.start()
             _thread.append(t)
 
@@ -162,42 +166,85 @@ def device_malloc(nbytes: int, device: int) -> int:
     """``cudaMalloc`` on ``device``, outside CuPy's stream-ordered pool: no
     memory that queued work of some stream still uses is handed out, and
     the block never returns to the pool while ours.  Free it with
-    :func:`device_free` (from a release)."""
+    :func:`device_free` (from a release).
+
+    When the device is full, CuPy's pool gives back its cached blocks and
+    the allocation is tried once more, as CuPy's own allocator does.
+
+    Raises
+    ------
+    cupy.cuda.memory.OutOfMemoryError
+        Still no room.
+    """
+    import cupy
     from cupy.cuda import runtime
 
     from .streams import on_device
 
     start()
+    size = max(int(nbytes), 1)
     with on_device(device), relaxed_capture_mode():
-        return runtime.malloc(max(int(nbytes), 1))
+        for attempt in range(2):
+            try:
+                return runtime.malloc(size)
+            except runtime.CUDARuntimeError as e:
+                if e.status != _CUDA_ERROR_MEMORY_ALLOCATION:
+                    raise
+                if attempt == 0:
+                    cupy.get_default_memory_pool().free_all_blocks()
+        free, total = runtime.memGetInfo()
+        raise cupy.cuda.memory.OutOfMemoryError(size, free, total)
 
 
 def device_free(ptr: int, device: int) -> None:
+    """``cudaFree`` on ``device``; called on the releaser thread only, which
+    makes the device current and leaves it so (restoring the thread's first
+    device would create a context on GPU 0 in a process that never used it)."""
     from cupy.cuda import runtime
 
-    from .streams import on_device
-
-    with on_device(device):
-        runtime.free(ptr)
+    runtime.setDevice(device)
+    runtime.free(ptr)
 
 
-def _run() -> None:
-    _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
+def _run(work: queue.SimpleQueue) -> None:
     while True:
-        release, gate, what = _queue.get()
         try:
-            if gate is not None:
-                gate()
-            release()
-        except Exception as e:
-            failures.append((what, e))
-            if not sys.is_finalizing():
-                warnings.warn(
-                    f"cupy_swap: could not release {what} ({type(e).__name__}: {e}); it stays allocated",
-                    RuntimeWarning,
-                    stacklevel=1,
-                )
-        del release, gate
+            _release_next(work)
+        except BaseException:  # never let the releaser die: drain() would wait for good
+            pass
+
+
+def _release_next(work: queue.SimpleQueue) -> None:
+    if not getattr(_this_thread, "relaxed", False):
+        _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
+        _this_thread.relaxed = True
+    release, gate, what = work.get()
+    try:
+        if gate is not None:
+            gate()
+        release()
+    except Exception as e:
+        failures.append((what, e))
+        if not sys.is_finalizing():
+            warnings.warn(
+                f"cupy_swap: could not release {what} ({type(e).__name__}: {e}); it stays allocated",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+
+
+_this_thread = threading.local()  # a releaser thread sets its capture mode once
+
+
+def _after_fork_in_child() -> None:
+    # The releaser thread does not survive a fork: start afresh in the child
+    # (a release queued but not run stays with the parent, which owns it).
+    global _queue
+    _queue = queue.SimpleQueue()
+    _thread.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

@@ -201,8 +201,8 @@ def _address(mm) -> int:
 class _SharedBuffer:
     """Owner of one process's mapping of a pool, exposed to NumPy.  The
     range stays registered until this object (so every array on it) is
-    gone; then the releaser thread unpublishes it, waits for queued work on
-    swapper GPUs, unregisters the range and closes the mapping
+    gone; then the releaser thread unpublishes it, unregisters the range
+    (which waits for the work queued on the GPU) and closes the mapping
     (:func:`cupy_swap.cuda.memory.release_owned`)."""
 
     def __init__(self, mm, nbytes: int, shape, dtype: np.dtype, name: str):
@@ -213,7 +213,8 @@ class _SharedBuffer:
         except Exception as e:
             mm.close()
             raise _register_error(e, name, nbytes) from None
-        unpin = functools.partial(memory.release_owned, ptr, _Release(mm, name))
+        device = memory._runtime().getDevice()
+        unpin = functools.partial(memory.release_owned, ptr, _Release(mm, name), device)
         self._finalizer = release.when_dropped(self, unpin, None, f"shared pool {name!r}")
         self.__array_interface__ = memory.array_interface(ptr, shape, dtype)
 
@@ -229,7 +230,11 @@ class _Release:
         self.mm, self.name = mm, name
 
     def __call__(self, ptr: int) -> None:
-        memory._runtime().hostUnregister(ptr)
+        try:
+            memory._runtime().hostUnregister(ptr)
+        except BaseException:
+            release.keep_for_process(self.mm)  # CUDA may still hold the pages: never unmap them
+            raise
         self.mm.close()
 
 

@@ -66,6 +66,7 @@ class Stager:
         self.staging_bytes = staging_bytes // 256 * 256
         self.lock = threading.Lock()
         self._memory = None
+        self._closed = False
         self._users = _ArenaUsers()
         self.geometry = None  # row sizes of the groups the ring is laid out for
         self._events: list = []
@@ -78,6 +79,8 @@ class Stager:
         """Allocate the arena and the copy stream (once; call with ``lock``
         held).  Raises CuPy's ``OutOfMemoryError`` when the arena does not
         fit."""
+        if self._closed:
+            raise RuntimeError("swap: the BlockSwapper that made this stager is closed")
         if self._memory is not None:
             return
         import cupy
@@ -102,8 +105,10 @@ class Stager:
     def close(self) -> None:
         """Hand the arena to the releaser: freed once the work the row ring
         and the copy stream say may touch it has completed."""
-        if self._memory is not None:
-            self._finalizer()
+        with self.lock:  # after any staged swap being enqueued
+            self._closed = True
+            if self._memory is not None:
+                self._finalizer()
 
     def layout_for(self, groups: list[CopyGroup], bytes_per_pair: int) -> None:
         """Lay the ring out for ``groups``.  Work that read the arena under
