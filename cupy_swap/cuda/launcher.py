@@ -219,16 +219,16 @@ class Launcher:
         # stream-ordered pool, and written only by uploads on the stream of
         # the swap that reads them (nothing to zero first).
         dev = release.device_malloc(ring_size * row_bytes, device)
+        free = functools.partial(release.device_free, dev, device)
         try:
             self._slots = [_Slot(host[i], dev + i * row_bytes) for i in range(ring_size)]
         except BaseException:
-            release.defer(functools.partial(release.device_free, dev, device), None, "descriptor ring")
+            release.defer(free, None, "descriptor ring")
             raise
         self._next = 0
         self._tiers: dict[int, list] = {}
         # Dropped or closed: the releaser frees the ring once the last swap
         # that read each slot has completed (the host words go with the slots).
-        free = functools.partial(release.device_free, dev, device)
         wait = functools.partial(_wait_for_slots, self._slots)
         self._finalizer = release.when_dropped(self, free, wait, f"descriptor ring of GPU {device}")
 
@@ -357,8 +357,6 @@ class Launcher:
         """The next ring slot, locked and appended to ``held``, once the swap
         that last used it has been enqueued (its lock) and its launch has
         finished (its event).  The caller unlocks it with :meth:`release`."""
-        if not self._finalizer.alive:
-            raise RuntimeError("swap: the BlockSwapper that made this object is closed")
         with self._lock:
             slot = self._slots[self._next]
             self._next = (self._next + 1) % len(self._slots)
