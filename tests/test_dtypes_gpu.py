@@ -11,15 +11,11 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
+from .torch_cuda import require_torch_cuda
+
 pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 
-TORCH_REASON = 'needs PyTorch: pip install torch, or the torch extra (pip install -e ".[cuda12,test,torch]")'
-torch = pytest.importorskip("torch", reason=TORCH_REASON)
-if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
-    pytest.skip(
-        "needs PyTorch with CUDA (this torch build or machine has none): install a CUDA build of torch",
-        allow_module_level=True,
-    )
+torch = require_torch_cuda()
 
 POISON = 0xA5
 DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)

@@ -49,6 +49,31 @@ def _expected_in(host, gpu_before, mapping):
     return expected
 
 
+def _filled(shape, rng):
+    """Pinned host and GPU arrays of random bytes, and the GPU one's bytes."""
+    host, gpu = cs.empty_pinned(shape, np.uint8), cp.empty(shape, cp.uint8)
+    rand_fill(host, rng)
+    rand_fill(gpu, rng)
+    cp.cuda.Device().synchronize()  # the fills ran on the legacy stream
+    return host, gpu, cp.asnumpy(gpu)
+
+
+def _scribble_then_check(ev, owned: tuple, nbytes: int, count: int, host, gpu, before, mapping):
+    """After the owner of device range ``owned`` was dropped with the swap of
+    ``ev`` queued: allocate ``count`` arrays of ``nbytes`` and scribble on
+    them; none may land on ``owned`` while the swap is queued, and the swap's
+    bytes must come out exact."""
+    other = cp.cuda.Stream(non_blocking=True)
+    junk = _allocate_and_scribble(nbytes, count, other)
+    assert not ev.done  # still queued behind the spin
+    for a in junk:
+        assert not _overlaps(owned, (a.data.ptr, a.data.ptr + a.nbytes))
+    ev.synchronize()
+    other.synchronize()
+    assert np.array_equal(cp.asnumpy(gpu), _expected_in(host, before, mapping))
+    assert release.drain(timeout=30)
+
+
 # ------------------------------------------------------------- graph replays
 @pytest.mark.parametrize("captured", [False, True])
 def test_graph_swap_made_behind_a_busy_stream_copies_its_mapping(rng, captured):
@@ -92,12 +117,7 @@ def test_a_dropped_swapper_keeps_its_ring_until_the_swap_ran(rng, how):
     """A swapper once went back to CuPy's pool with a ring swap still queued:
     the next cupy.empty got the ring's address.  It also sat in a reference
     cycle (cache -> op -> swapper), so the garbage collector chose when."""
-    host = cs.empty_pinned((4096, 4096), np.uint8)
-    gpu = cp.empty((4096, 4096), cp.uint8)
-    rand_fill(host, rng)
-    rand_fill(gpu, rng)
-    cp.cuda.Device().synchronize()  # the fills ran on the legacy stream
-    before = cp.asnumpy(gpu)
+    host, gpu, before = _filled((4096, 4096), rng)
     m = random_mapping(1000, 4096, 4096, rng)  # uploaded into the ring's device buffer
     s = cp.cuda.Stream(non_blocking=True)
     sw = cs.BlockSwapper(max_blocks=4096, max_inline_pairs=0)
@@ -120,24 +140,11 @@ def test_a_dropped_swapper_keeps_its_ring_until_the_swap_ran(rng, how):
     del sw
     assert ref() is None  # freed by reference counting: no cycle
     gc.collect()
-    other = cp.cuda.Stream(non_blocking=True)
-    junk = _allocate_and_scribble(ring[1] - ring[0], 8, other)
-    assert not ev.done  # still queued behind the spin
-    for a in junk:
-        assert not _overlaps(ring, (a.data.ptr, a.data.ptr + a.nbytes))
-    ev.synchronize()
-    other.synchronize()
-    assert np.array_equal(cp.asnumpy(gpu), _expected_in(host, before, m))
-    assert release.drain(timeout=30)
+    _scribble_then_check(ev, ring, ring[1] - ring[0], 8, host, gpu, before, m)
 
 
 def test_a_dropped_staged_swapper_keeps_its_arena_until_the_swap_ran(rng):
-    host = cs.empty_pinned((2048, 32768), np.uint8)
-    gpu = cp.empty((2048, 32768), cp.uint8)
-    rand_fill(host, rng)
-    rand_fill(gpu, rng)
-    cp.cuda.Device().synchronize()  # the fills ran on the legacy stream
-    before = cp.asnumpy(gpu)
+    host, gpu, before = _filled((2048, 32768), rng)
     m = np.column_stack((np.arange(1024), rng.permutation(2048)[:1024]))  # long host runs
     s = cp.cuda.Stream(non_blocking=True)
     sw = cs.BlockSwapper(max_blocks=4096, staging_bytes=16 << 20)
@@ -146,25 +153,12 @@ def test_a_dropped_staged_swapper_keeps_its_arena_until_the_swap_ran(rng):
     arena = sw._stagers["in"].base, sw._stagers["in"].base + sw._stagers["in"].staging_bytes
     del sw
     gc.collect()
-    other = cp.cuda.Stream(non_blocking=True)
-    junk = _allocate_and_scribble(16 << 20, 8, other)
-    assert not ev.done
-    for a in junk:
-        assert not _overlaps(arena, (a.data.ptr, a.data.ptr + a.nbytes))
-    ev.synchronize()
-    other.synchronize()
-    assert np.array_equal(cp.asnumpy(gpu), _expected_in(host, before, m))
-    assert release.drain(timeout=30)
+    _scribble_then_check(ev, arena, 16 << 20, 8, host, gpu, before, m)
 
 
 def test_a_dropped_graph_swap_keeps_its_descriptor_until_the_launch_ran(rng):
     sw = cs.BlockSwapper(max_blocks=4096)
-    host = cs.empty_pinned((4096, 1024), np.uint8)
-    gpu = cp.empty((4096, 1024), cp.uint8)
-    rand_fill(host, rng)
-    rand_fill(gpu, rng)
-    cp.cuda.Device().synchronize()  # the fills ran on the legacy stream
-    before = cp.asnumpy(gpu)
+    host, gpu, before = _filled((4096, 1024), rng)
     m = random_mapping(2000, 4096, 4096, rng)
     s = cp.cuda.Stream(non_blocking=True)
     gs = sw.graph_swap(host, gpu)
@@ -175,15 +169,7 @@ def test_a_dropped_graph_swap_keeps_its_descriptor_until_the_launch_ran(rng):
     ev = s.record()
     del gs
     gc.collect()
-    other = cp.cuda.Stream(non_blocking=True)
-    junk = _allocate_and_scribble(64 << 10, 16, other)
-    assert not ev.done
-    for a in junk:
-        assert not _overlaps(desc, (a.data.ptr, a.data.ptr + a.nbytes))
-    ev.synchronize()
-    other.synchronize()
-    assert np.array_equal(cp.asnumpy(gpu), _expected_in(host, before, m))
-    assert release.drain(timeout=30)
+    _scribble_then_check(ev, desc, 64 << 10, 16, host, gpu, before, m)
 
 
 def test_a_closed_graph_swap_refuses_and_a_captured_one_keeps_its_buffer(rng):

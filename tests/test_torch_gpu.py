@@ -9,15 +9,11 @@ import pytest
 
 import cupy_swap as cs
 
+from .torch_cuda import require_torch_cuda
+
 pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 
-TORCH_REASON = 'needs PyTorch: pip install torch, or the torch extra (pip install -e ".[cuda12,test,torch]")'
-torch = pytest.importorskip("torch", reason=TORCH_REASON)
-if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
-    pytest.skip(
-        "needs PyTorch with CUDA (this torch build or machine has none): install a CUDA build of torch",
-        allow_module_level=True,
-    )
+torch = require_torch_cuda()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int8])
