@@ -13,15 +13,13 @@ between calls) and blocking latency:
 """
 
 import ctypes
-import statistics
-import time
 
 import cupy as cp
 import numpy as np
 
 import cupy_swap as cs
 from cupy_swap.cuda.driver import libcuda
-from cupy_swap.tools.bench import random_mapping
+from cupy_swap.tools.bench import host_time, random_mapping, time_blocking
 
 
 class KernelNodeParams(ctypes.Structure):
@@ -39,27 +37,6 @@ class KernelNodeParams(ctypes.Structure):
         ("kernelParams", ctypes.c_void_p),
         ("extra", ctypes.c_void_p),
     ]
-
-
-def median_us(fn, stream, reps=200):
-    times = []
-    for _ in range(reps):
-        stream.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
-
-
-def blocking_us(fn, stream, reps=100):
-    times = []
-    for _ in range(reps):
-        stream.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        stream.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def driver_calls():
@@ -113,8 +90,10 @@ def probe_case(direction, block, n, stream, rng, calls):
     def graph_only():
         graph_launch(graph.graphExec, stream.ptr)
 
-    host_figures = [median_us(f, stream) for f in (write_and_launch, set_and_launch, graph_only)]
-    block_figures = [blocking_us(f, stream) for f in (write_and_launch, set_and_launch)]
+    host_figures = [host_time(f, stream) * 1e6 for f in (write_and_launch, set_and_launch, graph_only)]
+    block_figures = [
+        time_blocking(f, stream, 100)["latency_s"] * 1e6 for f in (write_and_launch, set_and_launch)
+    ]
     for f in (write_and_launch, set_and_launch):  # both forms move the right bytes
         dst[...] = 0
         cp.cuda.Device().synchronize()
