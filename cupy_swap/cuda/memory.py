@@ -355,18 +355,9 @@ def is_pinned(array: np.ndarray) -> bool:
     return host_alias(low, high - low) != 0
 
 
-def byte_span(array: np.ndarray) -> tuple[int, int]:
-    """``(low, high)`` host addresses of the bytes ``array`` can touch."""
-    low = high = array.ctypes.data
-    if array.size == 0:
-        return low, high
-    for n, stride in zip(array.shape, array.strides):
-        reach = (n - 1) * stride
-        if reach < 0:
-            low += reach
-        else:
-            high += reach
-    return low, high + array.itemsize
+# ``(low, high)`` host addresses of the bytes an array can touch, any strides
+# (NumPy 2 moved it from ``numpy.byte_bounds``).
+byte_span = getattr(getattr(np.lib, "array_utils", None), "byte_bounds", None) or np.byte_bounds
 
 
 def host_alias(ptr: int, nbytes: int) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import ctypes
 import os
 import queue
@@ -124,27 +125,17 @@ def keep_for_process(obj) -> None:
     _kept.append(obj)
 
 
+@contextlib.contextmanager
 def relaxed_capture_mode():
-    """A context manager making this thread's stream-capture interaction
-    mode *relaxed* inside the block: allocation calls there neither fail
-    nor invalidate a capture in progress (``cuThreadExchangeStreamCaptureMode``)."""
-    return _CaptureMode(_CAPTURE_MODE_RELAXED)
-
-
-class _CaptureMode:
-    __slots__ = ("_mode", "_saved")
-
-    def __init__(self, mode: int):
-        self._mode = mode
-        self._saved = None
-
-    def __enter__(self):
-        self._saved = _exchange_capture_mode(self._mode)
-        return self
-
-    def __exit__(self, *exc):
-        if self._saved is not None:
-            _exchange_capture_mode(self._saved)
+    """Make this thread's stream-capture interaction mode *relaxed* inside
+    the block: allocation calls there neither fail nor invalidate a capture
+    in progress (``cuThreadExchangeStreamCaptureMode``)."""
+    saved = _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            _exchange_capture_mode(saved)
 
 
 def _exchange_capture_mode(mode: int) -> int | None:
