@@ -47,10 +47,7 @@ def measure(case, configs, reps, rng):
     src, dst, m = bufs.src, bufs.dst, bufs.mapping
     for cfg in configs:
         sw = BlockSwapper(max_blocks=case.num_blocks, max_ctas=cfg["ctas"])
-        if "desc_host" in cfg:  # the descriptor form, read from pinned memory or uploaded
-            sw.descriptor_from_host_max_pairs = 1 << 30 if cfg["desc_host"] else 0
-            sw._launcher.max_inline_pairs = 0
-        if "inline" in cfg:
+        if "inline" in cfg:  # 0: the descriptor ring
             sw._launcher.max_inline_pairs = cfg["inline"]
         sw.mode = cfg.get("mode", "kernel")
         t = time_blocking(lambda sw=sw: sw.swap(src, dst, m, stream=stream), stream, reps)
@@ -119,8 +116,7 @@ def main():
         # Paths: kernel against copy engines against auto.
         large = [{"ctas": c} for c in (8, 16, 32)]
         large += [{"ctas": 16, "mode": m} for m in ("dma", "auto")]
-    small = [{"ctas": 16, "desc_host": h, "host_time": True} for h in (False, True)]
-    small += [{"ctas": 16, "inline": 1792, "host_time": True}]
+    small = [{"ctas": 16, "inline": i, "host_time": True} for i in (0, 1792)]
     small += [{"ctas": 16, "mode": m, "host_time": True} for m in ("dma", "auto")]
     big = [{"ctas": 16}, {"ctas": 16, "mode": "auto"}]
     cases = []
@@ -147,7 +143,7 @@ def main():
         print(
             f"{r['case']:<36} ceil {r['ceiling_gbps']:6.2f} GB/s {r['ceiling_latency_us']:9.1f} us | best "
             f"{best['ratio']:.3f} (dev {best['device_ratio']:.3f}) with "
-            f"{ {k: v for k, v in best.items() if k in ('ctas', 'inline', 'desc_host')} }",
+            f"{ {k: v for k, v in best.items() if k in ('ctas', 'inline')} }",
             flush=True,
         )
         for row in r["rows"]:
@@ -155,7 +151,7 @@ def main():
             defs = ",".join(d.replace("CUPY_SWAP_", "") for d in row.get("defines", []))
             print(
                 f"    ctas={row['ctas']:>3} inline={row.get('inline', '-')!s:>4} "
-                f"dh={int(row.get('desc_host', False))} {row.get('mode', 'kernel'):<6} {defs:<22} lat {row['latency_us']:9.1f} us ratio "
+                f"{row.get('mode', 'kernel'):<6} {defs:<22} lat {row['latency_us']:9.1f} us ratio "
                 f"{row['ratio']:.3f} dev {row['device_ratio']:.3f}{extra} {row['path']} {'-' if row['verified'] is None else 'ok' if row['verified'] else 'BAD'}",
                 flush=True,
             )

@@ -11,8 +11,6 @@ events); ``tools/`` (bench, CLI, calibration) sits above both.
 from __future__ import annotations
 
 import itertools
-import operator
-import threading
 import warnings
 import weakref
 
@@ -21,7 +19,7 @@ import numpy as np
 from .core.layout import IN, OUT, Layout, SwapPlan, check_layout
 from .core.mapping import check_mapping_for
 from .core.route import MODES, Policy
-from .cuda import abi, memory
+from .cuda import abi
 from .cuda.arrays import convert_array
 from .cuda.availability import translate_unavailable
 from .cuda.copy_engine import DmaCopier
@@ -30,116 +28,14 @@ from .cuda.resolve import resolve_layout
 from .cuda.settings import load_calibration
 from .cuda.stager import Stager
 from .cuda.streams import EventPool, on_device
+from .op_cache import OpCache
 from .prepared import PreparedSwap
 
 __all__ = ["BlockSwapper", "PreparedSwap", "DEFAULT_MAX_CTAS"]
 
 DEFAULT_MAX_CTAS = 8
 DEFAULT_STAGING_BYTES = 64 << 20
-_LAYOUT_CACHE_SIZE = 64
-
-
-def _items(src, dst) -> tuple:
-    """The caller's array objects of a ``(src, dst)`` argument pair (a
-    list's items, not the mutable list)."""
-    items = [*(src if isinstance(src, (list, tuple)) else (src,))]
-    items += [*(dst if isinstance(dst, (list, tuple)) else (dst,))]
-    return tuple(items)
-
-
-def _is_torch(obj) -> bool:
-    return hasattr(obj, "data_ptr") and not isinstance(obj, np.ndarray)
-
-
-def _torch_state(t) -> tuple:
-    """What ``set_``, ``as_strided_`` and ``.data =`` change in place."""
-    return (t.data_ptr(), t.shape, t.stride())
-
-
-class _CachedLayout:
-    """A cache entry: the prepared op, weak references to the caller's objects,
-    and what of them can change in place, compared on every hit.
-
-    The references are weak, so a cached layout never keeps a dropped cache
-    or pool alive; when one of the objects dies its callback marks the entry
-    dead, so a recycled ``id`` never finds it and a hit costs no per-object
-    identity check.  Re-checked on a hit (cheap attribute reads): the shape
-    of NumPy and CuPy arrays (in-place reshape), the writeability of NumPy
-    destinations (``a.flags.writeable = False``), and a torch tensor's
-    address, shape and strides.  Not re-checked: assigning a NumPy array's
-    ``strides``, ``dtype`` or ``data`` in place (deprecated or removed in
-    NumPy 2).  A prepared op (:meth:`BlockSwapper.prepare`) re-checks none
-    of this.
-    """
-
-    __slots__ = ("__weakref__", "refs", "dead", "generation", "op", "checks")
-
-    def __init__(self, items: tuple, n_src: int, op):
-        self.dead = False
-        entry = weakref.ref(self)
-
-        def died(_ref, entry=entry):
-            alive = entry()
-            if alive is not None:
-                alive.dead = True
-
-        self.refs = tuple(_weak(obj, died) for obj in items)
-        self.generation = memory.generation()
-        self.op = op
-        # (select, read, expected): ``read`` maps over ``select(items)`` in C
-        # (attrgetter): a hit costs about 0.1-0.2 us per array.
-        tensors = [i for i, obj in enumerate(items) if _is_torch(obj)]
-        shaped = [i for i, obj in enumerate(items) if i not in tensors and hasattr(obj, "shape")]
-        dst_numpy = [i for i in range(n_src, len(items)) if isinstance(items[i], np.ndarray)]
-        pickers = (
-            (_picker(shaped), _SHAPE),
-            (_picker(dst_numpy), _WRITEABLE),
-            (_picker(tensors), _torch_state),
-        )
-        self.checks = [
-            (pick, read, list(map(read, pick(items)))) for pick, read in pickers if pick is not None
-        ]
-
-    def valid_for(self, items: tuple) -> bool:
-        return (
-            not self.dead
-            and self.generation == memory.generation()
-            and all(list(map(read, pick(items))) == expected for pick, read, expected in self.checks)
-        )
-
-
-_SHAPE = operator.attrgetter("shape")
-_WRITEABLE = operator.attrgetter("flags.writeable")
-
-
-def _picker(indices: list):
-    """A function returning the tuple of ``items[i]`` for ``i`` in
-    ``indices`` (a slice when they are consecutive, as they usually are);
-    None when there are none."""
-    if not indices:
-        return None
-    if indices == list(range(indices[0], indices[-1] + 1)):
-        return operator.itemgetter(slice(indices[0], indices[-1] + 1))
-    return operator.itemgetter(*indices)  # two or more, not consecutive: a tuple
-
-
-def _weak(obj, callback):
-    """A weak reference to ``obj`` calling ``callback`` when it dies, or a
-    strong one for the rare object that cannot be referenced weakly (held
-    until the entry is evicted)."""
-    try:
-        return weakref.ref(obj, callback)
-    except TypeError:
-        return lambda: obj
-
-
-def _identity(obj) -> tuple:
-    """Cache key of a ``src``/``dst`` argument: the identity of the objects
-    (an entry checks through weak references that they are still the
-    objects it was made for)."""
-    if isinstance(obj, (list, tuple)):
-        return tuple(map(id, obj))
-    return (id(obj),)
+_OP_CACHE_SIZE = 64
 
 
 class BlockSwapper:
@@ -174,19 +70,21 @@ class BlockSwapper:
         Record a start event with every swap so the returned event's
         ``device_time()`` works (costs about a microsecond). Default False.
     max_inline_pairs : int, optional
-        Kernel swaps of at most this many pairs (and 64 parts) travel whole
-        in the kernel's parameters; larger ones go through the descriptor
-        ring (see ``cuda/launcher.py``).  Default and most: 1792 (on CUDA
-        older than 12.1: 192).  0 sends every kernel swap through the ring.
+        Kernel swaps of at most this many pairs travel whole in the
+        kernel's parameters (up to 1792 pairs with 64 parts, 1024 with 256;
+        on CUDA older than 12.1: 192 pairs with 16 parts); larger ones go
+        through the descriptor ring (see ``cuda/launcher.py``).  Default:
+        as many as the parameters hold.  0 sends every kernel swap through
+        the ring.
 
     Notes
     -----
-    The checked layout of a ``(src, dst)`` argument pair is cached by the
-    identity of the arrays, so calls that pass the same arrays again only
-    check the mapping.  The cache holds the arrays weakly (dropping a cache
-    or pool frees it) and re-checks on every hit what can change in place:
-    shapes, a NumPy destination's writeability, a torch tensor's address,
-    shape and strides.  :meth:`prepare` skips even those checks.
+    ``swap()`` caches the prepared op of a ``(src, dst)`` argument pair by
+    the memory the arrays describe (owner, address, shape, strides, dtype;
+    see :mod:`cupy_swap.op_cache`), so calls that pass the same arrays, or
+    fresh views of the same memory, only check the mapping.  The cache
+    holds the memory owners weakly: dropping a cache or pool frees it.
+    :meth:`prepare` skips even the key.
 
     Memory the swapper allocates (the descriptor ring, staging arenas) is
     given back by :meth:`close`, at the end of a ``with`` block, or when the
@@ -231,7 +129,6 @@ class BlockSwapper:
         self.mode = _check_mode(mode)
         self.timing = bool(timing)
         self._closed = False
-        self._lock = threading.Lock()
         self.max_blocks = _positive_int(max_blocks, "max_blocks")
         max_ctas = DEFAULT_MAX_CTAS if max_ctas is None else _positive_int(max_ctas, "max_ctas")
         self.max_parts = _positive_int(max_parts, "max_parts")
@@ -263,7 +160,7 @@ class BlockSwapper:
             self._events = EventPool()
         if max_inline_pairs is not None:
             self._launcher.max_inline_pairs = _positive_int(max_inline_pairs, "max_inline_pairs", minimum=0)
-        self._layouts: dict[tuple, _CachedLayout] = {}
+        self._ops = OpCache(_OP_CACHE_SIZE)
         # Bound once: the hot path calls these on every swap.
         self._get_device, self._set_device = runtime.getDevice, runtime.setDevice
         self._current_stream = cupy.cuda.get_current_stream
@@ -278,8 +175,7 @@ class BlockSwapper:
         closed or dropped).  Idempotent; safe while other threads swap
         (each finishes enqueuing first, or raises)."""
         self._closed = True
-        with self._lock:
-            self._layouts.clear()
+        self._ops.clear()
         self._launcher.close()
         for stager in (self._stagers or {}).values():
             stager.close()
@@ -294,20 +190,11 @@ class BlockSwapper:
     max_ctas = property(
         lambda self: self._launcher.max_ctas,
         lambda self, v: setattr(self._launcher, "max_ctas", _positive_int(v, "max_ctas")),
-        doc="CTA budget of swaps longer than a short burst (see ``cuda/launcher.py``).",
+        doc="CTA budget: the most thread blocks one kernel swap uses (see ``cuda/launcher.py``).",
     )
     ring_waits = property(
         lambda self: self._launcher.ring_waits, doc="Times a swap waited for a descriptor slot."
     )
-
-    @property
-    def descriptor_from_host_max_pairs(self) -> int:
-        """Descriptor-ring swaps up to this many pairs are read from pinned memory."""
-        return self._launcher.descriptor_from_host_max_pairs
-
-    @descriptor_from_host_max_pairs.setter
-    def descriptor_from_host_max_pairs(self, value: int) -> None:
-        self._launcher.descriptor_from_host_max_pairs = value
 
     def _policy_field(name: str, doc: str):
         def get(self):
@@ -374,7 +261,7 @@ class BlockSwapper:
         ``ring_size`` kernel swaps are still queued (it then waits for the
         oldest).  It may be called while ``stream`` captures a CUDA graph: the
         captured swap keeps the mapping given at capture (in the kernel's
-        parameters, or for more than 1792 pairs or 64 parts in a descriptor
+        parameters, or for more pairs than they hold in a descriptor
         buffer of its own, kept for the life of the process).  For a
         captured swap whose mapping changes on every replay, see
         :meth:`graph_swap`.
@@ -437,7 +324,7 @@ class BlockSwapper:
         return self._swap_here(caller, src, dst, block_mapping, stream, want, mode, wait_for, timing)
 
     def _swap_here(self, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing):
-        return self._op(src, dst)._call(caller, block_mapping, stream, want, mode, wait_for, timing)
+        return self._op(src, dst)._run(caller, block_mapping, stream, want, mode, wait_for, timing)
 
     def _on_own_device(self, fn, caller: int, *args):
         """``fn(caller, *args)`` with this swapper's GPU current: DLPack
@@ -450,23 +337,15 @@ class BlockSwapper:
             self._set_device(caller)
 
     def _op(self, src, dst) -> PreparedSwap:
-        """The cached op of ``(src, dst)``: a hit is used only while those
-        objects are alive, unchanged in place (see :class:`_CachedLayout`)
-        and no registered range went away."""
-        key = (_identity(src), _identity(dst))
-        items = _items(src, dst)
-        entry = self._layouts.get(key)
-        if entry is not None and entry.valid_for(items):
-            return entry.op
-        # The cache holds the op and the op only a proxy of the swapper: no
-        # swapper -> cache -> op -> swapper cycle, so dropping the swapper
-        # frees it (and hands its memory to the releaser) at once.
-        op = PreparedSwap(weakref.proxy(self), self._layout(src, dst), None)
-        with self._lock:
-            self._layouts.pop(key, None)
-            if len(self._layouts) >= _LAYOUT_CACHE_SIZE:
-                self._layouts.pop(next(iter(self._layouts)))
-            self._layouts[key] = _CachedLayout(items, len(op._layout.src), op)
+        """The cached op of ``(src, dst)`` (see :mod:`cupy_swap.op_cache`)."""
+        key = self._ops.key(src, dst)
+        op = self._ops.get(key)
+        if op is None:
+            # The cache holds the op and the op only a proxy of the swapper: no
+            # swapper -> cache -> op -> swapper cycle, so dropping the swapper
+            # frees it (and hands its memory to the releaser) at once.
+            op = PreparedSwap(weakref.proxy(self), self._layout(src, dst), None)
+            self._ops.put(key, op, src, dst)
         return op
 
     def _layout(self, src, dst) -> Layout:
@@ -489,7 +368,7 @@ class BlockSwapper:
 
         if isinstance(mapping, list):  # a short list of (s, d) pairs
             mapping = np.asarray(mapping, dtype=np.int64).reshape(-1, 2)
-        return route(layout, mapping, _check_mode(mode), self.policy, lambda: capturing)[0]
+        return route(layout, mapping, _check_mode(mode), self.policy, capturing)[0]
 
 
 _warned: list = []

@@ -54,11 +54,13 @@ struct SwapPart {
     u64 first_unit;  // first unit of this part within one pair
 };
 
-// Inline tiers (parts, pairs): the smallest that holds a swap is used.
+// Inline tiers (parts, pairs): the first that holds a swap is used.  The
+// last one takes every part count the kernel allows (layers x K/V of the
+// deepest models) with up to 1024 pairs.
 // Parameters above 4 KiB need CUDA 12.1+ (compiler and driver): the largest
 // tier exists only where the compiler has them, and the host falls back to
 // the descriptor when a tier's kernel is missing.
-#define CUPY_SWAP_TIERS(X) X(4, 16) X(16, 192) X(64, 1792)
+#define CUPY_SWAP_TIERS(X) X(4, 16) X(16, 192) X(64, 1792) X(256, 1024)
 
 template <int P, int N>
 struct SwapInline {
@@ -71,4 +73,5 @@ static_assert(sizeof(SwapHeader) == 8 * CUPY_SWAP_HEADER_WORDS, "SwapHeader size
 static_assert(sizeof(SwapPart) == 8 * CUPY_SWAP_PART_WORDS, "SwapPart size");
 static_assert(sizeof(SwapInline<4, 16>) == 8 * (CUPY_SWAP_HEADER_WORDS + 4 * CUPY_SWAP_PART_WORDS + 2 * 16),
               "SwapInline<4, 16> size");
-static_assert(sizeof(SwapInline<64, 1792>) <= 32764, "largest inline tier exceeds the parameter limit");
+static_assert(sizeof(SwapInline<64, 1792>) <= 32764, "inline tier 64 x 1792 exceeds the parameter limit");
+static_assert(sizeof(SwapInline<256, 1024>) <= 32764, "inline tier 256 x 1024 exceeds the parameter limit");

@@ -107,15 +107,14 @@ def test_descriptor_words_and_write():
 
 @pytest.mark.parametrize("tier", abi.TIERS)
 def test_launch_shape_covers_every_unit(tier):
-    from cupy_swap.cuda.launcher import SHORT_SWAP_BYTES, launch_shape
+    from cupy_swap.cuda.launcher import launch_shape
 
     for units in (1, 31, 256, 4096, 65536, 1 << 20, 40 << 20):
-        grid, threads = launch_shape(units, 16, max_ctas=8, sm_count=132)
+        grid, threads = launch_shape(units, max_ctas=8)
         assert 1 <= threads <= abi.MAX_THREADS and threads % 32 == 0
-        if units * 16 > SHORT_SWAP_BYTES:
-            assert grid <= 8  # the CTA budget holds for long swaps
-        else:
-            assert grid <= 132 and grid * threads * abi.UNROLL >= units  # one round of loads
+        assert grid <= 8  # the CTA budget holds
+        if units <= 8 * abi.MAX_THREADS * abi.UNROLL:
+            assert grid * threads * abi.UNROLL >= units  # one round of loads when the budget allows
 
 
 def test_descriptor_takes_flat_short_mappings():

@@ -62,7 +62,7 @@ def test_other_streams_take_one_batch_call(takes_fail, stream):
 
 def test_capturing_stream_uses_single_copies():
     copier, driver = _copier(True)
-    assert copier.issue(*_copies(3, False), 0x7F00, H2D, capturing=lambda: True) == 3
+    assert copier.issue(*_copies(3, False), 0x7F00, H2D, capturing=True) == 3
     assert driver.batches == [] and len(driver.copies) == 3
 
 

@@ -32,12 +32,16 @@ def test_pair_counts_at_every_tier_edge(rng, direction, n):
     check_swap(sw, src, dst, random_mapping(n, 2100, 2100, rng), mode="kernel")
 
 
-@pytest.mark.parametrize("parts", sorted({p for t in abi.TIERS for p in (t.parts, t.parts + 1)}))
+PART_EDGES = sorted({p for t in abi.TIERS for p in (t.parts, t.parts + 1)} - {abi.MAX_PARTS + 1})
+
+
+@pytest.mark.parametrize("inline", [None, 0], ids=["inline", "descriptor"])
+@pytest.mark.parametrize("parts", PART_EDGES)
 @pytest.mark.parametrize("n", [3, 100])
-def test_part_counts_at_every_tier_edge(rng, parts, n):
-    """Beyond 64 parts the descriptor ring serves; block sizes differ per part
-    so a part table read wrong moves the wrong bytes."""
-    sw = cs.BlockSwapper(max_blocks=256)
+def test_part_counts_at_every_tier_edge(rng, parts, n, inline):
+    """Every tier's part edge, inline and through the descriptor ring; block
+    sizes differ per part so a part table read wrong moves the wrong bytes."""
+    sw = cs.BlockSwapper(max_blocks=256, max_inline_pairs=inline)
     host = [cs.empty_pinned((120, 16 * (i % 7 + 1)), np.uint8) for i in range(parts)]
     gpu = [cp.empty((110, 16 * (i % 7 + 1)), cp.uint8) for i in range(parts)]
     for h in host:
@@ -119,17 +123,51 @@ def test_swap_events_are_recycled_only_when_dropped(rng):
     assert timed.device_time() >= 0  # timed swaps get fresh events with a start
 
 
-def test_short_swaps_spread_over_many_ctas_and_land(rng):
-    """A 16 x 32 KiB swap is short (512 KiB): its grid exceeds the CTA budget
-    of long swaps, and every byte lands."""
-    from cupy_swap.cuda.launcher import launch_shape
-
-    grid, _ = launch_shape(16 * 32768 // 16, 16, max_ctas=8, sm_count=132)
-    assert grid > 8
+def test_kernel_nodes_per_stream_keep_each_calls_pairs(rng):
+    """Eager inline swaps launch a kernel node per (kernel, stream); calls
+    alternating between two streams, each with its own mapping, all land,
+    and the second stream got a node of its own (one shared node would
+    serialize the streams)."""
     sw = cs.BlockSwapper(max_blocks=64)
-    for direction in ("in", "out"):
-        src_kind, dst_kind = DIRECTIONS[direction]
-        src, dst = make(src_kind, (64, 32768), np.uint8), make(dst_kind, (64, 32768), np.uint8)
-        rand_fill(src, rng)
-        poison(dst)
-        check_swap(sw, src, dst, random_mapping(16, 64, 64, rng), mode="kernel")
+    host = cs.empty_pinned((256, 2048), np.uint8)
+    rand_fill(host, rng)
+    gpus = [cp.empty((256, 2048), cp.uint8) for _ in range(2)]
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    expected = [np.full((256, 2048), 0xA5, np.uint8) for _ in range(2)]
+    for g in gpus:
+        poison(g)
+    cp.cuda.Device().synchronize()
+    perm = rng.permutation(256)
+    for i in range(16):
+        k = i % 2
+        m = np.column_stack((rng.permutation(256)[:16], perm[16 * i : 16 * i + 16]))
+        sw.swap_in(host, gpus[k], m, stream=streams[k], mode="kernel")
+        expected[k][m[:, 1]] = host[m[:, 0]]
+    for k in range(2):
+        streams[k].synchronize()
+        assert np.array_equal(cp.asnumpy(gpus[k]), expected[k])
+    assert {key[1] for key in sw._launcher._nodes} == {s.ptr for s in streams}
+
+
+def test_a_capture_adds_no_kernel_node(rng):
+    """While a stream captures, the inline kernel is launched plainly (a
+    graph launch cannot be captured): the capture makes no node."""
+    sw = cs.BlockSwapper(max_blocks=16)
+    host = cs.empty_pinned((16, 512), np.uint8)
+    gpu = cp.empty((16, 512), cp.uint8)
+    rand_fill(host, rng)
+    stream = cp.cuda.Stream(non_blocking=True)
+    sw.swap_in(host, gpu, [(0, 0)], stream=cp.cuda.Stream.null, mode="kernel").synchronize()
+    before = dict(sw._launcher._nodes)
+    stream.begin_capture()
+    try:
+        sw.swap_in(host, gpu, [(1, 2), (3, 4)], stream=stream, mode="kernel")
+    finally:
+        graph = stream.end_capture()
+    assert sw._launcher._nodes == before
+    poison(gpu)
+    cp.cuda.Device().synchronize()
+    graph.launch(stream)
+    stream.synchronize()
+    got = cp.asnumpy(gpu)
+    assert np.array_equal(got[[2, 4]], host[[1, 3]])

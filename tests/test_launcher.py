@@ -20,8 +20,9 @@ _ALIVE = []
 
 class _Launcher:
     def __init__(self, tiers=abi.TIERS):
-        self.max_ctas, self.sm_count, self.max_inline_pairs = 8, 132, abi.TIERS[-1].pairs
+        self.max_ctas, self.max_inline_pairs = 8, max(t.pairs for t in abi.TIERS)
         self.tiers, self.looked_up, self.launches = tiers, [], []
+        self.inline_lock = threading.Lock()
 
     def inline_tiers(self, width):
         self.looked_up.append(width)
@@ -30,7 +31,8 @@ class _Launcher:
     def function(self, name):
         return name  # stands for the CUfunction handle
 
-    def launch_kernel(self, fn, grid, threads, stream, params):
+    def launch_inline(self, fn, grid, threads, stream, params, capturing):
+        assert self.inline_lock.locked()  # the parameter buffer is written and read under it
         (struct_ptr,) = (ctypes.c_void_p * 1).from_address(params)
         tier = next(
             t for t in abi.TIERS if abi.inline_kernel(16, t) == fn or fn.endswith(f"_p{t.parts}_n{t.pairs}")
@@ -55,8 +57,8 @@ def test_struct_at_launch_holds_header_table_and_pairs():
     lau = _Launcher()
     bound = BoundKernel(lau, layout)
     assert lau.looked_up == []  # nothing compiled until the first launch
-    assert bound.launch([1, 2, 3, 4], 2, stream=9)
-    assert bound.launch(np.array([[5, 6]], np.int64), 1, stream=9)
+    assert bound.launch([1, 2, 3, 4], 2, 9, False)
+    assert bound.launch(np.array([[5, 6]], np.int64), 1, 9, False)
     for (fn, grid, threads, stream, words, tier), pairs in zip(lau.launches, ([1, 2, 3, 4], [5, 6])):
         assert tier == abi.TIERS[0] and fn == abi.inline_kernel(layout.width, tier) and stream == 9
         n = len(pairs) // 2
@@ -66,7 +68,7 @@ def test_struct_at_launch_holds_header_table_and_pairs():
         )
         at = abi.HEADER_WORDS + tier.parts * abi.PART_WORDS
         assert words[at : at + 2 * n].tolist() == pairs
-        assert (grid, threads) == launch_shape(n * layout.units_per_pair, layout.width, 8, 132)
+        assert (grid, threads) == launch_shape(n * layout.units_per_pair, 8)
 
 
 @pytest.mark.parametrize(
@@ -77,6 +79,8 @@ def test_struct_at_launch_holds_header_table_and_pairs():
         (4, 193, abi.TIERS[2]),
         (5, 3, abi.TIERS[1]),
         (17, 1, abi.TIERS[2]),
+        (65, 1, abi.TIERS[3]),
+        (256, 1024, abi.TIERS[3]),
     ],
 )
 def test_smallest_tier_that_holds_the_swap(parts, n, tier):
@@ -84,19 +88,22 @@ def test_smallest_tier_that_holds_the_swap(parts, n, tier):
     rng = np.random.default_rng(n)
     m = np.column_stack((rng.permutation(64)[: min(n, 64)],) * 2) if n <= 64 else None
     pairs = m if m is not None else np.zeros((n, 2), np.int64)
-    assert BoundKernel(lau, _layout(parts)).launch(pairs, n, 0)
+    assert BoundKernel(lau, _layout(parts)).launch(pairs, n, 0, False)
     assert lau.launches[-1][5] == tier
 
 
 def test_too_large_or_turned_off_goes_to_the_ring():
     lau = _Launcher()
-    assert not BoundKernel(lau, _layout(65)).launch([0, 0], 1, 0)  # 65 parts: no tier
-    assert not BoundKernel(lau, _layout(1)).launch(np.zeros((1793, 2), np.int64), 1793, 0)
+    assert not BoundKernel(lau, _layout(65)).launch(np.zeros((1025, 2), np.int64), 1025, 0, False)
+    assert not BoundKernel(lau, _layout(1)).launch(np.zeros((1793, 2), np.int64), 1793, 0, False)
     lau.max_inline_pairs = 0
-    assert not BoundKernel(lau, _layout(1)).launch([0, 0], 1, 0)
+    assert not BoundKernel(lau, _layout(1)).launch([0, 0], 1, 0, False)
     old = _Launcher(tiers=abi.TIERS[:2])  # a compiler without parameters over 4 KiB
     bound = BoundKernel(old, _layout(1))
-    assert not bound.launch(np.zeros((193, 2), np.int64), 193, 0) and bound.max_pairs == abi.TIERS[1].pairs
+    assert (
+        not bound.launch(np.zeros((193, 2), np.int64), 193, 0, False)
+        and bound.max_pairs == abi.TIERS[1].pairs
+    )
     assert lau.launches == [] and old.launches == []
 
 
@@ -104,9 +111,9 @@ def test_launch_shape_follows_the_budget():
     lau = _Launcher()
     bound = BoundKernel(lau, _layout(1, block=32768))
     m = np.zeros((1250, 2), np.int64)
-    bound.launch(m, 1250, 0)
+    bound.launch(m, 1250, 0, False)
     lau.max_ctas = 4
-    bound.launch(m, 1250, 0)
+    bound.launch(m, 1250, 0, False)
     assert [x[1] for x in lau.launches] == [8, 4]
 
 
@@ -120,8 +127,8 @@ def test_a_thread_that_sees_the_tiers_never_sees_a_larger_bound():
     bound = BoundKernel(old, _layout(1))
     # The state another thread could observe between the two stores.
     bound._tiers = [[t, None] for t in abi.TIERS[:2]]
-    bound.max_pairs = abi.TIERS[-1].pairs
-    assert not bound.launch(np.zeros((193, 2), np.int64), 193, 0)  # the ring takes it
+    bound.max_pairs = abi.TIERS[2].pairs
+    assert not bound.launch(np.zeros((193, 2), np.int64), 193, 0, False)  # the ring takes it
     assert old.launches == []
 
 
@@ -138,14 +145,22 @@ class _RingLauncher:
         import types
 
         self._lock = threading.Lock()
-        self._next, self.ring_waits, self.descriptor_from_host_max_pairs = 0, 0, 1 << 20
+        self._next, self.ring_waits = 0, 0
         self._finalizer = types.SimpleNamespace(alive=True)
         words = np.zeros(abi.descriptor_words(2, 64), np.int64)
         self._slots = [
             types.SimpleNamespace(
-                lock=threading.Lock(), host_words=words, table_serial=-1, event=None, alias_args="alias"
+                lock=threading.Lock(),
+                host_words=words,
+                table_serial=-1,
+                event=None,
+                device_ptr=0,
+                device_args="dev",
             )
         ]
+
+    def upload(self, slot, dst_ptr, words, stream):
+        pass
 
 
 def test_an_interrupted_descriptor_write_leaves_no_table_marked_current(monkeypatch):

@@ -16,42 +16,58 @@ def test_argument_checks():
         _positive_int(True, "x")
 
 
-def test_layout_cache_entry_holds_arrays_weakly():
+def test_op_cache_holds_memory_owners_weakly():
     import gc
     import weakref
 
     import numpy as np
 
-    from cupy_swap.swapper import _CachedLayout
+    from cupy_swap.op_cache import OpCache
 
+    cache = OpCache()
     pool, other = np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8)
-    entry = _CachedLayout((pool, other), 1, op=object())
-    assert entry.valid_for((pool, other))
+    key = cache.key([pool[:, :2]], other)
+    cache.put(key, "op", [pool[:, :2]], other)
+    assert cache.get(key) == "op"
     ref = weakref.ref(pool)
     del pool
     gc.collect()
-    assert ref() is None  # the entry did not keep the dropped pool alive
-    recycled = np.zeros((8, 4), np.uint8)  # may get the dead array's id
-    assert entry.dead and not entry.valid_for((recycled, other))
+    assert ref() is None  # the cache did not keep the dropped pool alive
+    assert cache.get(key) is None  # and a recycled address or id never finds its op
 
 
-def test_layout_cache_entry_sees_in_place_changes():
+def test_op_cache_fresh_views_hit_and_in_place_changes_miss():
     import numpy as np
 
-    from cupy_swap.swapper import _CachedLayout
+    from cupy_swap.op_cache import OpCache
 
-    a, b = np.zeros((8, 4), np.uint8), np.zeros((8, 4), np.uint8)
-    entry = _CachedLayout((a, b), 1, op=object())
-    a.flags.writeable = False  # a read-only source is fine
-    assert entry.valid_for((a, b))
-    b.flags.writeable = False  # a destination made read-only after its first swap
-    assert not entry.valid_for((a, b))
-    b.flags.writeable = True
-    assert entry.valid_for((a, b))
+    cache = OpCache()
+    pool, gpu = np.zeros((8, 3, 4), np.uint8), np.zeros((8, 4), np.uint8)
+    key = cache.key([pool[:, 1]], gpu)
+    cache.put(key, "op", [pool[:, 1]], gpu)
+    assert cache.get(cache.key([pool[:, 1]], gpu)) == "op"  # a fresh view of the same memory
+    assert cache.get(cache.key([pool[:, 2]], gpu)) is None  # the next layer: other memory
+    gpu.flags.writeable = False  # a destination made read-only after its first swap
+    assert cache.get(cache.key([pool[:, 1]], gpu)) is None
+    gpu.flags.writeable = True
+    assert cache.get(cache.key([pool[:, 1]], gpu)) == "op"
     with warnings.catch_warnings():  # NumPy 2.5 deprecates it; older ones allow it silently
         warnings.simplefilter("ignore", DeprecationWarning)
-        a.shape = (4, 8)  # reshaped in place
-    assert not entry.valid_for((a, b))
+        gpu.shape = (4, 8)  # reshaped in place
+    assert cache.get(cache.key([pool[:, 1]], gpu)) is None
+
+
+def test_op_cache_evicts_the_oldest():
+    import numpy as np
+
+    from cupy_swap.op_cache import OpCache
+
+    cache = OpCache(size=2)
+    arrays = [np.zeros((2, 2), np.uint8) for _ in range(3)]
+    keys = [cache.key(a, a) for a in arrays]
+    for k, a in zip(keys, arrays):
+        cache.put(k, id(a), a, a)
+    assert cache.get(keys[0]) is None and cache.get(keys[2]) == id(arrays[2])
 
 
 def test_staged_refusals_name_the_real_reason():

@@ -59,7 +59,6 @@ def _op(calls: list) -> PreparedSwap:
         for p in as_parts(np.zeros((8, 64), np.uint8), "dst")
     ]
     layout = layout_from_parts(as_parts(host, "src"), gpu)
-    layout.kernel_ok = False  # no fast path: every call takes PreparedSwap._run
     return PreparedSwap(_Swapper(calls), layout, (host,))
 
 

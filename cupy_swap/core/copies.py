@@ -4,15 +4,18 @@ one per block).  NumPy only; :mod:`cupy_swap.cuda.copy_engine` issues them."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from .mapping import contiguous_runs, run_starts
+from .mapping import run_starts
 
 __all__ = ["copy_list", "pair_copies", "copy_count"]
 
 
 def copy_list(layout, mapping: np.ndarray):
-    """Destination, source and size arrays of every copy of a swap.
+    """Destination, source and size arrays of every copy of a swap, built by
+    NumPy arithmetic over all parts at once (no per-part or per-copy Python).
 
     Parameters
     ----------
@@ -22,29 +25,60 @@ def copy_list(layout, mapping: np.ndarray):
 
     Returns
     -------
-    dsts, srcs, sizes : numpy.ndarray of uint64, each of shape (P * R,)
-        ``P`` parts times ``R`` runs, part-major.
+    dsts, srcs, sizes : numpy.ndarray of uint64, each of shape (C,)
+        Part-major: packed parts one copy per run of consecutive blocks,
+        then strided parts one copy per block.
     """
-    runs = contiguous_runs(mapping)
-    dsts, srcs, sizes = [np.empty(0, np.int64)], [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-    # Host parts are addressed by their host address: copies need no mapping.
-    for s, d in _moving(layout):
-        s_base, d_base = s.ptr, d.ptr
-        if _packed(s) and _packed(d):
-            # Packed blocks: a whole run is one contiguous range.
-            srcs.append(s_base + runs[:, 0] * s.block_stride)
-            dsts.append(d_base + runs[:, 1] * d.block_stride)
-            sizes.append(runs[:, 2] * s.block_bytes)
+    packed, strided = _groups(layout)
+    out = []
+    if packed is not None:
+        starts = run_starts(mapping)
+        if starts.shape[0] == mapping.shape[0]:  # no runs (random blocks): every row is one
+            out.append(_copies(packed, mapping, None))
         else:
-            # Strided blocks (views of a block-first cache): one copy a block.
-            srcs.append(s_base + mapping[:, 0] * s.block_stride)
-            dsts.append(d_base + mapping[:, 1] * d.block_stride)
-            sizes.append(np.full(mapping.shape[0], s.block_bytes, dtype=np.int64))
-    return (
-        np.concatenate(dsts).astype(np.uint64),
-        np.concatenate(srcs).astype(np.uint64),
-        np.concatenate(sizes).astype(np.uint64),
-    )
+            out.append(_copies(packed, mapping[starts], np.diff(starts, append=mapping.shape[0])))
+    if strided is not None:  # views of a block-first cache: one copy a block
+        out.append(_copies(strided, mapping, None))
+    if len(out) == 1:
+        return out[0]
+    return tuple(np.concatenate(x) for x in zip(*out))
+
+
+class _Group(NamedTuple):
+    """Parts copied alike, as ``(P, 1)`` int64 columns (host parts by their
+    host address: copies need no mapping)."""
+
+    s_ptr: np.ndarray
+    s_stride: np.ndarray
+    d_ptr: np.ndarray
+    d_stride: np.ndarray
+    nbytes: np.ndarray
+
+
+def _groups(layout) -> tuple[_Group | None, _Group | None]:
+    """(packed parts, strided parts) of a layout, built once per layout."""
+    groups = layout.copy_groups
+    if groups is None:
+        moving = _moving(layout)
+
+        def group(pairs):
+            if not pairs:
+                return None
+            cols = [[s.ptr, s.block_stride, d.ptr, d.block_stride, s.block_bytes] for s, d in pairs]
+            return _Group(*np.array(cols, dtype=np.int64).T[:, :, None])
+
+        groups = layout.copy_groups = (
+            group([(s, d) for s, d in moving if _packed(s) and _packed(d)]),
+            group([(s, d) for s, d in moving if not (_packed(s) and _packed(d))]),
+        )
+    return groups
+
+
+def _copies(g: _Group, rows: np.ndarray, lengths) -> tuple:
+    srcs = (g.s_ptr + rows[:, 0] * g.s_stride).ravel()
+    dsts = (g.d_ptr + rows[:, 1] * g.d_stride).ravel()
+    sizes = np.repeat(g.nbytes, rows.shape[0]) if lengths is None else (g.nbytes * lengths).ravel()
+    return dsts.view(np.uint64), srcs.view(np.uint64), sizes.view(np.uint64)
 
 
 def _moving(layout) -> list:

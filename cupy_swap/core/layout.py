@@ -96,6 +96,7 @@ class Layout:
     unmapped_reason: str = ""
     host_groups: list | None = None
     staging_layout: Layout | None = None
+    copy_groups: tuple | None = field(default=None, repr=False)  # cached by core.copies
     # Derived once here: the hot path reads them on every swap.
     bytes_per_pair: int = field(init=False)
     min_block_bytes: int = field(init=False)

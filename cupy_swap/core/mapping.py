@@ -98,8 +98,10 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
             "synchronize the GPU (keep the mapping on the CPU, as vLLM does)"
         )
     try:
-        m = np.asarray(block_mapping)
-    except (ValueError, TypeError) as e:
+        # A torch CPU tensor: .numpy() shares its memory (np.asarray goes
+        # through __array__, many times slower).
+        m = block_mapping.numpy() if _is_torch_cpu(block_mapping) else np.asarray(block_mapping)
+    except (ValueError, TypeError, RuntimeError) as e:
         raise ValueError(
             f"block_mapping: expected (N, 2) integer pairs, got something NumPy cannot stack ({e})"
         ) from None
@@ -130,6 +132,10 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
     if m.dtype == np.uint64 and m.size and int(m.max()) > np.iinfo(np.int64).max:
         raise IndexError(f"block_mapping: block index {int(m.max())} does not fit in int64")
     return np.ascontiguousarray(m, dtype=np.int64)
+
+
+def _is_torch_cpu(obj) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
 
 
 def _python_int_too_large(block_mapping) -> bool:
@@ -251,13 +257,14 @@ def contiguous_runs(m: np.ndarray) -> np.ndarray:
 
 def sampled_steps(m: np.ndarray) -> list:
     """``(src step, dst step)`` from row ``i`` to row ``i + 1`` at four
-    sampled ``i`` spread over the mapping (one NumPy gather)."""
+    sampled ``i`` spread over the mapping (scalar reads: cheaper than a
+    NumPy gather at this size)."""
     n = m.shape[0]
     if n < 2:
         return []
+    item = m.item  # flat C-order index: row i, column c is 2 * i + c
     starts = (0, min(n // 3, n - 2), min((2 * n) // 3, n - 2), n - 2)  # i + 1 stays in the mapping
-    rows = m[[j for i in starts for j in (i, i + 1)]].tolist()
-    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(rows[0::2], rows[1::2])]
+    return [(item(2 * i + 2) - item(2 * i), item(2 * i + 3) - item(2 * i + 1)) for i in starts]
 
 
 def may_have_runs(m: np.ndarray, column: int | None = None, steps: list | None = None) -> bool:

@@ -77,9 +77,8 @@ def route(layout: Layout, mapping, mode: str, policy: Policy, capturing) -> tupl
         Checked, ``N >= 1``.
     mode : {"auto", "kernel", "dma", "staged"}
     policy : Policy
-    capturing : callable
-        ``capturing()`` tells whether the swap's stream captures a graph;
-        asked only when the answer matters (staged swaps cannot be captured).
+    capturing : bool
+        The swap's stream captures a graph (staged swaps cannot be captured).
 
     Raises
     ------
@@ -158,7 +157,7 @@ def staged_refusal(layout: Layout, policy: Policy) -> str:
 def _staged_plan(layout: Layout, mapping, policy: Policy, capturing) -> tuple[str, StagedPlan | None]:
     """``("", plan)`` for a staged swap, or ``(why not, None)``."""
     why = staged_refusal(layout, policy)
-    if not why and capturing():
+    if not why and capturing:
         why = "cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()"
     if why:
         return why, None

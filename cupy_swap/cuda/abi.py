@@ -61,7 +61,7 @@ class Tier(NamedTuple):
         return HEADER_WORDS + self.parts * PART_WORDS + 2 * self.pairs
 
 
-TIERS = (Tier(4, 16), Tier(16, 192), Tier(64, 1792))  # CUPY_SWAP_TIERS, smallest first
+TIERS = (Tier(4, 16), Tier(16, 192), Tier(64, 1792), Tier(256, 1024))  # CUPY_SWAP_TIERS, by parts
 # (C type, name) of the descriptor kernel's arguments, in order.
 DESCRIPTOR_ARGS = (
     ("const u64*", "desc"),

@@ -71,8 +71,7 @@ class DmaCopier:
         ``cudaMemcpyAsync`` (of memcpy ``kind``) each.  While ``stream``
         captures a graph, copies go one by one (plain memcpy nodes), and so
         they do on the legacy default stream (handles 0 and 1), which the
-        batch call refuses; ``capturing`` is a bool or a callable asked only
-        when it matters.
+        batch call refuses.
 
         Parameters
         ----------
@@ -89,12 +88,7 @@ class DmaCopier:
             self._memcpy(int(dsts[0]), int(srcs[0]), int(sizes[0]), kind, stream)
             return 1
         fn, takes_fail = self._batch if self.use_batch else (None, False)
-        if (
-            fn is not None
-            and count > 1
-            and stream not in _LEGACY_STREAM_HANDLES
-            and not (capturing() if callable(capturing) else capturing)
-        ):
+        if fn is not None and count > 1 and stream not in _LEGACY_STREAM_HANDLES and not capturing:
             if isinstance(dsts, list):
                 dsts, srcs, sizes = (np.array(x, dtype=np.uint64) for x in (dsts, srcs, sizes))
             args = [dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, count]

@@ -1,5 +1,6 @@
 """The few CUDA driver entry points CuPy does not wrap, called through ctypes
-(no compiled extension, no extra dependency): ``cuMemcpyBatchAsync``.
+(no compiled extension, no extra dependency): ``cuMemcpyBatchAsync`` and
+the three calls that build a one-kernel graph and set its node's parameters.
 (Stream-capture status comes from CuPy's ``streamIsCapturing``, a quarter
 of the ctypes call's host time: :func:`cupy_swap.cuda.streams.stream_is_capturing`.)"""
 
@@ -7,8 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import NamedTuple
 
-__all__ = ["libcuda", "memcpy_batch"]
+__all__ = ["libcuda", "memcpy_batch", "KernelNodeParams", "graph_calls"]
 
 _lock = threading.Lock()
 _lib: list = []
@@ -64,3 +66,57 @@ def memcpy_batch():
         if not _batch:
             _batch.append(found)
         return _batch[0]
+
+
+class KernelNodeParams(ctypes.Structure):
+    """``CUDA_KERNEL_NODE_PARAMS`` in the layout the unversioned driver
+    symbols below take (the ``_v2`` ones add two fields)."""
+
+    _fields_ = [
+        ("func", ctypes.c_void_p),
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("kernelParams", ctypes.c_void_p),
+        ("extra", ctypes.c_void_p),
+    ]
+
+
+class GraphCalls(NamedTuple):
+    create: object  # cuGraphCreate(CUgraph*, flags)
+    add_kernel_node: object  # cuGraphAddKernelNode(CUgraphNode*, graph, deps, n_deps, params*)
+    set_params: object  # cuGraphExecKernelNodeSetParams(exec, node, params*)
+
+
+_graph: list = []
+
+
+def graph_calls() -> GraphCalls | None:
+    """The driver calls of :class:`cupy_swap.cuda.launcher.KernelNode`, or
+    None where ``libcuda`` cannot be loaded."""
+    with _lock:
+        if _graph:
+            return _graph[0]
+    lib = libcuda()
+    calls = None
+    if lib is not None:
+        ptr = ctypes.c_void_p
+        create, add, set_params = (
+            lib.cuGraphCreate,
+            lib.cuGraphAddKernelNode,
+            lib.cuGraphExecKernelNodeSetParams,
+        )
+        create.argtypes = [ptr, ctypes.c_uint]
+        add.argtypes = [ptr, ptr, ptr, ctypes.c_size_t, ptr]
+        set_params.argtypes = [ptr, ptr, ptr]
+        for fn in (create, add, set_params):
+            fn.restype = ctypes.c_int
+        calls = GraphCalls(create, add, set_params)
+    with _lock:
+        if not _graph:
+            _graph.append(calls)
+        return _graph[0]

@@ -1,76 +1,123 @@
-"""Launch the swap kernel: inline parameters for most swaps, a descriptor
-ring for the rest.
+"""Launch the swap kernel: inline parameters through a prebuilt graph for
+most swaps, a descriptor ring for the rest.
 
-**Inline** (:class:`BoundKernel`): a swap of at most 64 parts and 1792 pairs
-travels whole in the kernel's one parameter (:class:`~.abi.InlineArgs`).  The
-header and part table are written once per layout; a call writes the pairs
-and launches.  No ring slot, no event query, no upload, and the kernel's
-first load needs no dependent read of host memory.  A launch captured into a
-CUDA graph keeps its pairs.
+**Inline** (:class:`BoundKernel`): a swap of at most 64 parts and 1792
+pairs, or 256 parts and 1024, travels whole in the kernel's one parameter
+(:class:`~.abi.InlineArgs`), so the kernel's first load needs no dependent
+read of host memory.  The header and part table are written once per
+layout; a call writes the pairs.  An eager call then sets them as the
+parameters of a one-kernel graph (:class:`KernelNode`, one per kernel and
+stream, built on first use) and launches that graph: on the H200's host
+this costs less than ``cuLaunchKernel`` (``benchmarks/NOTES.md``, items 32
+and 34).  While the stream captures a graph the kernel is launched plainly,
+and the captured node keeps its pairs.
 
 **Descriptor** (:class:`Launcher`'s ring): larger swaps, staged swaps (one
 descriptor serves every chunk) and graph replays.  Each swap writes its
-descriptor into a slot of a ring of pinned buffers.  Mappings up to
-:data:`DESCRIPTOR_FROM_HOST_MAX_PAIRS` rows are read by the kernel straight
-from there through the buffer's device alias; larger ones are first copied
-to the slot's fixed device buffer by a small upload kernel rather than a
-``cudaMemcpyAsync``: copy engines work through their queue in order, so a
-descriptor copy could wait behind a long transfer of another stream.
-Buffers are allocated once, so their addresses never move.  A slot is
-rewritten only after the event recorded behind its last launch has
+descriptor into a slot of a ring of pinned buffers, and a small upload
+kernel copies it into the slot's fixed device buffer on the swap's stream
+(rather than a ``cudaMemcpyAsync``: copy engines work through their queue
+in order, so a descriptor copy could wait behind a long transfer of another
+stream).  Buffers are allocated once, so their addresses never move.  A
+slot is rewritten only after the event recorded behind its last launch has
 completed, and the ring is freed (by the releaser thread) only after every
-slot's last launch has.  A descriptor swap captured into a graph gets a
-buffer of its own, kept for the life of the process.
+slot's last launch has.  A descriptor swap captured into a graph gets
+buffers of its own, kept for the life of the process.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 
 import numpy as np
 
 from . import abi, kernels, memory, release
+from .driver import KernelNodeParams, graph_calls
 
-__all__ = ["Launcher", "BoundKernel", "launch_shape"]
+__all__ = ["Launcher", "BoundKernel", "KernelNode", "launch_shape"]
 
-# Mappings up to this many rows are read from pinned memory by the kernel
-# (saves an upload launch); see benchmarks/NOTES.md, item 9.
-DESCRIPTOR_FROM_HOST_MAX_PAIRS = 64
 # Descriptor uploads use at most this many CTAs (a 64 KiB descriptor is one
 # round of 16-byte loads per thread).
 FETCH_MAX_CTAS = 16
-# A swap of at most this many bytes is latency-bound (one round of loads per
-# thread): it spreads over up to every SM in CTAs of SHORT_SWAP_THREADS
-# threads, so more SMs issue its loads; larger swaps keep to the CTA budget.
-SHORT_SWAP_BYTES = 1 << 20
-SHORT_SWAP_THREADS = 256
+# Kernel nodes one launcher builds (one per kernel and stream); launches on
+# further streams use cuLaunchKernel.
+MAX_KERNEL_NODES = 64
 _H2D = 1
 
 
-def launch_shape(units: int, width: int, max_ctas: int, sm_count: int, short_bytes: int = SHORT_SWAP_BYTES):
-    """Grid and CTA size for ``units`` vectors of ``width`` bytes.
-
-    Short swaps (at most ``short_bytes``): one round of ``UNROLL`` loads per
-    thread, CTAs of up to 256 threads, as many CTAs as that takes, up to
-    ``max(max_ctas, sm_count)``.  Longer ones: at most ``max_ctas`` CTAs;
-    threads spread over as many CTAs as the budget allows, then full CTAs
-    stride.
-    """
-    per_round = abi.UNROLL
-    if units * width <= short_bytes:
-        threads = min(SHORT_SWAP_THREADS, max(32, -(-units // (per_round * 32)) * 32))
-        grid = min(max(max_ctas, sm_count), -(-units // (threads * per_round)))
-        return max(grid, 1), threads
-    per_cta = -(-units // (per_round * max_ctas))
+def launch_shape(units: int, max_ctas: int) -> tuple[int, int]:
+    """Grid and CTA size for ``units`` vectors: at most ``max_ctas`` CTAs,
+    threads spread over as many CTAs as the budget allows (one round of
+    ``UNROLL`` loads each), then full CTAs stride.  (Spreading short swaps
+    over every SM measured no faster: ``benchmarks/NOTES.md``, item 27.)"""
+    per_cta = -(-units // (abi.UNROLL * max_ctas))
     threads = min(abi.MAX_THREADS, max(32, -(-per_cta // 32) * 32))
-    grid = min(max_ctas, -(-units // (threads * per_round)))
+    grid = min(max_ctas, -(-units // (threads * abi.UNROLL)))
     return max(grid, 1), threads
+
+
+class KernelNode:
+    """An instantiated one-node graph that launches one kernel on one
+    stream: :meth:`launch` sets the node's grid and parameters (the driver
+    copies the parameter values then) and launches the graph.
+
+    Launches of one graph run one after another, so each stream gets its own
+    node (swaps on two streams stay concurrent).  Callers serialize
+    :meth:`launch` (the launcher's inline lock).
+    """
+
+    __slots__ = ("graph", "node", "exec", "params", "_params_ptr", "_set", "_launch")
+
+    def __init__(self, fn: int, grid: int, threads: int, args_ptr: int):
+        from cupy.cuda import runtime
+
+        calls = graph_calls()
+        self.params = KernelNodeParams(fn, grid, 1, 1, threads, 1, 1, 0, args_ptr, None)
+        self._params_ptr = ctypes.addressof(self.params)
+        graph, node = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(calls.create(ctypes.byref(graph), 0), "cuGraphCreate")
+        self.graph = graph.value
+        try:
+            _check(
+                calls.add_kernel_node(ctypes.byref(node), graph, None, 0, self._params_ptr),
+                "cuGraphAddKernelNode",
+            )
+            self.exec = runtime.graphInstantiate(self.graph)
+        except BaseException:
+            runtime.graphDestroy(self.graph)
+            raise
+        self.node = node.value
+        self._set, self._launch = calls.set_params, runtime.graphLaunch
+
+    def launch(self, grid: int, threads: int, args_ptr: int, stream: int) -> None:
+        params = self.params
+        params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
+        status = self._set(self.exec, self.node, self._params_ptr)
+        if status:
+            raise RuntimeError(
+                f"cuGraphExecKernelNodeSetParams: expected CUDA_SUCCESS, got CUresult {status}"
+            )
+        self._launch(self.exec, stream)
+
+    def destroy(self) -> None:
+        """Destroy the graph (a launch still in flight completes first: CUDA
+        frees an executing graph when it finishes)."""
+        from cupy.cuda import runtime
+
+        runtime.graphExecDestroy(self.exec)
+        runtime.graphDestroy(self.graph)
+
+
+def _check(status: int, call: str) -> None:
+    if status:
+        raise RuntimeError(f"{call}: expected CUDA_SUCCESS, got CUresult {status}")
 
 
 class _Slot:
     """One ring entry: pinned descriptor words, their device copy, the packed
-    kernel arguments for both, and the event behind the last launch.
+    kernel arguments, and the event behind the last launch.
 
     ``lock`` is held by the swap that owns the slot, from the moment it is
     taken until that swap's event is recorded and stored in ``event``: a
@@ -84,12 +131,23 @@ class _Slot:
         self.host_ptr = host_words.ctypes.data
         self.device_ptr = device_ptr
         self.device_args = abi.DescriptorArgs(device_ptr)
-        # Arguments that make the kernel read the descriptor straight from
-        # pinned memory, through the buffer's device alias.
+        # The upload kernel reads the words through the buffer's device alias
+        # (0 where host memory is not mapped: then a copy uploads them).
         self.host_alias = memory.host_alias(self.host_ptr, host_words.nbytes)
-        self.alias_args = abi.DescriptorArgs(self.host_alias)
         self.fetch_args = abi.FetchArgs(self.host_alias)
         self.event = None
+
+
+def _free_launcher(ring_ptr: int, device: int, nodes: dict) -> None:
+    """The releaser's half of :meth:`Launcher.close`: the device ring and the
+    kernel nodes."""
+    from .streams import on_device
+
+    with on_device(device):
+        for node in list(nodes.values()):
+            node.destroy()
+        nodes.clear()
+    release.device_free(ring_ptr, device)
 
 
 def _wait_for_slots(slots: list) -> None:
@@ -101,16 +159,15 @@ def _wait_for_slots(slots: list) -> None:
 
 
 class BoundKernel:
-    """The kernel launch of one resolved layout, ready for any mapping.
+    """The inline launch of one resolved layout, ready for any mapping.
 
-    ``launch(pairs, n, stream)`` picks the smallest inline tier that holds
-    the layout's parts and ``n`` pairs, writes the pairs into that tier's
-    parameter buffer and launches; it returns False when no tier holds the
-    swap (the caller then uses the descriptor ring).  One lock per layout
-    keeps two threads from writing one buffer at once.
+    ``launch(pairs, n, stream, capturing)`` picks the first inline tier that
+    holds the layout's parts and ``n`` pairs, writes the pairs into that
+    tier's parameter buffer and launches; it returns False when no tier
+    holds the swap (the caller then uses the descriptor ring).
     """
 
-    __slots__ = ("_launcher", "layout", "_tiers", "_lock", "_shapes", "max_pairs")
+    __slots__ = ("_launcher", "layout", "_tiers", "_shapes", "max_pairs")
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
@@ -120,11 +177,10 @@ class BoundKernel:
         # GPU's module really has are looked up, compiling it, on the first
         # launch: a layout that never runs the kernel never compiles it).
         self.max_pairs = max((t.pairs for t in abi.TIERS if t.parts >= parts), default=-1)
-        self._tiers = None  # [[tier, InlineArgs or None], ...], smallest first
-        self._lock = threading.Lock()
+        self._tiers = None  # [[tier, InlineArgs or None], ...], in TIERS order
         self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, the budget they were made for)
 
-    def launch(self, pairs, n: int, stream: int) -> bool:
+    def launch(self, pairs, n: int, stream: int, capturing: bool) -> bool:
         """Launch over ``n`` pairs on ``stream``; False (nothing launched)
         when no inline tier holds them.
 
@@ -133,6 +189,9 @@ class BoundKernel:
         pairs : numpy.ndarray of shape (n, 2), int64, or list of 2n ints
         n : int
         stream : int
+        capturing : bool
+            ``stream`` captures a graph: launch plainly (a graph launch
+            cannot be captured).
         """
         if n > self.max_pairs or n > self._launcher.max_inline_pairs:
             return False
@@ -142,7 +201,7 @@ class BoundKernel:
             tiers = [[t, None] for t in self._launcher.inline_tiers(self.layout.width) if t.parts >= parts]
             # Lower the bound before publishing the tiers: a thread that sees
             # them must never see a bound above their largest.
-            self.max_pairs = tiers[-1][0].pairs if tiers else -1
+            self.max_pairs = max((t.pairs for t, _ in tiers), default=-1)
             self._tiers = tiers
         for entry in tiers:
             if n <= entry[0].pairs:
@@ -155,20 +214,17 @@ class BoundKernel:
         lau = self._launcher
         shape = self._shapes.get(n)
         if shape is None or shape[2] != lau.max_ctas:
-            units = n * self.layout.units_per_pair
-            grid, threads = launch_shape(units, self.layout.width, lau.max_ctas, lau.sm_count)
-            shape = self._shapes[n] = (grid, threads, lau.max_ctas)
-        lock = self._lock
-        lock.acquire()
-        try:
+            shape = self._shapes[n] = (
+                *launch_shape(n * self.layout.units_per_pair, lau.max_ctas),
+                lau.max_ctas,
+            )
+        with lau.inline_lock:  # one parameter buffer per tier and one node per stream
             args.words[0] = n
             if type(pairs) is list:
                 args.pairs_c[: 2 * n] = pairs  # Python ints: ctypes stores them faster than NumPy converts
             else:
                 args.pairs[: 2 * n] = pairs.reshape(-1)
-            lau.launch_kernel(args.fn, shape[0], shape[1], stream, args.ptr)
-        finally:
-            lock.release()
+            lau.launch_inline(args.fn, shape[0], shape[1], stream, args.ptr, capturing)
         return True
 
     def _bind_tier(self, tier: abi.Tier) -> abi.InlineArgs:
@@ -178,8 +234,8 @@ class BoundKernel:
 
 
 class Launcher:
-    """Kernel functions, launch shapes and the descriptor ring of one
-    swapper (one GPU).
+    """Kernel functions, launch shapes, kernel nodes and the descriptor ring
+    of one swapper (one GPU).
 
     Parameters
     ----------
@@ -187,10 +243,10 @@ class Launcher:
     max_parts, max_blocks : int
         Size of a descriptor slot.
     ring_size : int
-        Slots for eager swaps (a swap captured into a graph gets a
-        descriptor buffer of its own instead).
+        Slots for eager descriptor swaps (a swap captured into a graph gets
+        a descriptor buffer of its own instead).
     max_ctas : int
-        CTA budget of swaps longer than :data:`SHORT_SWAP_BYTES`.
+        CTA budget of one swap.
     """
 
     def __init__(self, device: int, max_parts: int, max_blocks: int, ring_size: int, max_ctas: int):
@@ -201,25 +257,23 @@ class Launcher:
         self.max_ctas = max_ctas
         # Swaps of more pairs take the descriptor ring (0: always; benchmarks
         # and tests compare the two forms with it).
-        self.max_inline_pairs = abi.TIERS[-1].pairs
-        self.sm_count = runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, device)
+        self.max_inline_pairs = max(t.pairs for t in abi.TIERS)
         self._launch = driver.launchKernel
         self._memcpy = runtime.memcpyAsync
         self._event = cupy.cuda.Event
         self._record = runtime.eventRecord
         self._lock = threading.Lock()
+        self.inline_lock = threading.Lock()
         self.ring_waits = 0  # times a swap had to wait for a slot (ring full)
-        mapped, _ = memory.host_mapping_status(device)
-        # Without host mapping the kernel must find its descriptor in device memory.
-        self.descriptor_from_host_max_pairs = DESCRIPTOR_FROM_HOST_MAX_PAIRS if mapped else 0
         self.slot_words = abi.descriptor_words(max_parts, max_blocks)
         row_bytes = self.slot_words * 8
         host = memory.zeros_pinned((ring_size, self.slot_words), np.int64)
-        # Device copies of large descriptors: cudaMalloc'd, not from CuPy's
+        # Device copies of the descriptors: cudaMalloc'd, not from CuPy's
         # stream-ordered pool, and written only by uploads on the stream of
         # the swap that reads them (nothing to zero first).
         dev = release.device_malloc(ring_size * row_bytes, device)
-        free = functools.partial(release.device_free, dev, device)
+        self._nodes: dict[tuple[int, int], KernelNode] = {}
+        free = functools.partial(_free_launcher, dev, device, self._nodes)
         try:
             self._slots = [_Slot(host[i], dev + i * row_bytes) for i in range(ring_size)]
         except BaseException:
@@ -256,9 +310,33 @@ class Launcher:
     def launch_kernel(self, fn: int, grid: int, threads: int, stream: int, params: int) -> None:
         self._launch(fn, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
 
-    def shape(self, units: int, width: int) -> tuple[int, int]:
+    def launch_inline(
+        self, fn: int, grid: int, threads: int, stream: int, params: int, capturing: bool
+    ) -> None:
+        """Launch ``fn`` through this stream's kernel node (built on first
+        use), or plainly while ``stream`` captures or when the launcher has
+        built :data:`MAX_KERNEL_NODES` nodes.  The caller holds
+        :attr:`inline_lock`."""
+        node = None if capturing else self._nodes.get((fn, stream))
+        if node is None and not capturing:
+            node = self._new_node(fn, grid, threads, stream, params)
+        if node is None:
+            self._launch(fn, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
+        else:
+            node.launch(grid, threads, params, stream)
+
+    def _new_node(self, fn: int, grid: int, threads: int, stream: int, params: int) -> KernelNode | None:
+        if len(self._nodes) >= MAX_KERNEL_NODES or not self._finalizer.alive or graph_calls() is None:
+            return None
+        with release.relaxed_capture_mode():  # legal while another thread captures
+            node = KernelNode(fn, grid, threads, params)
+        with self._lock:
+            self._nodes[(fn, stream)] = node
+        return node
+
+    def shape(self, units: int) -> tuple[int, int]:
         """:func:`launch_shape` with this launcher's budget."""
-        return launch_shape(units, width, self.max_ctas, self.sm_count)
+        return launch_shape(units, self.max_ctas)
 
     # --------------------------------------------------------- descriptors
     def launch_descriptor(self, layout, mapping, stream: int, capturing: bool, held: list) -> None:
@@ -270,9 +348,9 @@ class Launcher:
 
     def write_slot(self, layout, mapping, stream: int, capturing: bool, held: list) -> abi.DescriptorArgs:
         """Write a descriptor into a free slot (eager swaps: a ring slot,
-        locked and appended to ``held``; captured swaps: a buffer of their
-        own, kept for good); returns the arguments that point
-        the kernel at it (large mappings are first uploaded on ``stream``)."""
+        locked and appended to ``held``; captured swaps: buffers of their
+        own, kept for good) and upload it on ``stream``; returns the
+        arguments that point the kernel at its device copy."""
         if capturing:
             return self._captured_descriptor(layout, mapping, stream)
         slot = self.acquire(held)
@@ -280,29 +358,24 @@ class Launcher:
         slot.table_serial = -1  # until the write completes: an interrupted one leaves no table marked current
         end = abi.write_descriptor(slot.host_words, layout.table, layout.units_per_pair, mapping, fresh_table)
         slot.table_serial = layout.serial
-        if end - abi.HEADER_WORDS - layout.table.shape[0] <= 2 * self.descriptor_from_host_max_pairs:
-            return slot.alias_args
         self.upload(slot, slot.device_ptr, end, stream)
         return slot.device_args
 
     def _captured_descriptor(self, layout, mapping, stream: int) -> abi.DescriptorArgs:
         """The descriptor of a swap being captured into a graph: every replay
-        reads it, so it gets its own buffer, sized for it and kept for the
-        life of the process (a graph may be replayed at any time, and CUDA
-        tells no one when it is destroyed).  Allocated in relaxed capture
-        mode, which a capture in progress allows."""
+        uploads and reads it, so it gets its own pinned and device buffers,
+        sized for it and kept for the life of the process (a graph may be
+        replayed at any time, and CUDA tells no one when it is destroyed).
+        Allocated in relaxed capture mode, which a capture in progress
+        allows; the upload is captured with the launch."""
         n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
         words = abi.HEADER_WORDS + layout.table.size + 2 * n
+        words += words & 1  # uploads move 16-byte words
         with release.relaxed_capture_mode():
-            host = memory.zeros_pinned(words + (words & 1), np.int64)
-            slot = _Slot(host, 0)
-            if not slot.host_alias:  # host memory not mapped: the kernel reads a device copy
-                slot.device_ptr = release.device_malloc(host.nbytes, self.device)
-                slot.device_args = abi.DescriptorArgs(slot.device_ptr)
+            host = memory.zeros_pinned(words, np.int64)
+            slot = _Slot(host, release.device_malloc(8 * words, self.device))
         release.keep_for_process(slot)
         end = abi.write_descriptor(slot.host_words, layout.table, layout.units_per_pair, mapping, True)
-        if slot.host_alias:
-            return slot.alias_args
         self.upload(slot, slot.device_ptr, end, stream)
         return slot.device_args
 
@@ -341,7 +414,7 @@ class Launcher:
         """Launch over pairs ``first .. first + count - 1`` of the
         descriptor ``args`` points at."""
         params = args.set(len(layout.src), layout.units_per_pair, count, first)
-        grid, threads = self.shape(count * layout.units_per_pair, layout.width)
+        grid, threads = self.shape(count * layout.units_per_pair)
         self.launch_kernel(self.function(abi.descriptor_kernel(layout.width)), grid, threads, stream, params)
 
     def replay_args(self, layout, desc_ptr: int, max_pairs: int):
@@ -350,7 +423,7 @@ class Launcher:
         replays; sized for ``max_pairs``)."""
         args = abi.DescriptorArgs(desc_ptr)
         args.set(len(layout.src), layout.units_per_pair, -1)
-        grid, threads = self.shape(max(max_pairs, 1) * layout.units_per_pair, layout.width)
+        grid, threads = self.shape(max(max_pairs, 1) * layout.units_per_pair)
         return self.function(abi.descriptor_kernel(layout.width)), grid, threads, args
 
     def acquire(self, held: list) -> _Slot:
@@ -380,7 +453,8 @@ class Launcher:
         swap's launches) and unlock it.  ``event`` None: the swap failed
         after taking its slot, and a launch that reads it may be queued, so
         the slot is gated behind a fence recorded on ``stream`` (or, if even
-        that fails, the device is drained first)."""
+        that fails, the stream is drained first: never the device, which
+        would break graph captures on other threads)."""
         try:
             if event is None:
                 try:
@@ -391,7 +465,7 @@ class Launcher:
                     from cupy.cuda import runtime
 
                     try:
-                        runtime.deviceSynchronize()  # nothing queued reads the slot any more
+                        runtime.streamSynchronize(stream)  # nothing queued reads the slot any more
                     except Exception:
                         pass
         finally:

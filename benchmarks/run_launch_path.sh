@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call for the launch-path work: GPU tests (all, or the files
+# given), then the routing sweep and the goal table.  Results land in $OUT.
+#   STEPS="tests sweep goals" bash benchmarks/run_launch_path.sh [pytest args]
+set -uo pipefail
+OUT=${OUT:-device-out}
+PY=${PY:-/opt/torch/.venv/bin/python3}
+STEPS=${STEPS:-tests sweep goals}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+status=0
+git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
+for step in $STEPS; do
+    case $step in
+    tests)
+        nvidia-smi -L | tee "$OUT/pytest.log"
+        $PY -m pytest -q -p no:cacheprovider "$@" 2>&1 | tail -40 | tee -a "$OUT/pytest.log"
+        [[ ${PIPESTATUS[0]} == 0 ]] || status=1 ;;
+    sweep)
+        $PY benchmarks/route_sweep.py --json "$OUT/route_sweep.json" 2>&1 | tee "$OUT/route_sweep.log" || status=1 ;;
+    host)
+        $PY benchmarks/lean_goals.py --host-only 2>&1 | tee "$OUT/host_rows.log" || status=1 ;;
+    goals)
+        $PY benchmarks/lean_goals.py --json "$OUT/goals.json" 2>&1 | tee "$OUT/goals.log" || status=1 ;;
+    esac
+done
+exit $status

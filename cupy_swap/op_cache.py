@@ -1,0 +1,121 @@
+"""``swap()``'s cache of prepared ops, keyed by the memory the arrays
+describe rather than by the array objects, so fresh views of the same
+memory (``[pool[:, layer] for layer in ...]`` built per call, as servers do)
+find the op their first call built.
+
+The key of one array is what a layout depends on: the memory's owner (the
+object whose death frees it), the first element's address, shape, strides
+and dtype, and for NumPy destinations their writeability.  Anything that
+changes in place (``a.shape = ...``, torch's ``set_``) changes the key.  An
+entry holds the owners weakly and dies with any of them, so a freed and
+reused address never finds an op built for the old memory, and the cache
+keeps no array alive.  Registering or unregistering pinned memory
+invalidates every entry (host aliases may have changed).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+
+import numpy as np
+
+from .cuda import memory
+
+__all__ = ["OpCache", "array_key"]
+
+
+def _owner(obj):
+    """The object that owns ``obj``'s memory (a view's base), so views of
+    one pool share it."""
+    if type(obj) is np.ndarray or _is_cupy(obj):
+        return obj if obj.base is None else obj.base
+    base = getattr(obj, "_base", None)  # torch views
+    return obj if base is None else base
+
+
+def _is_cupy(obj) -> bool:
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and type(obj) is cupy.ndarray
+
+
+def array_key(obj) -> tuple:
+    """Cache key of one ``src``/``dst`` array (about a microsecond)."""
+    kind = type(obj)
+    if kind is np.ndarray:
+        base = obj.base
+        owner = obj if base is None else base
+        ptr = obj.__array_interface__["data"][0]
+        return (id(owner), ptr, obj.shape, obj.strides, obj.dtype, obj.flags.writeable)
+    if _is_cupy(obj):
+        base = obj.base
+        return (id(obj if base is None else base), obj.data.ptr, obj.shape, obj.strides, obj.dtype)
+    if hasattr(obj, "data_ptr") and hasattr(obj, "stride"):  # torch.Tensor
+        base = obj._base
+        return (id(obj if base is None else base), obj.data_ptr(), obj.shape, obj.stride(), obj.dtype)
+    return (id(obj),)  # anything else DLPack or the array interfaces can read: by identity
+
+
+class _Entry:
+    __slots__ = ("__weakref__", "op", "refs", "dead", "generation")
+
+    def __init__(self, op, owners: list):
+        self.op, self.dead, self.generation = op, False, memory.generation()
+        entry = weakref.ref(self)
+
+        def died(_ref, entry=entry):
+            alive = entry()
+            if alive is not None:
+                alive.dead = True
+
+        self.refs = [_weak(o, died) for o in owners]
+
+
+def _weak(obj, callback):
+    """A weak reference calling ``callback`` on death, or a strong one for the
+    rare owner that cannot be referenced weakly (held until eviction)."""
+    try:
+        return weakref.ref(obj, callback)
+    except TypeError:
+        return lambda: obj
+
+
+class OpCache:
+    """Ops by the key of their arrays; at most ``size`` entries, oldest
+    evicted first."""
+
+    def __init__(self, size: int = 64):
+        self._entries: dict[tuple, _Entry] = {}
+        self._size = size
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(src, dst) -> tuple:
+        """The key of a ``(src, dst)`` argument pair (one array or a list or
+        tuple of arrays per side)."""
+        s = tuple(map(array_key, src)) if isinstance(src, (list, tuple)) else (array_key(src),)
+        d = tuple(map(array_key, dst)) if isinstance(dst, (list, tuple)) else (array_key(dst),)
+        return s, d
+
+    def get(self, key: tuple):
+        """The op stored under ``key`` while its owners live and no pinned
+        range changed since, else None."""
+        entry = self._entries.get(key)
+        if entry is None or entry.dead or entry.generation != memory.generation():
+            return None
+        return entry.op
+
+    def put(self, key: tuple, op, src, dst) -> None:
+        items = [*(src if isinstance(src, (list, tuple)) else (src,))]
+        items += [*(dst if isinstance(dst, (list, tuple)) else (dst,))]
+        entry = _Entry(op, [_owner(o) for o in items])
+        with self._lock:
+            self._entries.pop(key, None)
+            if len(self._entries) >= self._size:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[key] = entry
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
