@@ -2,8 +2,8 @@
 drained outside the clock, median of 300) of a prepared call, of ``swap()``,
 and of the seed's kernel launched through ``cupy.RawKernel`` with its
 mapping already on the GPU (the contender with the least Python), next to a
-bare ``cudaMemcpyAsync``; then a cProfile of the prepared call of the last
-case.
+bare ``cudaMemcpyAsync``; then a cProfile of the prepared call of each case
+in ``PROFILED``.
 
     PYTHONPATH=$PWD python3 benchmarks/profile_hot_path.py
 """
@@ -20,6 +20,7 @@ from cupy_swap.tools.bench import CaseBuffers, SwapCase, host_time
 from cupy_swap.tools.peers import contender_calls
 
 CASES = [(1, 32768, 1), (1, 32768, 16), (1, 4096, 1250), (64, 4096, 16), (64, 4096, 1250)]
+PROFILED = [(1, 32768, 16), (1, 4096, 1250)]
 
 
 def main():
@@ -46,10 +47,15 @@ def main():
             seed = host_time(seed_call, stream, 300)
         label = f"{parts} x {block >> 10} KiB x {n}"
         print(f"{label:<22} {prepared * 1e6:9.2f} {swap * 1e6:9.2f} {seed * 1e6:9.2f}   path {sw.last_path}")
+        if (parts, block, n) in PROFILED:
+            profile(lambda: op(m, stream=stream), stream)  # noqa: B023
+
+
+def profile(call, stream):
     prof = cProfile.Profile()
     for _ in range(300):
         prof.enable()
-        op(m, stream=stream)
+        call()
         prof.disable()
         stream.synchronize()
     pstats.Stats(prof).sort_stats("tottime").print_stats(14)

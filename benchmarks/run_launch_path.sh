@@ -24,6 +24,8 @@ for step in $STEPS; do
         $PY benchmarks/route_sweep.py --json "$OUT/route_sweep.json" 2>&1 | tee "$OUT/route_sweep.log" || status=1 ;;
     host)
         $PY benchmarks/lean_goals.py --host-only 2>&1 | tee "$OUT/host_rows.log" || status=1 ;;
+    profile)
+        $PY benchmarks/profile_hot_path.py 2>&1 | tee "$OUT/profile_hot_path.log" || status=1 ;;
     goals)
         $PY benchmarks/lean_goals.py --json "$OUT/goals.json" 2>&1 | tee "$OUT/goals.log" || status=1 ;;
     esac
