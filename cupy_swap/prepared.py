@@ -14,6 +14,7 @@ from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import checked_pairs
 from .core.route import MODES, route
 from .cuda import memory
+from .cuda.gpu_mapping import GpuChecks, device_mapping
 from .cuda.streams import stream_is_capturing, stream_on_device, wait_handle
 
 __all__ = ["PreparedSwap"]
@@ -46,6 +47,7 @@ class PreparedSwap:
         "_layout",
         "_kernel",
         "_generation",
+        "_gpu_checks",
         "_held",
         "direction",
         "bytes_per_pair",
@@ -61,6 +63,7 @@ class PreparedSwap:
     def _bind(self, layout: Layout) -> None:
         self._layout = layout
         self._kernel = self._swapper._launcher.bind(layout)
+        self._gpu_checks = None  # built by the first swap with a mapping on the GPU
         self._generation = memory.generation()
         self.direction = layout.direction
         self.bytes_per_pair = layout.bytes_per_pair
@@ -90,8 +93,12 @@ class PreparedSwap:
                 f"{method}: expected {DIRECTION_TEXT[want]} arrays, got "
                 f"{DIRECTION_TEXT[layout.direction]}; use swap() for that"
             )
-        pairs = checked_pairs(layout, block_mapping, sw.max_blocks)  # raises before any launch
-        n = len(pairs) >> 1 if type(pairs) is list else pairs.shape[0]
+        on_gpu = device_mapping(block_mapping, sw.device, sw.max_blocks)
+        if on_gpu is None:
+            pairs = checked_pairs(layout, block_mapping, sw.max_blocks)  # raises before any launch
+            n = len(pairs) >> 1 if type(pairs) is list else pairs.shape[0]
+        else:
+            pairs, n = on_gpu, on_gpu.n
         handle = sw._current_stream().ptr if stream is None else stream_on_device(stream, sw.device)
         if mode is None:
             mode = sw.mode
@@ -103,7 +110,10 @@ class PreparedSwap:
         if n and layout.bytes_per_pair:
             # Waiting on a capturing stream makes this one capture too.
             capturing = stream_is_capturing(handle) or any(w.capturing for w in waits)
-            path, plan = route(layout, pairs, mode, sw.policy, capturing)
+            if on_gpu is not None:
+                path, plan = self._gpu_checks_ready(mode, capturing), None
+            else:
+                path, plan = route(layout, pairs, mode, sw.policy, capturing)
             if path == "staged":
                 path, plan = self._staging_ready(path, plan, mode)
         for w in waits:  # after routing: a refusal enqueues nothing
@@ -118,7 +128,10 @@ class PreparedSwap:
             if timed:
                 event.start = sw._new_event()
                 sw._record(event.start.ptr, handle)
-            if path == "kernel":
+            if path == "gpu-mapping":
+                event.check = self._gpu_checks.launch(on_gpu, handle, event, sw._record)  # records the event
+                recorded, path = True, "kernel"
+            elif path == "kernel":
                 if not self._kernel.launch(pairs, n, handle, capturing):  # too large to pass inline
                     sw._launcher.launch_descriptor(layout, pairs, handle, capturing, held)
             elif path == "dma":
@@ -127,13 +140,41 @@ class PreparedSwap:
                 sw._stagers[layout.direction].enqueue(
                     layout, plan, handle, held, sw._launcher, sw._dma, sw._serial
                 )
-            sw._record(event.ptr, handle)
-            recorded = True
+            if not recorded:
+                sw._record(event.ptr, handle)
+                recorded = True
         finally:
             if held:
                 sw._launcher.release(held, event if recorded else None, handle)
         sw.last_path = path
         return event
+
+    def _gpu_checks_ready(self, mode: str, capturing: bool) -> str:
+        """Refuse what a mapping on the GPU cannot do, before anything is
+        enqueued, and build the op's check state on first use."""
+        layout = self._layout
+        if mode not in ("auto", "kernel"):
+            raise ValueError(
+                f"mode: a mapping on the GPU is swapped by the kernel ('auto' or 'kernel'), got {mode!r}"
+            )
+        if not layout.kernel_ok:
+            raise ValueError(
+                f"block_mapping: a mapping on the GPU needs the kernel, which needs host memory mapped into the "
+                f"GPU's address space, but {layout.unmapped_reason}; pass the rows on the host"
+            )
+        if layout.meeting:
+            raise ValueError(
+                "block_mapping: these parts may share bytes, which only a mapping on the host can be checked "
+                "against; pass the rows on the host"
+            )
+        if capturing:
+            raise RuntimeError(
+                "swap: a mapping on the GPU cannot be captured into a CUDA graph (its check reports through the "
+                "returned event); pass the rows on the host, or use graph_swap()"
+            )
+        if self._gpu_checks is None:
+            self._gpu_checks = GpuChecks(self._swapper._launcher, layout)
+        return "gpu-mapping"
 
     def _staging_ready(self, path: str, plan, mode: str):
         """Allocate the direction's staging arena (first staged swap), before

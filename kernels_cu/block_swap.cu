@@ -109,6 +109,25 @@ __device__ __forceinline__ void swap_inline(const SwapInline<P, N>& a) {
     copy_units<T>(parts, n_parts, a.header.units_per_pair, a.pairs, (u64)a.header.n_pairs);
 }
 
+// A GPU-resident mapping: header and part table in the parameter, pairs by
+// address; copies only if this swap's check passed (see swap_abi.cuh).
+template <typename T, int P>
+__device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
+    __shared__ SwapPart parts[P];
+    __shared__ int passed;
+    if (threadIdx.x == 0) {
+        const volatile SwapStatus* status = a.status;
+        passed = status->seq == a.seq && status->kind == 0;
+    }
+    const int n_parts = (int)a.header.n_parts;
+    for (int w = threadIdx.x; w < n_parts * CUPY_SWAP_PART_WORDS; w += blockDim.x) {
+        reinterpret_cast<u64*>(parts)[w] = reinterpret_cast<const u64*>(a.parts)[w];
+    }
+    __syncthreads();
+    if (!passed) return;
+    copy_units<T>(parts, n_parts, a.header.units_per_pair, a.pairs, (u64)a.header.n_pairs);
+}
+
 // Plain C names so the host can look kernels up without name mangling:
 // cupy_swap_w<bytes per unit> (descriptor) and cupy_swap_w<bytes>_p<P>_n<N>
 // (inline tier P parts, N pairs).
@@ -125,6 +144,18 @@ __device__ __forceinline__ void swap_inline(const SwapInline<P, N>& a) {
 #define CUPY_SWAP_TIERS_HERE(X) X(4, 16) X(16, 192)
 #endif
 
+#define CUPY_SWAP_BYREF_KERNEL(P)                                                                          \
+    extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS)                                    \
+        CUPY_SWAP_BYREF_NAME(P)(const __grid_constant__ SwapByRef<P> a) {                                  \
+        swap_byref<CUPY_SWAP_T, P>(a);                                                                     \
+    }
+
+#if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 1))
+#define CUPY_SWAP_BYREF_TIERS_HERE(X) CUPY_SWAP_BYREF_TIERS(X)
+#else
+#define CUPY_SWAP_BYREF_TIERS_HERE(X) X(16)
+#endif
+
 #define CUPY_SWAP_WIDTH(TYPE, WIDTH)                                                                       \
     extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS) cupy_swap_w##WIDTH(                \
         const u64* __restrict__ desc, int n_parts, u64 units_per_pair, i64 n_pairs, i64 first_pair) {      \
@@ -139,29 +170,44 @@ CUPY_SWAP_WIDTH(unsigned char, 1)
 
 #define CUPY_SWAP_T uint4
 #define CUPY_SWAP_NAME(P, N) cupy_swap_w16_p##P##_n##N
+#define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w16_ref##P
 CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
+CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
 #undef CUPY_SWAP_NAME
+#undef CUPY_SWAP_BYREF_NAME
 #define CUPY_SWAP_T uint2
 #define CUPY_SWAP_NAME(P, N) cupy_swap_w8_p##P##_n##N
+#define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w8_ref##P
 CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
+CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
 #undef CUPY_SWAP_NAME
+#undef CUPY_SWAP_BYREF_NAME
 #define CUPY_SWAP_T unsigned int
 #define CUPY_SWAP_NAME(P, N) cupy_swap_w4_p##P##_n##N
+#define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w4_ref##P
 CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
+CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
 #undef CUPY_SWAP_NAME
+#undef CUPY_SWAP_BYREF_NAME
 #define CUPY_SWAP_T unsigned short
 #define CUPY_SWAP_NAME(P, N) cupy_swap_w2_p##P##_n##N
+#define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w2_ref##P
 CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
+CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
 #undef CUPY_SWAP_NAME
+#undef CUPY_SWAP_BYREF_NAME
 #define CUPY_SWAP_T unsigned char
 #define CUPY_SWAP_NAME(P, N) cupy_swap_w1_p##P##_n##N
+#define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w1_ref##P
 CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
+CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
 #undef CUPY_SWAP_NAME
+#undef CUPY_SWAP_BYREF_NAME
 
 // Descriptor upload: copy `n16` 16-byte words from pinned host memory (its
 // device alias) to device memory with SM loads.  A cudaMemcpyAsync would do
@@ -172,5 +218,70 @@ extern "C" __global__ void __launch_bounds__(256) cupy_swap_fetch(const uint4* _
                                                                   uint4* __restrict__ dst, u64 n16) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {
         dst[i] = src[i];
+    }
+}
+
+// Check a GPU-resident mapping (one CTA, n <= CHECK_MAX_ROWS): every index
+// in range, no destination block twice; the verdict goes to `status`, its
+// `seq` word last, so a reader that sees this swap's seq sees the rest.
+// Duplicates: the rows' (block, row) keys are sorted in shared memory
+// (bitonic), and equal blocks end up next to each other, lowest rows first.
+extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS)
+    cupy_swap_check(const i64* __restrict__ pairs, i64 n, i64 src_limit, i64 dst_limit, SwapStatus* status, i64 seq) {
+    __shared__ u64 keys[CUPY_SWAP_CHECK_MAX_ROWS];
+    __shared__ unsigned long long bad;  // (kind << 32) | position; the lowest wins
+    const u64 row_mask = (1ull << CUPY_SWAP_CHECK_ROW_BITS) - 1;
+    if (threadIdx.x == 0) bad = ~0ull;
+    __syncthreads();
+    int m = 1;
+    while (m < n) m <<= 1;
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+        u64 key = ~0ull;  // padding sorts last
+        if (i < n) {
+            const i64 s = pairs[2 * i], d = pairs[2 * i + 1];
+            if (s < 0 || s >= src_limit) {
+                atomicMin(&bad, (1ull << 32) | (u64)i);
+            } else if (d < 0 || d >= dst_limit) {
+                atomicMin(&bad, (2ull << 32) | (u64)i);
+            } else {
+                key = ((u64)d << CUPY_SWAP_CHECK_ROW_BITS) | (u64)i;
+            }
+        }
+        keys[i] = key;
+    }
+    __syncthreads();
+    if (bad == ~0ull) {
+        for (int k = 2; k <= m; k <<= 1) {
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                for (int i = threadIdx.x; i < m; i += blockDim.x) {
+                    const int partner = i ^ j;
+                    if (partner > i) {
+                        const u64 a = keys[i], b = keys[partner];
+                        if ((a > b) == ((i & k) == 0)) {
+                            keys[i] = b;
+                            keys[partner] = a;
+                        }
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        for (int i = threadIdx.x; i + 1 < n; i += blockDim.x) {
+            if ((keys[i] >> CUPY_SWAP_CHECK_ROW_BITS) == (keys[i + 1] >> CUPY_SWAP_CHECK_ROW_BITS)) {
+                atomicMin(&bad, (3ull << 32) | (u64)i);
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const i64 kind = bad == ~0ull ? 0 : (i64)(bad >> 32);
+        const u64 at = bad & 0xffffffffull;
+        volatile SwapStatus* out = status;
+        out->kind = kind;
+        out->row = kind == 3 ? (i64)(keys[at] & row_mask) : (i64)at;
+        out->other = kind == 3 ? (i64)(keys[at + 1] & row_mask) : 0;
+        out->value = kind == 3 ? (i64)(keys[at] >> CUPY_SWAP_CHECK_ROW_BITS) : kind ? pairs[2 * at + kind - 1] : 0;
+        __threadfence_system();
+        out->seq = seq;
     }
 }

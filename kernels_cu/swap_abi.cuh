@@ -75,3 +75,42 @@ static_assert(sizeof(SwapInline<4, 16>) == 8 * (CUPY_SWAP_HEADER_WORDS + 4 * CUP
               "SwapInline<4, 16> size");
 static_assert(sizeof(SwapInline<64, 1792>) <= 32764, "inline tier 64 x 1792 exceeds the parameter limit");
 static_assert(sizeof(SwapInline<256, 1024>) <= 32764, "inline tier 256 x 1024 exceeds the parameter limit");
+
+// Mappings that live on the GPU (an int64 (N, 2) array in device memory):
+// the host never reads them, so they are checked on the GPU.  A check
+// kernel (one CTA) validates the rows and writes a SwapStatus into a slot of
+// pinned memory; the copy kernel that follows on the stream reads that slot
+// first and copies only when it holds this swap's `seq` and kind 0.  The
+// copy kernel takes its header and part table as one parameter, a
+// SwapByRef<P>, and its pairs by address.
+#define CUPY_SWAP_CHECK_MAX_ROWS 4096  // the check sorts the rows in shared memory
+#define CUPY_SWAP_CHECK_ROW_BITS 12    // sort keys: (dst_block << ROW_BITS) | row
+#define CUPY_SWAP_STATUS_WORDS 8
+
+// kind: 0 valid; 1 a source index out of range, 2 a destination index out
+// of range (row, value: the first such row and its index); 3 a destination
+// block twice (row, other: the two rows, value: the block).
+struct SwapStatus {
+    i64 seq;
+    i64 kind;
+    i64 row;
+    i64 other;
+    i64 value;
+    i64 unused[3];
+};
+
+template <int P>
+struct SwapByRef {
+    SwapHeader header;
+    const i64* pairs;           // device address of the (N, 2) rows
+    const SwapStatus* status;   // device alias of this swap's status slot
+    i64 seq;                    // the swap's number, as the check wrote it
+    i64 unused;
+    SwapPart parts[P];
+};
+
+#define CUPY_SWAP_BYREF_TIERS(X) X(16) X(256)
+
+static_assert(sizeof(SwapStatus) == 8 * CUPY_SWAP_STATUS_WORDS, "SwapStatus size");
+static_assert(sizeof(SwapByRef<16>) == 8 * (CUPY_SWAP_HEADER_WORDS + 4 + 16 * CUPY_SWAP_PART_WORDS), "SwapByRef<16> size");
+static_assert(sizeof(SwapByRef<256>) <= 32764, "SwapByRef<256> exceeds the parameter limit");

@@ -57,6 +57,30 @@ def test_tiers_match_and_fit_the_parameter_limit():
     assert 8 * abi.TIERS[1].words <= 4096  # every tier but the last works on CUDA < 12.1
 
 
+def test_gpu_mapping_structs_match():
+    assert int(_define("CUPY_SWAP_CHECK_MAX_ROWS")) == abi.CHECK_MAX_ROWS
+    assert 1 << int(_define("CUPY_SWAP_CHECK_ROW_BITS")) == abi.CHECK_MAX_ROWS  # sort keys hold any row
+    assert int(_define("CUPY_SWAP_STATUS_WORDS")) == abi.STATUS_WORDS
+    status = _struct_fields("SwapStatus")
+    assert [n for _, n in status] == ["seq", "kind", "row", "other", "value", "unused[3]"]
+    tiers = re.findall(r"X\((\d+)\)", _define("CUPY_SWAP_BYREF_TIERS\\(X\\)"))
+    assert tuple(int(p) for p in tiers) == abi.BYREF_PARTS
+    body = re.search(r"struct SwapByRef \{(.*?)\};", _header(), re.DOTALL).group(1)
+    names = re.findall(r"(\w+(?:\[\w+\])?);", body)  # pointers too: the name before each ';'
+    assert names == ["header", "pairs", "status", "seq", "unused", "parts[P]"]
+    table = np.arange(2 * abi.PART_WORDS, dtype=np.int64)
+    args = abi.ByRefArgs(16, table, units_per_pair=5, fn=0)
+    args.set(7, 0x1000, 0x2000, 42)
+    words = args.words
+    assert words[:3].tolist() == [7, 2, 5] and words[4:7].tolist() == [0x1000, 0x2000, 42]
+    assert words[8 : 8 + table.size].tolist() == table.tolist() and words.size == 8 + 16 * abi.PART_WORDS
+    (struct_ptr,) = (ctypes.c_void_p * 1).from_address(args.ptr)
+    assert struct_ptr == words.ctypes.data
+    check = abi.CheckArgs(src_limit=10, dst_limit=20)
+    ptrs = (ctypes.c_void_p * 6).from_address(check.set(0x3000, 9, 0x4000, 43))
+    assert [ctypes.c_int64.from_address(p).value for p in ptrs] == [0x3000, 9, 10, 20, 0x4000, 43]
+
+
 def test_descriptor_kernel_arguments_match():
     src = (kernels.kernel_dir() / "block_swap.cu").read_text()
     match = re.search(r"cupy_swap_w##WIDTH\(\s*\\?\s*(.*?)\)", src, re.DOTALL)

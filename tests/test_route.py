@@ -126,7 +126,7 @@ def test_one_large_part_does_not_send_small_parts_to_the_copy_engines(direction,
     mapping = m.tolist() if as_list else m
     assert _route(layout, mapping)[0] == "kernel"
     # Every part large: still the copy engines.
-    assert _route(_mixed_layout(direction, 2 << 20, 1 << 20, 3), m)[0] == "dma"
+    assert _route(_mixed_layout(direction, 2 << 20, 2 << 20, 3), m)[0] == "dma"
     # Long runs of mixed blocks: copies large on average, so the copy engines.
     runs = np.column_stack((np.arange(1250), np.arange(1250)))
     assert _route(layout, runs)[0] == "dma"

@@ -327,10 +327,10 @@ def test_modes(swapper, rng, mode, direction, contiguous, block_bytes, n):
     stream = cp.cuda.Stream(non_blocking=True)
     ev = check_swap(swapper, src, dst, mapping, mode=mode, stream=stream)
     if mode == "auto":
-        # The copy engines take 1 MiB blocks, a single copy, and runs long
-        # enough to be >= 1 MiB copies; everything else is the kernel's.
-        big_runs = contiguous and block_bytes * n >= 1 << 20
-        expected = "dma" if block_bytes >= 1 << 20 or n == 1 or big_runs else "kernel"
+        # The copy engines take 2 MiB blocks, a single copy, and runs long
+        # enough to be >= 2 MiB copies; everything else is the kernel's.
+        big_runs = contiguous and block_bytes * n >= 2 << 20
+        expected = "dma" if block_bytes >= 2 << 20 or n == 1 or big_runs else "kernel"
     else:
         expected = mode
     assert swapper.last_path == expected and ev.path == expected

@@ -87,15 +87,13 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
         The mapping is not ``(N, 2)`` or has more than ``max_blocks`` rows.
     """
     cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(block_mapping, cupy.ndarray):
+    if (cupy is not None and isinstance(block_mapping, cupy.ndarray)) or getattr(
+        block_mapping, "is_cuda", False
+    ):
         raise TypeError(
-            "block_mapping: expected a host array (list, numpy array or CPU tensor), got a "
-            "cupy.ndarray; reading it back would synchronize the GPU"
-        )
-    if getattr(block_mapping, "is_cuda", False):
-        raise TypeError(
-            "block_mapping: expected a CPU tensor, got a CUDA tensor; reading it back would "
-            "synchronize the GPU (keep the mapping on the CPU, as vLLM does)"
+            "block_mapping: expected the rows on the host here (list, numpy array or CPU tensor), got "
+            f"a {type(block_mapping).__name__} on the GPU; reading it back would synchronize the GPU "
+            "(swap() and prepared ops take mappings on the GPU; plan() and GraphSwap do not)"
         )
     try:
         # A torch CPU tensor: .numpy() shares its memory (np.asarray goes

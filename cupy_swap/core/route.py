@@ -47,7 +47,7 @@ class Policy:
         Staging arena per direction (0: staging is off).
     """
 
-    dma_min_copy_bytes: int = 1 << 20
+    dma_min_copy_bytes: int = 2 << 20  # benchmarks/NOTES.md, item 35
     dma_max_copies: int = 1
     staged_min_bytes: int = 16 << 20
     staged_min_avg_copy_bytes: int = 512 << 10

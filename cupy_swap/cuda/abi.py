@@ -10,6 +10,10 @@ Two forms carry a swap to the kernel (see the ``.cuh``):
 * **descriptor**: the same words back to back in a buffer
   (:func:`write_descriptor`), passed by address with
   ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``.
+
+A mapping that lives on the GPU goes to a ``SwapByRef<P>`` kernel (header
+and part table in the parameter, pairs by address, :class:`ByRefArgs`)
+after a check kernel (:class:`CheckArgs`) has validated it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,13 @@ __all__ = [
     "InlineArgs",
     "DescriptorArgs",
     "FetchArgs",
+    "CHECK_KERNEL",
+    "CHECK_MAX_ROWS",
+    "STATUS_WORDS",
+    "BYREF_PARTS",
+    "byref_kernel",
+    "ByRefArgs",
+    "CheckArgs",
 ]
 
 HEADER_WORDS = 4  # n_pairs, n_parts, units_per_pair, unused
@@ -71,6 +82,10 @@ DESCRIPTOR_ARGS = (
     ("i64", "first_pair"),
 )
 FETCH_KERNEL = "cupy_swap_fetch"  # descriptor upload, 16-byte words
+CHECK_KERNEL = "cupy_swap_check"  # GPU-resident mappings: bounds and duplicates
+CHECK_MAX_ROWS = 4096  # rows the check sorts in shared memory
+STATUS_WORDS = 8  # SwapStatus: seq, kind, row, other, value, unused x 3
+BYREF_PARTS = (16, 256)  # CUPY_SWAP_BYREF_TIERS
 FETCH_THREADS = 256
 
 
@@ -84,6 +99,12 @@ def descriptor_kernel(width: int) -> str:
 def inline_kernel(width: int, tier: Tier) -> str:
     """Name of the inline kernel of ``tier`` moving ``width``-byte units."""
     return f"{descriptor_kernel(width)}_p{tier.parts}_n{tier.pairs}"
+
+
+def byref_kernel(width: int, parts: int) -> str:
+    """Name of the GPU-mapping kernel of up to ``parts`` parts moving
+    ``width``-byte units."""
+    return f"{descriptor_kernel(width)}_ref{parts}"
 
 
 def descriptor_words(num_parts: int, num_pairs: int) -> int:
@@ -194,3 +215,50 @@ class FetchArgs:
         self.dst.value = dst_ptr
         self.n16.value = n16
         return ctypes.addressof(self._array)
+
+
+class ByRefArgs:
+    """The one parameter of a GPU-mapping kernel, a ``SwapByRef<P>``: header
+    and part table of one layout, written once; each launch writes the pair
+    count, the pairs' address, the status slot's address and the swap's
+    number.  ``ptr`` is the ``void**`` a launch takes.
+
+    Parameters
+    ----------
+    parts : int
+        ``P``, one of :data:`BYREF_PARTS`.
+    table : numpy.ndarray of shape (p * PART_WORDS,), int64, p <= parts
+    units_per_pair : int
+    fn : int
+        The kernel function.
+    """
+
+    def __init__(self, parts: int, table: np.ndarray, units_per_pair: int, fn: int):
+        self.fn = fn
+        self.words = np.zeros(HEADER_WORDS + 4 + parts * PART_WORDS, dtype=np.int64)
+        self.words[1] = table.shape[0] // PART_WORDS
+        self.words[2] = units_per_pair
+        self.words[HEADER_WORDS + 4 : HEADER_WORDS + 4 + table.shape[0]] = table
+        self._array = (ctypes.c_void_p * 1)(self.words.ctypes.data)
+        self.ptr = ctypes.addressof(self._array)
+
+    def set(self, n_pairs: int, pairs_ptr: int, status_ptr: int, seq: int) -> int:
+        w = self.words
+        w[0], w[HEADER_WORDS], w[HEADER_WORDS + 1], w[HEADER_WORDS + 2] = n_pairs, pairs_ptr, status_ptr, seq
+        return self.ptr
+
+
+class CheckArgs:
+    """Arguments ``(pairs, n, src_limit, dst_limit, status, seq)`` of the
+    check kernel."""
+
+    def __init__(self, src_limit: int, dst_limit: int):
+        self.values = (ctypes.c_int64 * 6)(0, 0, src_limit, dst_limit, 0, 0)
+        base = ctypes.addressof(self.values)
+        self._array = (ctypes.c_void_p * 6)(*(base + 8 * i for i in range(6)))
+        self.ptr = ctypes.addressof(self._array)
+
+    def set(self, pairs_ptr: int, n: int, status_ptr: int, seq: int) -> int:
+        v = self.values
+        v[0], v[1], v[4], v[5] = pairs_ptr, n, status_ptr, seq
+        return self.ptr

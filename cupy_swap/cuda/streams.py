@@ -49,7 +49,16 @@ def swap_event_class():
             Bytes the swap moves.
         start : cupy.cuda.Event or None
             Recorded before the copies when timing was asked for.
+        check : object or None
+            For a mapping on the GPU, where its check's verdict is found.
         """
+
+        def synchronize(self) -> None:
+            """Wait for the swap; for a mapping on the GPU, raise the error its
+            check found (IndexError or ValueError: nothing was copied)."""
+            super().synchronize()
+            if self.check is not None:
+                self.check.raise_if_failed()
 
         def device_time(self) -> float:
             """Seconds of device time from the swap's start to its end (waits
@@ -258,9 +267,10 @@ class EventPool:
             event = issued[0]
             if self._refs(event) == self._free_refs and event.start is None:
                 issued.rotate(-1)  # oldest -> newest
+                event.check = None
                 return event
         event = self._cls(disable_timing=not timed)
-        event.start = None
+        event.start = event.check = None
         if not timed:
             if len(issued) >= self._size:
                 issued.popleft()

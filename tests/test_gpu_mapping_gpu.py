@@ -1,0 +1,172 @@
+"""Mappings that live on the GPU (CuPy arrays, torch CUDA int64 tensors):
+swapped with no host synchronization, checked on the GPU; a bad one writes
+no byte and its error comes from the event's synchronize() and from the
+op's next call."""
+
+import numpy as np
+import pytest
+
+import cupy_swap as cs
+from cupy_swap.tools.bench import random_mapping
+
+from .test_edge_cases_gpu import spin
+from .test_swap_gpu import DIRECTIONS, make, poison, rand_fill, to_host
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+
+def _expect(src, dst_before, mapping):
+    expected = dst_before.copy()
+    expected[mapping[:, 1]] = to_host(src)[mapping[:, 0]]
+    return expected
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("n", [1, 2, 16, 1250, 4096])
+def test_gpu_mapping_moves_the_same_bytes(rng, direction, n):
+    sw = cs.BlockSwapper(max_blocks=4096)
+    skind, dkind = DIRECTIONS[direction]
+    src, dst = make(skind, (5000, 80), np.uint8), make(dkind, (4500, 80), np.uint8)
+    rand_fill(src, rng)
+    poison(dst)
+    m = random_mapping(n, 5000, 4500, rng)
+    before = to_host(dst).copy()
+    ev = sw.swap(src, dst, cp.asarray(m))
+    ev.synchronize()
+    assert ev.path == "kernel"
+    assert np.array_equal(to_host(dst), _expect(src, before, m))
+
+
+@pytest.mark.parametrize("parts", [3, 16, 17, 64, 65])
+def test_gpu_mapping_part_counts(rng, parts):
+    sw = cs.BlockSwapper(max_blocks=64)
+    host = [cs.empty_pinned((70, 16 * (i % 5 + 1)), np.uint8) for i in range(parts)]
+    gpu = [cp.empty((60, 16 * (i % 5 + 1)), cp.uint8) for i in range(parts)]
+    for h, g in zip(host, gpu):
+        rand_fill(h, rng)
+        poison(g)
+    m = random_mapping(40, 70, 60, rng)
+    op = sw.prepare(host, gpu)
+    op(cp.asarray(m)).synchronize()
+    for h, g in zip(host, gpu):
+        assert np.array_equal(cp.asnumpy(g)[m[:, 1]], h[m[:, 0]])
+
+
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        ((5, 0, 7000), IndexError, r"source block index 7000 in row 5 is out of range"),
+        ((9, 1, -1), IndexError, r"destination block index -1 in row 9 is out of range"),
+        (
+            (12, 1, None),
+            ValueError,
+            r"expected distinct destination blocks, got block \d+ twice \(rows 3 and 12",
+        ),
+    ],
+    ids=["source", "destination", "duplicate"],
+)
+def test_bad_gpu_mapping_writes_nothing_and_reports_its_row(rng, bad, error, message):
+    sw = cs.BlockSwapper(max_blocks=64)
+    host = cs.empty_pinned((100, 256), np.uint8)
+    gpu = cp.empty((100, 256), cp.uint8)
+    rand_fill(host, rng)
+    poison(gpu)
+    m = random_mapping(20, 100, 100, rng)
+    row, col, value = bad
+    m[row, col] = m[3, 1] if value is None else value
+    op = sw.prepare(host, gpu)
+    ev = op(cp.asarray(m))
+    with pytest.raises(error, match=message):
+        ev.synchronize()
+    assert (cp.asnumpy(gpu) == 0xA5).all()  # not one byte written
+    with pytest.raises(error, match=message):  # the op's next call reports it too, once
+        op(cp.asarray(random_mapping(4, 100, 100, rng)))
+    good = random_mapping(4, 100, 100, rng)
+    op(cp.asarray(good)).synchronize()
+    assert np.array_equal(cp.asnumpy(gpu)[good[:, 1]], host[good[:, 0]])
+
+
+def test_gpu_mapping_needs_no_host_synchronization(rng):
+    """The call returns while a spin kernel ahead of it on the stream still
+    runs: nothing read the mapping back."""
+    sw = cs.BlockSwapper(max_blocks=16)
+    host = cs.empty_pinned((32, 512), np.uint8)
+    gpu = cp.empty((32, 512), cp.uint8)
+    rand_fill(host, rng)
+    stream = cp.cuda.Stream(non_blocking=True)
+    m = cp.asarray(random_mapping(8, 32, 32, rng))
+    op = sw.prepare(host, gpu)
+    op(m, stream=stream).synchronize()  # compile and build the check state first
+    poison(gpu)
+    cp.cuda.Device().synchronize()
+    spin(stream, 300)
+    ev = op(m, stream=stream)
+    assert not ev.done  # queued behind the spin: the host did not wait
+    ev.synchronize()
+    mm = cp.asnumpy(m)
+    assert np.array_equal(cp.asnumpy(gpu)[mm[:, 1]], host[mm[:, 0]])
+
+
+def test_gpu_mapping_slots_wrap_and_keep_each_verdict(rng):
+    """More swaps than status slots: every one lands, and an event read
+    after its slot was reused still reports its own (failed) check."""
+    from cupy_swap.cuda.gpu_mapping import SLOTS
+
+    sw = cs.BlockSwapper(max_blocks=8)
+    host = cs.empty_pinned((64, 128), np.uint8)
+    gpu = cp.empty((64, 128), cp.uint8)
+    rand_fill(host, rng)
+    op = sw.prepare(host, gpu)
+    bad = cp.asarray([[0, 1], [2, 1]])  # block 1 twice
+    failed = op(bad)
+    for i in range(SLOTS + 3):
+        if i == 0:
+            with pytest.raises(ValueError, match="twice"):  # the next call reports the failure
+                op(cp.asarray([[i % 64, i % 64]]))
+        m = cp.asarray([[i % 64, (i * 7) % 64]])
+        op(m).synchronize()
+        assert np.array_equal(cp.asnumpy(gpu)[(i * 7) % 64], host[i % 64])
+    with pytest.raises(ValueError, match="rows 0 and 1"):
+        failed.synchronize()
+
+
+def test_gpu_mapping_refusals(rng):
+    sw = cs.BlockSwapper(max_blocks=8)
+    host = cs.empty_pinned((16, 64), np.uint8)
+    gpu = cp.empty((16, 64), cp.uint8)
+    with pytest.raises(TypeError, match="expected int64 rows on the GPU, got int32"):
+        sw.swap(host, gpu, cp.zeros((2, 2), cp.int32))
+    with pytest.raises(ValueError, match=r"expected shape \(N, 2\)"):
+        sw.swap(host, gpu, cp.zeros((2, 3), cp.int64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        sw.swap(host, gpu, cp.zeros((2, 4), cp.int64)[:, ::2])
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        sw.swap(host, gpu, cp.zeros((9, 2), cp.int64))
+    with pytest.raises(ValueError, match="mode: a mapping on the GPU is swapped by the kernel"):
+        sw.swap(host, gpu, cp.zeros((1, 2), cp.int64), mode="dma")
+    with pytest.raises(TypeError, match="on the GPU"):  # plan() reads the rows on the host
+        sw.plan(host, gpu, cp.zeros((1, 2), cp.int64))
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.begin_capture()
+    try:
+        with pytest.raises(RuntimeError, match="cannot be captured"):
+            sw.swap(host, gpu, cp.zeros((1, 2), cp.int64), stream=stream)
+    finally:
+        stream.end_capture()
+
+
+def test_torch_cuda_mapping(rng):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA")
+    sw = cs.BlockSwapper(max_blocks=16)
+    cpu = torch.zeros((32, 64), dtype=torch.float16).pin_memory()
+    cpu.copy_(torch.randn((32, 64), dtype=torch.float16))
+    gpu = torch.zeros((32, 64), dtype=torch.float16, device="cuda")
+    m = torch.tensor([[3, 0], [7, 5], [31, 9]], dtype=torch.int64, device="cuda")
+    sw.swap_in(cpu, gpu, m).synchronize()
+    assert torch.equal(gpu[[0, 5, 9]].cpu(), cpu[[3, 7, 31]])
+    with pytest.raises(TypeError, match="int64"):
+        sw.swap_in(cpu, gpu, m.float())
