@@ -128,9 +128,9 @@ class PreparedSwap:
             if timed:
                 event.start = sw._new_event()
                 sw._record(event.start.ptr, handle)
-            if path == "gpu-mapping":
+            if path == "kernel" and on_gpu is not None:
                 event.check = self._gpu_checks.launch(on_gpu, handle, event, sw._record)  # records the event
-                recorded, path = True, "kernel"
+                recorded = True
             elif path == "kernel":
                 if not self._kernel.launch(pairs, n, handle, capturing):  # too large to pass inline
                     sw._launcher.launch_descriptor(layout, pairs, handle, capturing, held)
@@ -174,7 +174,7 @@ class PreparedSwap:
             )
         if self._gpu_checks is None:
             self._gpu_checks = GpuChecks(self._swapper._launcher, layout)
-        return "gpu-mapping"
+        return "kernel"
 
     def _staging_ready(self, path: str, plan, mode: str):
         """Allocate the direction's staging arena (first staged swap), before

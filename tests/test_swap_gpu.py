@@ -269,7 +269,7 @@ def test_errors_leave_everything_untouched(swapper, rng):
         ([(0.0, 1.0)], TypeError, "integer"),
         ([[0, 1, 2]], ValueError, r"\(N, 2\)"),
         (np.arange(4), ValueError, r"\(N, 2\)"),
-        (cp.asarray([[0, 1]]), TypeError, "host array"),
+        (cp.asarray([[0.0, 1.0]]), TypeError, "int64 rows on the GPU"),
     ]
     for mapping, exc, msg in bad:
         with pytest.raises(exc, match=msg):

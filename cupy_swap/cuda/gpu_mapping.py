@@ -30,6 +30,7 @@ __all__ = ["DeviceMapping", "device_mapping", "GpuChecks", "SLOTS"]
 
 SLOTS = 16
 _HOST_KINDS = (list, tuple, np.ndarray)
+_INT64 = np.dtype(np.int64)
 
 
 class DeviceMapping(NamedTuple):
@@ -54,15 +55,16 @@ def device_mapping(obj, device: int, max_blocks: int) -> DeviceMapping | None:
     if type(obj) in _HOST_KINDS:
         return None
     cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(obj, cupy.ndarray):
-        owner, ptr, contiguous = obj.device.id, obj.data.ptr, obj.flags.c_contiguous
-        dtype, shape = str(obj.dtype), tuple(obj.shape)
+    if cupy is not None and type(obj) is cupy.ndarray:
+        owner, ptr, contiguous = obj.data.device_id, obj.data.ptr, obj.flags.c_contiguous
+        int64, shape = obj.dtype == _INT64, obj.shape
     elif getattr(obj, "is_cuda", False):  # torch CUDA tensor
-        owner, ptr, contiguous = obj.device.index, obj.data_ptr(), obj.is_contiguous()
-        dtype, shape = str(obj.dtype).replace("torch.", ""), tuple(obj.shape)
+        owner, ptr, contiguous = obj.get_device(), obj.data_ptr(), obj.is_contiguous()
+        int64, shape = obj.dtype is sys.modules["torch"].int64, tuple(obj.shape)
     else:
         return None
-    if dtype != "int64":
+    if not int64:
+        dtype = str(obj.dtype).replace("torch.", "")
         raise TypeError(f"block_mapping: expected int64 rows on the GPU, got {dtype}; convert it first")
     if len(shape) != 2 or shape[1] != 2:
         raise ValueError(f"block_mapping: expected shape (N, 2) of (src_block, dst_block) rows, got {shape}")
@@ -141,8 +143,10 @@ class GpuChecks:
 
     def read(self, index: int, seq: int) -> tuple | None:
         """``(kind, row, other, value)`` of swap ``seq`` if its check ran."""
-        words = self.status[index]
-        return tuple(int(x) for x in words[1:5]) if int(words[0]) == seq else None
+        item = self.status.item
+        if item(index, 0) != seq:
+            return None
+        return (item(index, 1), item(index, 2), item(index, 3), item(index, 4))
 
     def error(self, verdict: tuple) -> Exception:
         kind, row, other, value = verdict
