@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -344,9 +345,14 @@ def main(argv=None) -> int:
     p.add_argument("--peer-reps", type=int, default=20)
     p.add_argument("--host-only", action="store_true", help="only the host-time rows")
     args = p.parse_args(argv)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    # The device gets a copy of the tree whose git metadata may be stale: the
+    # caller passes the commit it copied.
+    commit = (
+        os.environ.get("CUPY_SWAP_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    )
     print(f"commit {commit or 'unknown'}\n{swapper_settings()}", flush=True)
     result = {"commit": commit, "settings": swapper_settings()}
     print("host time per call (swap-in):", flush=True)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the launch-path work: GPU tests (all, or the files
 # given), then the routing sweep and the goal table.  Results land in $OUT.
-#   STEPS="tests sweep goals" bash benchmarks/run_launch_path.sh [pytest args]
+#   CUPY_SWAP_COMMIT=$(git rev-parse --short HEAD) STEPS="tests sweep goals" \
+#       bash benchmarks/run_launch_path.sh [pytest args]
 set -uo pipefail
 OUT=${OUT:-device-out}
 PY=${PY:-/opt/torch/.venv/bin/python3}
@@ -13,7 +14,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 status=0
-git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
+echo "${CUPY_SWAP_COMMIT:-unknown}" | tee "$OUT/commit.txt"  # the device's git metadata may be stale
 for step in $STEPS; do
     case $step in
     tests)

@@ -146,7 +146,7 @@ def test_kernel_nodes_per_stream_keep_each_calls_pairs(rng):
     for k in range(2):
         streams[k].synchronize()
         assert np.array_equal(cp.asnumpy(gpus[k]), expected[k])
-    assert {key[1] for key in sw._launcher._nodes} == {s.ptr for s in streams}
+    assert {key[-1] for key in sw._launcher._nodes} == {s.ptr for s in streams}
 
 
 def test_a_capture_adds_no_kernel_node(rng):

@@ -188,23 +188,12 @@ class GpuChecks:
             units = mapping.n * self.layout.units_per_pair
             grid, threads = lau.shape(units)
             check_threads = abi.MAX_THREADS if mapping.n > 256 else 256
-            with lau.inline_lock:
-                lau.launch_inline(
-                    self._check_fn,
-                    1,
-                    check_threads,
-                    stream,
-                    self._check.set(mapping.ptr, mapping.n, status, seq),
-                    False,
-                )
-                lau.launch_inline(
-                    self._copy.fn,
-                    grid,
-                    threads,
-                    stream,
-                    self._copy.set(mapping.n, mapping.ptr, status, seq),
-                    False,
-                )
+            steps = (
+                (self._check_fn, 1, check_threads, self._check.set(mapping.ptr, mapping.n, status, seq)),
+                (self._copy.fn, grid, threads, self._copy.set(mapping.n, mapping.ptr, status, seq)),
+            )
+            with lau.inline_lock:  # one graph: the check, then the copy
+                lau.launch_steps(steps, (self._check_fn, self._copy.fn, stream), stream, False)
             record(event.ptr, stream)
             slot.seq, slot.event, slot.keep = seq, event, mapping.keep
             slot.ticket = Ticket(self, index, seq)

@@ -59,46 +59,51 @@ def launch_shape(units: int, max_ctas: int) -> tuple[int, int]:
 
 
 class KernelNode:
-    """An instantiated one-node graph that launches one kernel on one
-    stream: :meth:`launch` sets the node's grid and parameters (the driver
-    copies the parameter values then) and launches the graph.
+    """An instantiated graph of one kernel, or of a few run one after the
+    other, launched on one stream: :meth:`launch` sets each node's grid and
+    parameters (the driver copies the parameter values then) and launches
+    the graph once.
 
     Launches of one graph run one after another, so each stream gets its own
-    node (swaps on two streams stay concurrent).  Callers serialize
+    graph (swaps on two streams stay concurrent).  Callers serialize
     :meth:`launch` (the launcher's inline lock).
+
+    Parameters
+    ----------
+    steps : sequence of (fn, grid, threads, args_ptr)
+        The kernels, in order; each waits for the one before.
     """
 
-    __slots__ = ("graph", "node", "exec", "params", "_params_ptr", "_set", "_launch")
+    __slots__ = ("graph", "nodes", "exec", "params", "_params_ptrs", "_set", "_launch")
 
-    def __init__(self, fn: int, grid: int, threads: int, args_ptr: int):
+    def __init__(self, steps):
         from cupy.cuda import runtime
 
         calls = graph_calls()
-        self.params = KernelNodeParams(fn, grid, 1, 1, threads, 1, 1, 0, args_ptr, None)
-        self._params_ptr = ctypes.addressof(self.params)
-        graph, node = ctypes.c_void_p(), ctypes.c_void_p()
+        self.params = [KernelNodeParams(f, g, 1, 1, t, 1, 1, 0, a, None) for f, g, t, a in steps]
+        self._params_ptrs = [ctypes.addressof(p) for p in self.params]
+        graph = ctypes.c_void_p()
         _check(calls.create(ctypes.byref(graph), 0), "cuGraphCreate")
-        self.graph = graph.value
+        self.graph, self.nodes = graph.value, []
         try:
-            _check(
-                calls.add_kernel_node(ctypes.byref(node), graph, None, 0, self._params_ptr),
-                "cuGraphAddKernelNode",
-            )
+            for ptr in self._params_ptrs:
+                node = ctypes.c_void_p()
+                before = (ctypes.c_void_p * 1)(self.nodes[-1]) if self.nodes else None
+                added = calls.add_kernel_node(ctypes.byref(node), graph, before, len(self.nodes) > 0, ptr)
+                _check(added, "cuGraphAddKernelNode")
+                self.nodes.append(node.value)
             self.exec = runtime.graphInstantiate(self.graph)
         except BaseException:
             runtime.graphDestroy(self.graph)
             raise
-        self.node = node.value
         self._set, self._launch = calls.set_params, runtime.graphLaunch
 
-    def launch(self, grid: int, threads: int, args_ptr: int, stream: int) -> None:
-        params = self.params
-        params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
-        status = self._set(self.exec, self.node, self._params_ptr)
-        if status:
-            raise RuntimeError(
-                f"cuGraphExecKernelNodeSetParams: expected CUDA_SUCCESS, got CUresult {status}"
-            )
+    def launch(self, steps, stream: int) -> None:
+        """Launch with each step's ``(fn, grid, threads, args_ptr)`` (the
+        same kernels the graph was built with)."""
+        for step, params, node, ptr in zip(steps, self.params, self.nodes, self._params_ptrs):
+            params.gridDimX, params.blockDimX, params.kernelParams = step[1], step[2], step[3]
+            _check(self._set(self.exec, node, ptr), "cuGraphExecKernelNodeSetParams")
         self._launch(self.exec, stream)
 
     def destroy(self) -> None:
@@ -272,7 +277,7 @@ class Launcher:
         # stream-ordered pool, and written only by uploads on the stream of
         # the swap that reads them (nothing to zero first).
         dev = release.device_malloc(ring_size * row_bytes, device)
-        self._nodes: dict[tuple[int, int], KernelNode] = {}
+        self._nodes: dict[tuple, KernelNode] = {}  # (kernels..., stream) -> graph
         free = functools.partial(_free_launcher, dev, device, self._nodes)
         try:
             self._slots = [_Slot(host[i], dev + i * row_bytes) for i in range(ring_size)]
@@ -317,21 +322,27 @@ class Launcher:
         use), or plainly while ``stream`` captures or when the launcher has
         built :data:`MAX_KERNEL_NODES` nodes.  The caller holds
         :attr:`inline_lock`."""
-        node = None if capturing else self._nodes.get((fn, stream))
-        if node is None and not capturing:
-            node = self._new_node(fn, grid, threads, stream, params)
-        if node is None:
-            self._launch(fn, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
-        else:
-            node.launch(grid, threads, params, stream)
+        self.launch_steps(((fn, grid, threads, params),), (fn, stream), stream, capturing)
 
-    def _new_node(self, fn: int, grid: int, threads: int, stream: int, params: int) -> KernelNode | None:
+    def launch_steps(self, steps, key: tuple, stream: int, capturing: bool) -> None:
+        """:meth:`launch_inline` of kernels run one after the other, through
+        one graph (``key``: the kernels and the stream)."""
+        node = None if capturing else self._nodes.get(key)
+        if node is None and not capturing:
+            node = self._new_node(steps, key)
+        if node is not None:
+            node.launch(steps, stream)
+            return
+        for fn, grid, threads, params in steps:
+            self._launch(fn, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
+
+    def _new_node(self, steps, key: tuple) -> KernelNode | None:
         if len(self._nodes) >= MAX_KERNEL_NODES or not self._finalizer.alive or graph_calls() is None:
             return None
         with release.relaxed_capture_mode():  # legal while another thread captures
-            node = KernelNode(fn, grid, threads, params)
+            node = KernelNode(steps)
         with self._lock:
-            self._nodes[(fn, stream)] = node
+            self._nodes[key] = node
         return node
 
     def shape(self, units: int) -> tuple[int, int]:
