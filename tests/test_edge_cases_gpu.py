@@ -42,10 +42,11 @@ def spin(stream, ms: float) -> None:
 
 # ---------------------------------------------------------------- auto routing
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("block", [512 << 10, 768 << 10])
+@pytest.mark.parametrize("block", [1 << 20, 1536 << 10])
 @pytest.mark.parametrize("as_type", ["numpy_scalars", "in_place_gpu", "torch_tensor"])
 def test_auto_with_two_or_three_pairs(rng, monkeypatch, n, block, as_type):
-    """Blocks between 1 MiB / n and 1 MiB with a mapping that misses the
+    """Blocks between 2 MiB / n and 2 MiB (the copy engines' threshold)
+    with a mapping that misses the
     short-list fast path (NumPy scalars, vLLM's int64 CPU tensor, an
     in-place GPU -> GPU swap): the run sampling once read past the last row."""
     import cupy_swap.core.route as route_module

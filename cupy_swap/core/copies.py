@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .mapping import run_starts
+from .mapping import may_have_runs, run_starts
 
 __all__ = ["copy_list", "pair_copies", "copy_count"]
 
@@ -32,7 +32,9 @@ def copy_list(layout, mapping: np.ndarray):
     packed, strided = _groups(layout)
     out = []
     if packed is not None:
-        starts = run_starts(mapping)
+        # The run search costs more than it saves when the sampled steps show
+        # no run: every row is then a copy of its own (still correct).
+        starts = run_starts(mapping) if may_have_runs(mapping) else mapping
         if starts.shape[0] == mapping.shape[0]:  # no runs (random blocks): every row is one
             out.append(_copies(packed, mapping, None))
         else:
