@@ -57,6 +57,24 @@ def test_op_cache_fresh_views_hit_and_in_place_changes_miss():
     assert cache.get(cache.key([pool[:, 1]], gpu)) is None
 
 
+def test_array_keys_are_memoized_until_the_array_changes_or_dies():
+    import gc
+
+    import numpy as np
+
+    from cupy_swap import op_cache
+
+    a = np.zeros((8, 4), np.uint8)
+    first = op_cache.array_key(a)
+    assert op_cache.array_key(a) is first  # memoized
+    a.flags.writeable = False
+    assert op_cache.array_key(a) != first  # changed in place: computed again
+    i = id(a)
+    del a
+    gc.collect()
+    assert i not in op_cache._memo  # the entry went with the array
+
+
 def test_op_cache_evicts_the_oldest():
     import numpy as np
 
