@@ -89,7 +89,7 @@ class KernelNodeParams(ctypes.Structure):
 class GraphCalls(NamedTuple):
     create: object  # cuGraphCreate(CUgraph*, flags)
     add_kernel_node: object  # cuGraphAddKernelNode(CUgraphNode*, graph, deps, n_deps, params*)
-    set_params: object  # cuGraphExecKernelNodeSetParams(exec, node, params*)
+    set_params: object  # cuGraphExecKernelNodeSetParams(exec, node, params*), c_void_p arguments
 
 
 _graph: list = []
@@ -112,7 +112,9 @@ def graph_calls() -> GraphCalls | None:
         )
         create.argtypes = [ptr, ctypes.c_uint]
         add.argtypes = [ptr, ptr, ptr, ctypes.c_size_t, ptr]
-        set_params.argtypes = [ptr, ptr, ptr]
+        # cuGraphExecKernelNodeSetParams runs on every eager kernel swap: no
+        # argtypes, so ctypes passes the caller's prebuilt c_void_p objects
+        # through without converting Python ints.
         for fn in (create, add, set_params):
             fn.restype = ctypes.c_int
         calls = GraphCalls(create, add, set_params)

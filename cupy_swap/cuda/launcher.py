@@ -74,22 +74,23 @@ class KernelNode:
         The kernels, in order; each waits for the one before.
     """
 
-    __slots__ = ("graph", "nodes", "exec", "params", "_params_ptrs", "_set", "_launch")
+    __slots__ = ("graph", "nodes", "exec", "params", "_calls", "_set", "_launch")
 
     def __init__(self, steps):
         from cupy.cuda import runtime
 
         calls = graph_calls()
         self.params = [KernelNodeParams(f, g, 1, 1, t, 1, 1, 0, a, None) for f, g, t, a in steps]
-        self._params_ptrs = [ctypes.addressof(p) for p in self.params]
+        ptrs = [ctypes.addressof(p) for p in self.params]
         graph = ctypes.c_void_p()
         _check(calls.create(ctypes.byref(graph), 0), "cuGraphCreate")
         self.graph, self.nodes = graph.value, []
         try:
-            for ptr in self._params_ptrs:
+            for ptr in ptrs:
                 node = ctypes.c_void_p()
                 before = (ctypes.c_void_p * 1)(self.nodes[-1]) if self.nodes else None
-                added = calls.add_kernel_node(ctypes.byref(node), graph, before, len(self.nodes) > 0, ptr)
+                count = ctypes.c_size_t(len(self.nodes) > 0)
+                added = calls.add_kernel_node(ctypes.byref(node), graph, before, count, ctypes.c_void_p(ptr))
                 _check(added, "cuGraphAddKernelNode")
                 self.nodes.append(node.value)
             self.exec = runtime.graphInstantiate(self.graph)
@@ -97,13 +98,21 @@ class KernelNode:
             runtime.graphDestroy(self.graph)
             raise
         self._set, self._launch = calls.set_params, runtime.graphLaunch
+        # (params, arguments of cuGraphExecKernelNodeSetParams as c_void_p) per node
+        exec_ = ctypes.c_void_p(self.exec)
+        self._calls = [
+            (p, (exec_, ctypes.c_void_p(n), ctypes.c_void_p(a)))
+            for p, n, a in zip(self.params, self.nodes, ptrs)
+        ]
 
     def launch(self, steps, stream: int) -> None:
         """Launch with each step's ``(fn, grid, threads, args_ptr)`` (the
         same kernels the graph was built with)."""
-        for step, params, node, ptr in zip(steps, self.params, self.nodes, self._params_ptrs):
+        for step, (params, args) in zip(steps, self._calls):
             params.gridDimX, params.blockDimX, params.kernelParams = step[1], step[2], step[3]
-            _check(self._set(self.exec, node, ptr), "cuGraphExecKernelNodeSetParams")
+            status = self._set(*args)
+            if status:
+                _check(status, "cuGraphExecKernelNodeSetParams")
         self._launch(self.exec, stream)
 
     def destroy(self) -> None:
