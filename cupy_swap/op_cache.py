@@ -29,7 +29,7 @@ __all__ = ["OpCache", "array_key"]
 def _owner(obj):
     """The object that owns ``obj``'s memory (a view's base), so views of
     one pool share it."""
-    if type(obj) is np.ndarray or _is_cupy(obj):
+    if isinstance(obj, np.ndarray) or _is_cupy(obj):
         return obj if obj.base is None else obj.base
     base = getattr(obj, "_base", None)  # torch views
     return obj if base is None else base
@@ -41,8 +41,7 @@ def _is_cupy(obj) -> bool:
 
 
 def _memory_key(obj) -> tuple:
-    kind = type(obj)
-    if kind is np.ndarray:
+    if isinstance(obj, np.ndarray):  # subclasses (np.memmap) too
         base = obj.base
         owner = obj if base is None else base
         ptr = obj.__array_interface__["data"][0]
@@ -57,18 +56,19 @@ def _memory_key(obj) -> tuple:
 
 
 # id(array) -> (weak reference, what can change in place, key): an array
-# passed again costs a lookup and a look at its shape, strides and flags
-# instead of its address (about a third of the time).  Torch tensors are not
+# passed again costs a lookup and a look at its shape, strides, dtype and
+# flags instead of its address (about a third of the time; fresh views pay
+# for the entry instead: benchmarks/NOTES.md, item 34).  Torch tensors are not
 # memoized: their address can change in place (``set_``), and reading it is
 # the key's cost.
 _memo: dict[int, tuple] = {}
 
 
 def _mutable_state(obj):
-    if type(obj) is np.ndarray:
-        return (obj.shape, obj.strides, obj.flags.writeable)
+    if isinstance(obj, np.ndarray):
+        return (obj.shape, obj.strides, obj.dtype, obj.flags.writeable)
     if _is_cupy(obj):
-        return (obj.shape, obj.strides)
+        return (obj.shape, obj.strides, obj.dtype)
     return None
 
 

@@ -10,14 +10,18 @@ number of pairs and parts: no loop over either.
 
 from __future__ import annotations
 
+import threading
+
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import checked_pairs
 from .core.route import MODES, route
-from .cuda import memory
+from .cuda import abi, memory
 from .cuda.gpu_mapping import GpuChecks, device_mapping
 from .cuda.streams import stream_is_capturing, stream_on_device, wait_handle
 
 __all__ = ["PreparedSwap"]
+
+_CHECKS_LOCK = threading.Lock()
 
 
 class PreparedSwap:
@@ -87,6 +91,8 @@ class PreparedSwap:
             # (raises if this op's host memory is no longer pinned).
             self._bind(sw._layout(*self._held))
         layout = self._layout
+        if self._gpu_checks is not None:  # a mapping on the GPU failed its check: say so now
+            self._gpu_checks.raise_earlier_failure()
         if want is not None and layout.direction != want:
             method = "swap_in" if want == IN else "swap_out"
             raise ValueError(
@@ -173,7 +179,10 @@ class PreparedSwap:
                 "returned event); pass the rows on the host, or use graph_swap()"
             )
         if self._gpu_checks is None:
-            self._gpu_checks = GpuChecks(self._swapper._launcher, layout)
+            with _CHECKS_LOCK:  # two threads' first GPU mappings build one
+                if self._gpu_checks is None:
+                    sw = self._swapper
+                    self._gpu_checks = GpuChecks(sw._launcher, layout, min(sw.max_blocks, abi.CHECK_MAX_ROWS))
         return "kernel"
 
     def _staging_ready(self, path: str, plan, mode: str):

@@ -223,11 +223,14 @@ extern "C" __global__ void __launch_bounds__(256) cupy_swap_fetch(const uint4* _
 
 // Check a GPU-resident mapping (one CTA, n <= CHECK_MAX_ROWS): every index
 // in range, no destination block twice; the verdict goes to `status`, its
-// `seq` word last, so a reader that sees this swap's seq sees the rest.
+// `seq` word last, so a reader that sees this swap's seq sees the rest.  The
+// rows it read go to `rows` (library memory), which the copy kernel reads:
+// the caller's array may change after the check without reaching the copy.
 // Duplicates: the rows' (block, row) keys are sorted in shared memory
 // (bitonic), and equal blocks end up next to each other, lowest rows first.
 extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS)
-    cupy_swap_check(const i64* __restrict__ pairs, i64 n, i64 src_limit, i64 dst_limit, SwapStatus* status, i64 seq) {
+    cupy_swap_check(const i64* __restrict__ pairs, i64 n, i64 src_limit, i64 dst_limit, SwapStatus* status, i64 seq,
+                    i64* __restrict__ rows) {
     __shared__ u64 keys[CUPY_SWAP_CHECK_MAX_ROWS];
     __shared__ unsigned long long bad;  // (kind << 32) | position; the lowest wins
     const u64 row_mask = (1ull << CUPY_SWAP_CHECK_ROW_BITS) - 1;
@@ -239,6 +242,8 @@ extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS)
         u64 key = ~0ull;  // padding sorts last
         if (i < n) {
             const i64 s = pairs[2 * i], d = pairs[2 * i + 1];
+            rows[2 * i] = s;
+            rows[2 * i + 1] = d;
             if (s < 0 || s >= src_limit) {
                 atomicMin(&bad, (1ull << 32) | (u64)i);
             } else if (d < 0 || d >= dst_limit) {
@@ -280,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS)
         out->kind = kind;
         out->row = kind == 3 ? (i64)(keys[at] & row_mask) : (i64)at;
         out->other = kind == 3 ? (i64)(keys[at + 1] & row_mask) : 0;
-        out->value = kind == 3 ? (i64)(keys[at] >> CUPY_SWAP_CHECK_ROW_BITS) : kind ? pairs[2 * at + kind - 1] : 0;
+        out->value = kind == 3 ? (i64)(keys[at] >> CUPY_SWAP_CHECK_ROW_BITS) : kind ? rows[2 * at + kind - 1] : 0;
         __threadfence_system();
         out->seq = seq;
     }

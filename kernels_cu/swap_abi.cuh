@@ -102,7 +102,7 @@ struct SwapStatus {
 template <int P>
 struct SwapByRef {
     SwapHeader header;
-    const i64* pairs;           // device address of the (N, 2) rows
+    const i64* pairs;           // device address of the (N, 2) rows the check validated
     const SwapStatus* status;   // device alias of this swap's status slot
     i64 seq;                    // the swap's number, as the check wrote it
     i64 unused;

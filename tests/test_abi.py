@@ -77,8 +77,8 @@ def test_gpu_mapping_structs_match():
     (struct_ptr,) = (ctypes.c_void_p * 1).from_address(args.ptr)
     assert struct_ptr == words.ctypes.data
     check = abi.CheckArgs(src_limit=10, dst_limit=20)
-    ptrs = (ctypes.c_void_p * 6).from_address(check.set(0x3000, 9, 0x4000, 43))
-    assert [ctypes.c_int64.from_address(p).value for p in ptrs] == [0x3000, 9, 10, 20, 0x4000, 43]
+    ptrs = (ctypes.c_void_p * 7).from_address(check.set(0x3000, 9, 0x4000, 43, 0x5000))
+    assert [ctypes.c_int64.from_address(p).value for p in ptrs] == [0x3000, 9, 10, 20, 0x4000, 43, 0x5000]
 
 
 def test_descriptor_kernel_arguments_match():

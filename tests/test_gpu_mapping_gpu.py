@@ -78,14 +78,42 @@ def test_bad_gpu_mapping_writes_nothing_and_reports_its_row(rng, bad, error, mes
     m[row, col] = m[3, 1] if value is None else value
     op = sw.prepare(host, gpu)
     ev = op(cp.asarray(m))
-    with pytest.raises(error, match=message):
-        ev.synchronize()
+    for _ in range(2):  # the event says so every time it is asked
+        with pytest.raises(error, match=message):
+            ev.synchronize()
     assert (cp.asnumpy(gpu) == 0xA5).all()  # not one byte written
-    with pytest.raises(error, match=message):  # the op's next call reports it too, once
-        op(cp.asarray(random_mapping(4, 100, 100, rng)))
     good = random_mapping(4, 100, 100, rng)
-    op(cp.asarray(good)).synchronize()
+    op(cp.asarray(good)).synchronize()  # the event raised it: the next call does not
     assert np.array_equal(cp.asnumpy(gpu)[good[:, 1]], host[good[:, 0]])
+    # Nobody asked the event: the op's next call (host rows too) raises it, once.
+    ev = op(cp.asarray(m))
+    cp.cuda.Device().synchronize()  # the check has run
+    with pytest.raises(error, match=message):
+        op(good)
+    op(good).synchronize()
+    with pytest.raises(error, match=message):
+        ev.synchronize()  # and the event still tells its own failure
+
+
+def test_the_copy_reads_the_rows_the_check_validated(rng):
+    """The copy kernel's pairs are the library's copy written by the check,
+    not the caller's array: rows rewritten (on any stream) between the two
+    kernels cannot reach the copy unchecked."""
+    from cupy_swap.cuda import abi
+    from cupy_swap.cuda.gpu_mapping import SLOTS
+
+    sw = cs.BlockSwapper(max_blocks=16)
+    host = cs.empty_pinned((16, 256), np.uint8)
+    gpu = cp.empty((16, 256), cp.uint8)
+    rand_fill(host, rng)
+    m = cp.asarray([[1, 2], [3, 4]])
+    op = sw.prepare(host, gpu)
+    op(m).synchronize()
+    checks = op._gpu_checks
+    pairs_ptr = int(checks._copy.words[abi.HEADER_WORDS])
+    assert pairs_ptr != m.data.ptr
+    assert checks._rows <= pairs_ptr < checks._rows + SLOTS * checks._row_bytes
+    assert np.array_equal(cp.asnumpy(gpu)[[2, 4]], host[[1, 3]])
 
 
 def test_gpu_mapping_needs_no_host_synchronization(rng):
@@ -121,10 +149,10 @@ def test_gpu_mapping_slots_wrap_and_keep_each_verdict(rng):
     op = sw.prepare(host, gpu)
     bad = cp.asarray([[0, 1], [2, 1]])  # block 1 twice
     failed = op(bad)
+    cp.cuda.Device().synchronize()  # the check has run
+    with pytest.raises(ValueError, match="twice"):  # the next call reports the failure
+        op(cp.asarray([[0, 0]]))
     for i in range(SLOTS + 3):
-        if i == 0:
-            with pytest.raises(ValueError, match="twice"):  # the next call reports the failure
-                op(cp.asarray([[i % 64, i % 64]]))
         m = cp.asarray([[i % 64, (i * 7) % 64]])
         op(m).synchronize()
         assert np.array_equal(cp.asnumpy(gpu)[(i * 7) % 64], host[i % 64])

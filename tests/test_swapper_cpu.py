@@ -75,6 +75,27 @@ def test_array_keys_are_memoized_until_the_array_changes_or_dies():
     assert i not in op_cache._memo  # the entry went with the array
 
 
+def test_array_keys_see_subclasses_and_dtype_changes():
+    import numpy as np
+
+    from cupy_swap import op_cache
+
+    class Sub(np.ndarray):
+        pass
+
+    a = np.zeros((8, 4), np.int16).view(Sub)
+    first = op_cache.array_key(a)
+    assert len(first) > 1  # keyed by memory, not by identity
+    with warnings.catch_warnings():  # deprecated in-place changes NumPy still allows
+        warnings.simplefilter("ignore", DeprecationWarning)
+        a.dtype = np.float16
+    assert op_cache.array_key(a) != first
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        a.shape = (4, 8)
+    assert op_cache.array_key(a)[2] == (4, 8)
+
+
 def test_op_cache_evicts_the_oldest():
     import numpy as np
 

@@ -95,11 +95,16 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
             f"a {type(block_mapping).__name__} on the GPU; reading it back would synchronize the GPU "
             "(swap() and prepared ops take mappings on the GPU; plan() and GraphSwap do not)"
         )
+    m = None
+    if _is_torch_cpu(block_mapping):
+        try:  # shares the tensor's memory; np.asarray goes through __array__, many times slower
+            m = block_mapping.numpy()
+        except (RuntimeError, TypeError):  # requires grad, conj/neg bits...: asarray says what is wrong
+            m = None
     try:
-        # A torch CPU tensor: .numpy() shares its memory (np.asarray goes
-        # through __array__, many times slower).
-        m = block_mapping.numpy() if _is_torch_cpu(block_mapping) else np.asarray(block_mapping)
-    except (ValueError, TypeError, RuntimeError) as e:
+        if m is None:
+            m = np.asarray(block_mapping)
+    except (ValueError, TypeError) as e:
         raise ValueError(
             f"block_mapping: expected (N, 2) integer pairs, got something NumPy cannot stack ({e})"
         ) from None

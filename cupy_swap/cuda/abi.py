@@ -249,16 +249,16 @@ class ByRefArgs:
 
 
 class CheckArgs:
-    """Arguments ``(pairs, n, src_limit, dst_limit, status, seq)`` of the
-    check kernel."""
+    """Arguments ``(pairs, n, src_limit, dst_limit, status, seq, rows)`` of
+    the check kernel (``rows``: where it writes the rows it validated)."""
 
     def __init__(self, src_limit: int, dst_limit: int):
-        self.values = (ctypes.c_int64 * 6)(0, 0, src_limit, dst_limit, 0, 0)
+        self.values = (ctypes.c_int64 * 7)(0, 0, src_limit, dst_limit, 0, 0, 0)
         base = ctypes.addressof(self.values)
-        self._array = (ctypes.c_void_p * 6)(*(base + 8 * i for i in range(6)))
+        self._array = (ctypes.c_void_p * 7)(*(base + 8 * i for i in range(7)))
         self.ptr = ctypes.addressof(self._array)
 
-    def set(self, pairs_ptr: int, n: int, status_ptr: int, seq: int) -> int:
+    def set(self, pairs_ptr: int, n: int, status_ptr: int, seq: int, rows_ptr: int) -> int:
         v = self.values
-        v[0], v[1], v[4], v[5] = pairs_ptr, n, status_ptr, seq
+        v[0], v[1], v[4], v[5], v[6] = pairs_ptr, n, status_ptr, seq, rows_ptr
         return self.ptr

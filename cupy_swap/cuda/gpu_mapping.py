@@ -8,8 +8,9 @@ slot in pinned memory; the copy kernel reads the slot first and copies only
 if the check passed.  So a bad mapping writes no byte, and its error
 reaches the caller
 
-* from the returned event's ``synchronize()``, and
-* from the next call of the same op, if the check has run by then.
+* from the returned event's ``synchronize()`` (every time), and
+* from the next call of the same op (host or GPU mapping), if the check
+  has run by then and the event has not raised it yet.
 
 An op keeps :data:`SLOTS` status slots; a slot is reused only after the
 event of the swap that last used it has completed (the verdict is then
@@ -18,8 +19,10 @@ moved onto that event), like the descriptor ring.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -90,37 +93,95 @@ class _Slot:
         self.seq, self.event, self.ticket, self.keep = 0, None, None, None
 
 
+class _Verdicts:
+    """What an op's swaps and their events share to report checks: the
+    status slots, the lock that orders reading a slot against its reuse,
+    the last swap whose failure was raised, and the layout for messages.
+    Holds nothing that holds it: no reference cycle through the events."""
+
+    __slots__ = ("status", "lock", "reported", "layout")
+
+    def __init__(self, status: np.ndarray, layout):
+        self.status, self.lock, self.reported, self.layout = status, threading.Lock(), 0, layout
+
+    def read(self, index: int, seq: int) -> tuple | None:
+        """``(kind, row, other, value)`` of swap ``seq`` if its check ran."""
+        item = self.status.item
+        if item(index, 0) != seq:
+            return None
+        return (item(index, 1), item(index, 2), item(index, 3), item(index, 4))
+
+    def raise_failure(self, seq: int, verdict: tuple | None, again: bool) -> None:
+        """Raise swap ``seq``'s failure (``again``: even if raised before)."""
+        if verdict is not None and verdict[0] and (again or seq > self.reported):
+            self.reported = max(self.reported, seq)
+            raise _error(verdict, self.layout)
+
+
+def _error(verdict: tuple, layout) -> Exception:
+    kind, row, other, value = verdict
+    where = "checked on the GPU; nothing was copied"
+    if kind == 3:
+        return ValueError(
+            f"block_mapping: expected distinct destination blocks, got block {value} twice "
+            f"(rows {row} and {other}; {where})"
+        )
+    side, limit, name = (
+        ("source", layout.src_limit, layout.src_limit_name)
+        if kind == 1
+        else ("destination", layout.dst_limit, layout.dst_limit_name)
+    )
+    return IndexError(
+        f"block_mapping: {side} block index {value} in row {row} is out of range for {name} with "
+        f"{limit} blocks (expected 0 <= index < {limit}; {where})"
+    )
+
+
 class Ticket:
     """What a swap's event needs to report its check: the slot and the
     swap's number, or the verdict once the slot was reused."""
 
-    __slots__ = ("checks", "index", "seq", "verdict")
+    __slots__ = ("__weakref__", "verdicts", "index", "seq", "verdict")
 
-    def __init__(self, checks: GpuChecks, index: int, seq: int):
-        self.checks, self.index, self.seq, self.verdict = checks, index, seq, None
+    def __init__(self, verdicts: _Verdicts, index: int, seq: int):
+        self.verdicts, self.index, self.seq, self.verdict = verdicts, index, seq, None
 
     def raise_if_failed(self) -> None:
-        """Raise the check's error (call after the swap's event completed)."""
-        verdict = self.verdict or self.checks.read(self.index, self.seq)
-        if verdict is not None and verdict[0]:
-            raise self.checks.error(verdict)
+        """Raise the check's error, on every call (call after the swap's
+        event completed); the op's next call then does not raise it."""
+        v = self.verdicts
+        with v.lock:  # a reuse of the slot moves the verdict here first
+            verdict = self.verdict or v.read(self.index, self.seq)
+            v.raise_failure(self.seq, verdict, again=True)
 
 
 class GpuChecks:
-    """The status slots and kernel arguments of one op's GPU-mapping swaps.
+    """The status slots, validated-row buffers and kernel arguments of one
+    op's GPU-mapping swaps.
+
+    The check kernel copies the rows it validated into a device buffer of
+    the slot, and the copy kernel reads them from there: rows rewritten
+    between the two kernels cannot reach the copy unchecked.  That buffer
+    (16 bytes a row, ``SLOTS`` x the op's most rows) is allocated on the
+    op's first GPU-mapping swap and freed once the swaps that used it have
+    completed.
 
     Parameters
     ----------
     launcher : Launcher
     layout : Layout
         Resolved, with mapped host memory and no parts that may meet.
+    max_rows : int
+        Most rows one swap may carry.
     """
 
-    def __init__(self, launcher, layout):
+    def __init__(self, launcher, layout, max_rows: int):
         parts = len(layout.src)
         tier = next(p for p in abi.BYREF_PARTS if p >= parts)
         name = abi.byref_kernel(layout.width, tier)
-        from . import kernels
+        from cupy.cuda import runtime
+
+        from . import kernels, release
 
         if not kernels.has_function(launcher.device, name):
             raise ValueError(
@@ -131,40 +192,27 @@ class GpuChecks:
         self._copy = abi.ByRefArgs(tier, layout.table, layout.units_per_pair, launcher.function(name))
         self._check = abi.CheckArgs(layout.src_limit, layout.dst_limit)
         self._check_fn = launcher.function(abi.CHECK_KERNEL)
-        self.status = memory.zeros_pinned((SLOTS, abi.STATUS_WORDS), np.int64)
-        self._alias = memory.host_alias(self.status.ctypes.data, self.status.nbytes)
+        status = memory.zeros_pinned((SLOTS, abi.STATUS_WORDS), np.int64)
+        self._alias = memory.host_alias(status.ctypes.data, status.nbytes)
+        self._verdicts = _Verdicts(status, layout)
+        self._row_bytes = 16 * max_rows
+        self._rows = release.device_malloc(SLOTS * self._row_bytes, launcher.device)
         self._slots = [_Slot() for _ in range(SLOTS)]
         self._seq = 0
-        self._reported = 0  # the last seq whose failure a later call raised
         self._lock = threading.Lock()
-        from cupy.cuda import runtime
-
         self._wait = runtime.eventSynchronize
+        free = functools.partial(release.device_free, self._rows, launcher.device)
+        gate = functools.partial(_wait_for_slots, self._slots)
+        release.when_dropped(self, free, gate, f"GPU-mapping rows on GPU {launcher.device}")
 
-    def read(self, index: int, seq: int) -> tuple | None:
-        """``(kind, row, other, value)`` of swap ``seq`` if its check ran."""
-        item = self.status.item
-        if item(index, 0) != seq:
-            return None
-        return (item(index, 1), item(index, 2), item(index, 3), item(index, 4))
-
-    def error(self, verdict: tuple) -> Exception:
-        kind, row, other, value = verdict
-        layout, where = self.layout, "checked on the GPU; nothing was copied"
-        if kind == 3:
-            return ValueError(
-                f"block_mapping: expected distinct destination blocks, got block {value} twice "
-                f"(rows {row} and {other}; {where})"
-            )
-        side, limit, name = (
-            ("source", layout.src_limit, layout.src_limit_name)
-            if kind == 1
-            else ("destination", layout.dst_limit, layout.dst_limit_name)
-        )
-        return IndexError(
-            f"block_mapping: {side} block index {value} in row {row} is out of range for {name} with "
-            f"{limit} blocks (expected 0 <= index < {limit}; {where})"
-        )
+    def raise_earlier_failure(self) -> None:
+        """Raise the failure of this op's latest swap if its check has run and
+        neither its event nor an earlier call raised it yet."""
+        v = self._verdicts
+        seq = self._seq
+        if seq > v.reported:
+            with v.lock:
+                v.raise_failure(seq, v.read(seq % SLOTS, seq), again=False)
 
     def launch(self, mapping: DeviceMapping, stream: int, event, record) -> Ticket:
         """Enqueue the check and the copy of ``mapping`` on ``stream`` and
@@ -175,35 +223,42 @@ class GpuChecks:
         IndexError, ValueError
             The check of an earlier swap of this op failed (raised once).
         """
-        lau = self._launcher
+        lau, v = self._launcher, self._verdicts
         with self._lock:
-            self._raise_earlier_failure()
-            self._seq += 1
-            seq, index = self._seq, self._seq % SLOTS
+            self.raise_earlier_failure()
+            seq, index = self._seq + 1, (self._seq + 1) % SLOTS
             slot = self._slots[index]
-            if slot.event is not None:  # the slot's last swap must be done before its status is rewritten
+            if slot.event is not None:  # the slot's last swap must be done before its buffers are rewritten
                 self._wait(slot.event.ptr)
-                slot.ticket.verdict = self.read(index, slot.seq)
+                ticket = slot.ticket()
+                if ticket is not None:
+                    with v.lock:
+                        ticket.verdict = v.read(index, slot.seq)
             status = self._alias + 8 * abi.STATUS_WORDS * index
-            units = mapping.n * self.layout.units_per_pair
-            grid, threads = lau.shape(units)
+            rows = self._rows + self._row_bytes * index
+            grid, threads = lau.shape(mapping.n * self.layout.units_per_pair)
             check_threads = abi.MAX_THREADS if mapping.n > 256 else 256
             steps = (
-                (self._check_fn, 1, check_threads, self._check.set(mapping.ptr, mapping.n, status, seq)),
-                (self._copy.fn, grid, threads, self._copy.set(mapping.n, mapping.ptr, status, seq)),
+                (
+                    self._check_fn,
+                    1,
+                    check_threads,
+                    self._check.set(mapping.ptr, mapping.n, status, seq, rows),
+                ),
+                (self._copy.fn, grid, threads, self._copy.set(mapping.n, rows, status, seq)),
             )
             with lau.inline_lock:  # one graph: the check, then the copy
                 lau.launch_steps(steps, (self._check_fn, self._copy.fn, stream), stream, False)
             record(event.ptr, stream)
-            slot.seq, slot.event, slot.keep = seq, event, mapping.keep
-            slot.ticket = Ticket(self, index, seq)
-            return slot.ticket
+            self._seq = seq
+            ticket = Ticket(v, index, seq)
+            slot.seq, slot.event, slot.keep, slot.ticket = seq, event, mapping.keep, weakref.ref(ticket)
+            return ticket
 
-    def _raise_earlier_failure(self) -> None:
-        """Raise, once, the failure of the previous swap if its check ran."""
-        seq = self._seq
-        if seq > self._reported:
-            verdict = self.read(seq % SLOTS, seq)
-            if verdict is not None and verdict[0]:
-                self._reported = seq
-                raise self.error(verdict)
+
+def _wait_for_slots(slots: list) -> None:
+    from cupy.cuda import runtime
+
+    for slot in slots:
+        if slot.event is not None:
+            runtime.eventSynchronize(slot.event.ptr)  # the plain wait: a failed check is no release failure

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+import warnings
 
 import numpy as np
 
@@ -152,12 +153,13 @@ class _Slot:
         self.event = None
 
 
-def _free_launcher(ring_ptr: int, device: int, nodes: dict) -> None:
+def _free_launcher(ring_ptr: int, device: int, nodes: dict, inline_lock) -> None:
     """The releaser's half of :meth:`Launcher.close`: the device ring and the
-    kernel nodes."""
+    kernel nodes (under the inline lock, so no launch is using one; a swap
+    that passed the closed check before close() launches plainly after)."""
     from .streams import on_device
 
-    with on_device(device):
+    with on_device(device), inline_lock:
         for node in list(nodes.values()):
             node.destroy()
         nodes.clear()
@@ -287,7 +289,8 @@ class Launcher:
         # the swap that reads them (nothing to zero first).
         dev = release.device_malloc(ring_size * row_bytes, device)
         self._nodes: dict[tuple, KernelNode] = {}  # (kernels..., stream) -> graph
-        free = functools.partial(_free_launcher, dev, device, self._nodes)
+        self._graphs_ok = graph_calls() is not None
+        free = functools.partial(_free_launcher, dev, device, self._nodes, self.inline_lock)
         try:
             self._slots = [_Slot(host[i], dev + i * row_bytes) for i in range(ring_size)]
         except BaseException:
@@ -346,12 +349,24 @@ class Launcher:
             self._launch(fn, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
 
     def _new_node(self, steps, key: tuple) -> KernelNode | None:
-        if len(self._nodes) >= MAX_KERNEL_NODES or not self._finalizer.alive or graph_calls() is None:
+        """A new graph for ``key`` (the caller holds :attr:`inline_lock`, which
+        the release of the graphs takes too), or None: the launcher is
+        closed, has its :data:`MAX_KERNEL_NODES`, or graphs cannot be built
+        here (the failure is remembered; launches go out plainly)."""
+        if len(self._nodes) >= MAX_KERNEL_NODES or not self._finalizer.alive or not self._graphs_ok:
             return None
-        with release.relaxed_capture_mode():  # legal while another thread captures
-            node = KernelNode(steps)
-        with self._lock:
-            self._nodes[key] = node
+        try:
+            with release.relaxed_capture_mode():  # legal while another thread captures
+                node = KernelNode(steps)
+        except Exception as e:
+            self._graphs_ok = False
+            warnings.warn(
+                f"cupy_swap: kernel graphs unavailable ({e}); launching kernels directly",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+        self._nodes[key] = node
         return node
 
     def shape(self, units: int) -> tuple[int, int]:

@@ -127,8 +127,9 @@ _generation = [0]
 
 
 def generation() -> int:
-    """Counter bumped whenever a registered range goes away, so cached
-    host aliases (see ``BlockSwapper``) know to resolve again."""
+    """Counter bumped whenever a registered range goes away or existing memory
+    is registered, so cached host aliases (see ``BlockSwapper``) know to
+    resolve again."""
     return _generation[0]
 
 
@@ -306,6 +307,7 @@ def register_host(array: np.ndarray) -> None:
             f"already pinned (empty_pinned or register_host)"
         )
     register_range(ptr, nbytes)
+    _generation[0] += 1  # a layout cached while this memory was pageable resolves again
 
 
 def unregister_host(array: np.ndarray) -> None:
