@@ -11,13 +11,27 @@ Public API::
 from .cuda.availability import CudaUnavailableError
 from .cuda.memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
 from .cuda.shared import shared_pinned, unlink_shared
+from .graph import GraphSwap
 from .swapper import BlockSwapper, PreparedSwap
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+
+def __getattr__(name: str):
+    # SwapEvent subclasses cupy.cuda.Event, so it is built when first asked
+    # for (importing cupy_swap does not import CuPy); it is left out of
+    # __all__ so that `from cupy_swap import *` works without CuPy.
+    if name == "SwapEvent":
+        from .cuda.streams import swap_event_class
+
+        return swap_event_class()
+    raise AttributeError(f"module 'cupy_swap' has no attribute {name!r}")
+
 
 __all__ = [
     "BlockSwapper",
     "PreparedSwap",
+    "GraphSwap",
     "CudaUnavailableError",
     "empty_pinned",
     "zeros_pinned",

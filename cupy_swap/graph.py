@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import threading
 
+from .api_types import Mapping, Stream
 from .core.mapping import check_mapping_for
 from .cuda import release
 from .cuda.abi import descriptor_words
@@ -111,7 +112,7 @@ class GraphSwap:
     def __exit__(self, *exc):
         self.close()
 
-    def set_mapping(self, block_mapping, *, stream=None):
+    def set_mapping(self, block_mapping: Mapping, *, stream: Stream = None):
         """Stage ``block_mapping`` for the next launch or replay on ``stream``.
 
         Parameters
@@ -144,7 +145,7 @@ class GraphSwap:
         self.num_pairs = int(mapping.shape[0])
         return event
 
-    def launch(self, *, stream=None):
+    def launch(self, *, stream: Stream = None) -> None:
         """Enqueue the swap kernel on ``stream``: the call to capture.  Reads
         the pair count and pairs staged by the last :meth:`set_mapping` that
         precedes it on the stream."""

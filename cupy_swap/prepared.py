@@ -11,13 +11,18 @@ number of pairs and parts: no loop over either.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
+from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import checked_pairs
 from .core.route import MODES, route
 from .cuda import abi, memory
 from .cuda.gpu_mapping import GpuChecks, device_mapping
 from .cuda.streams import stream_is_capturing, stream_on_device, wait_handle
+
+if TYPE_CHECKING:
+    from .cuda.streams import SwapEvent
 
 __all__ = ["PreparedSwap"]
 
@@ -72,7 +77,15 @@ class PreparedSwap:
         self.direction = layout.direction
         self.bytes_per_pair = layout.bytes_per_pair
 
-    def __call__(self, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
+    def __call__(
+        self,
+        block_mapping: Mapping,
+        *,
+        stream: Stream = None,
+        mode: str | None = None,
+        wait_for: WaitFor = (),
+        timing: bool | None = None,
+    ) -> SwapEvent:
         sw = self._swapper
         caller = sw._get_device()
         if caller != sw.device:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import itertools
 import warnings
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .api_types import Mapping, Parts, Stream, WaitFor
 from .core.layout import IN, OUT, Layout, SwapPlan, check_layout
 from .core.mapping import check_mapping_for
 from .core.route import MODES, Policy
@@ -30,6 +32,10 @@ from .cuda.stager import Stager
 from .cuda.streams import EventPool, on_device
 from .op_cache import OpCache
 from .prepared import PreparedSwap
+
+if TYPE_CHECKING:
+    from .cuda.streams import SwapEvent
+    from .graph import GraphSwap
 
 __all__ = ["BlockSwapper", "PreparedSwap", "DEFAULT_MAX_CTAS"]
 
@@ -217,7 +223,17 @@ class BlockSwapper:
     del _policy_field
 
     # ------------------------------------------------------------------ API
-    def swap(self, src, dst, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
+    def swap(
+        self,
+        src: Parts,
+        dst: Parts,
+        block_mapping: Mapping,
+        *,
+        stream: Stream = None,
+        mode: str | None = None,
+        wait_for: WaitFor = (),
+        timing: bool | None = None,
+    ) -> SwapEvent:
         """Copy block ``s`` of each ``src`` part to block ``d`` of the matching
         ``dst`` part for every row ``(s, d)`` of ``block_mapping``, on
         ``stream``: one kernel launch, or copy-engine copies (see ``mode``).
@@ -273,15 +289,35 @@ class BlockSwapper:
         """
         return self._swap(src, dst, block_mapping, stream, None, mode, wait_for, timing)
 
-    def swap_in(self, host_src, gpu_dst, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
+    def swap_in(
+        self,
+        host_src: Parts,
+        gpu_dst: Parts,
+        block_mapping: Mapping,
+        *,
+        stream: Stream = None,
+        mode: str | None = None,
+        wait_for: WaitFor = (),
+        timing: bool | None = None,
+    ) -> SwapEvent:
         """:meth:`swap` that only accepts host -> GPU."""
         return self._swap(host_src, gpu_dst, block_mapping, stream, IN, mode, wait_for, timing)
 
-    def swap_out(self, gpu_src, host_dst, block_mapping, *, stream=None, mode=None, wait_for=(), timing=None):
+    def swap_out(
+        self,
+        gpu_src: Parts,
+        host_dst: Parts,
+        block_mapping: Mapping,
+        *,
+        stream: Stream = None,
+        mode: str | None = None,
+        wait_for: WaitFor = (),
+        timing: bool | None = None,
+    ) -> SwapEvent:
         """:meth:`swap` that only accepts GPU -> host."""
         return self._swap(gpu_src, host_dst, block_mapping, stream, OUT, mode, wait_for, timing)
 
-    def prepare(self, src, dst) -> PreparedSwap:
+    def prepare(self, src: Parts, dst: Parts) -> PreparedSwap:
         """Check ``src`` and ``dst`` once and return a :class:`PreparedSwap`
         that swaps between them for any mapping: ``op(block_mapping,
         stream=..., wait_for=...)``.
@@ -297,7 +333,7 @@ class BlockSwapper:
             layout = self._layout(src, dst)
         return PreparedSwap(self, layout, (src, dst))
 
-    def graph_swap(self, src, dst):
+    def graph_swap(self, src: Parts, dst: Parts) -> GraphSwap:
         """A swap of fixed parts whose mapping changes between CUDA-graph
         replays: see :class:`cupy_swap.graph.GraphSwap`."""
         from .graph import GraphSwap
@@ -306,7 +342,7 @@ class BlockSwapper:
             layout = self._layout(src, dst)
         return GraphSwap(self._launcher, layout, (src, dst), self.max_blocks)
 
-    def plan(self, src, dst, block_mapping) -> SwapPlan:
+    def plan(self, src: Parts, dst: Parts, block_mapping: Mapping) -> SwapPlan:
         """Check a swap and return its :class:`~cupy_swap.core.layout.SwapPlan`
         without launching anything."""
         with on_device(self.device):

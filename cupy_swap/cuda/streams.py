@@ -26,6 +26,12 @@ __all__ = [
 _cls: list = []
 
 
+def __getattr__(name: str):
+    if name == "SwapEvent":  # built on first use: it subclasses CuPy's Event
+        return swap_event_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def swap_event_class():
     """``SwapEvent``, a subclass of ``cupy.cuda.Event`` (built on first use
     so importing cupy_swap does not import CuPy)."""

@@ -2,15 +2,19 @@
 
 ``demo`` (the default) swaps a demo cache in and out, prints GB/s against the
 contiguous-memcpy ceiling, and checks every byte.  ``bench`` prints the
-seed's table (swap in / out of 1 and 1250 pages) or any sweep you ask for.
-``info`` says what the library found; ``calibrate`` stores per-device
-thresholds.
+reference table (swap in / out of 1 and 1250 pages of 32 KiB) or any sweep you
+ask for, and charts the ``--peers`` comparison (``--plot``, also from a
+stored run: ``--from-json``).  ``info`` says what the library found;
+``calibrate`` stores per-device thresholds.
 
 Arguments are checked (argparse, exit 2) before anything looks for a GPU,
-``bench --gpus`` against the GPU count as soon as CUDA answers, and all of
-them before anything is measured; without CuPy or a usable GPU every command
-exits with :data:`EXIT_NO_GPU` (3).  Options given without a command are the
-demo's (``python -m cupy_swap --reps 5``).
+and so are the combinations of ``bench`` options (an option a part of the
+bench cannot honour is refused, not ignored) and ``--plot``'s need for
+matplotlib; ``bench --gpus`` is checked against the GPU count as soon as CUDA
+answers, and all of them before anything is measured.  Without CuPy or a
+usable GPU every command but ``bench --from-json`` exits with
+:data:`EXIT_NO_GPU` (3).  Options given without a command are the demo's
+(``python -m cupy_swap --reps 5``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from .. import __version__
 from ..cuda.availability import no_gpu_message
 from .bench import HOST_LAYOUTS, SwapCase, gpu_status, run_bidir, run_case, run_with_gemm, swapper_settings
 from .node import DRIVERS, select_devices
-from .peers import CONTENDERS as PEER_NAMES
+from .peers import CONTENDER_COLUMNS, CONTENDER_LABELS, CONTENDERS, PEER_BLOCK_BYTES, PEER_COUNTS
+from .plot import check_plot_file, load_run
 
 PAGE_BYTES = 16 * 8 * 128 * 2  # 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB
 PAGE_TEXT = (
@@ -43,7 +48,8 @@ EXIT_NO_GPU = 3  # no usable NVIDIA GPU: no driver, no device, driver too old, o
 # One line per command: the top-level --help lists them in plain text.
 COMMANDS = {
     "demo": f"swap {DEMO_PAGES} random 32 KiB pages out and in; print GB/s against memcpy; check every byte",
-    "bench": f"the seed's table (1 and {DEMO_PAGES} pages, in and out), or a sweep of your own",
+    "bench": f"the reference table (1 and {DEMO_PAGES} pages of 32 KiB, in and out), a sweep of your own, "
+    "or a chart of GB/s by block size against other ways to swap",
     "info": "what the library found: GPUs, host mapping, copy engines, modes, calibration",
     "calibrate": "measure the kernel / copy-engine thresholds of this GPU and store them",
 }
@@ -159,14 +165,21 @@ TABLE_HEAD = (
     f"{'':<36} {'':<6} {'':<6} {'':>8} {'ceiling':>8} {'memcpy':>8} {'':>6} {'ratio':>6} {'us':>10}"
 )
 
-# The issue's goal cases: `bench --sweep goals`.
-GOAL_SIZES = (4096, 32768, 256 << 10, 2 << 20)
+# `bench --sweep wide`: small to large blocks, few to many, and a many-layer
+# cache; `goals` is its former name, still accepted.
+WIDE_SIZES = (4096, 32768, 256 << 10, 2 << 20)
+SWEEPS = {"wide": "wide", "goals": "wide"}
+WIDE_TEXT = (
+    "wide: 4 KiB to 2 MiB blocks x 1, 16 and 1250; 10000 blocks of 4 and 32 KiB; "
+    "1250 x 32 KiB in 64 parts (32 layers x K/V)"
+)
 
 
-def _goal_cases() -> list[SwapCase]:
+def _wide_cases(directions=("in", "out")) -> list[SwapCase]:
+    """The cases of ``bench --sweep wide`` in ``directions``."""
     cases = []
-    for d in ("in", "out"):
-        for b in GOAL_SIZES:
+    for d in directions:
+        for b in WIDE_SIZES:
             for n in (1, 16, 1250):
                 cases.append(SwapCase(d, b, n))
         for b in (4096, 32768):
@@ -318,6 +331,130 @@ def _choices_arg(allowed: tuple[str, ...]):
     return parse
 
 
+def _sweep_arg(text: str) -> str:
+    if text not in SWEEPS:
+        raise argparse.ArgumentTypeError(f"expected wide, got {text!r}")
+    return SWEEPS[text]
+
+
+def _plot_file_arg(text: str) -> str:
+    try:
+        return check_plot_file(check_output_file(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _stored_run_arg(text: str):
+    """A report of ``bench --peers --json``, read and checked while parsing."""
+    try:
+        return load_run(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class _Given(argparse.Action):
+    """``store``, noting the option's dest in ``namespace.given``, so that
+    ``bench`` can tell an option the user gave from one left at its default."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
+
+
+class _GivenFlag(_Given):
+    """``store_true`` that notes the option as :class:`_Given` does."""
+
+    def __init__(self, option_strings, dest, default=False, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, True, option_string)
+
+
+# `bench` options that shape the cases, and the parts of `bench` that honour
+# each.  A running part refuses (exit 2) any given option it would ignore.
+SHAPING = ("block_bytes", "counts", "directions", "layers", "contiguous", "modes", "max_ctas", "no_baseline")
+PART_TAKES = {
+    "the table": set(SHAPING),
+    "--sweep wide": {"directions", "modes", "max_ctas", "no_baseline"},
+    "--peers": {"block_bytes", "counts", "directions", "contiguous", "max_ctas"},
+    "--bidir": {"block_bytes", "max_ctas"},
+    "--with-gemm": set(),
+    "--gpus": {"block_bytes"},
+    "--host-time": {"counts"},
+}
+# What each part measures instead, said in its refusal.
+PART_MEASURES = {
+    "--sweep wide": "its own block sizes, counts and parts",
+    "--peers": "one part of each case, cupy_swap in mode auto",
+    "--bidir": "--bidir-blocks blocks each way, both directions at once, one part, mode auto",
+    "--with-gemm": "one fixed case, 1250 x 32 KiB, at CTA budgets 4 to 32",
+    "--gpus": "--gpu-blocks blocks per GPU in every direction, one part, mode auto",
+    "--host-time": "swap-in of 32 KiB x 1 part and 4 KiB x 64 parts in every mode",
+}
+# Options that mean something to one part only.
+OWNED = {"bidir_blocks": "--bidir", "bidir_rounds": "--bidir", "gpu_blocks": "--gpus", "drivers": "--gpus"}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def bench_parts(args) -> list[str]:
+    """The parts of ``bench`` that ``args`` runs, named as in :data:`PART_TAKES`."""
+    flags = {
+        "--peers": args.peers,
+        "--bidir": args.bidir,
+        "--with-gemm": args.with_gemm,
+        "--gpus": args.gpus is not None,
+        "--host-time": args.host_time,
+    }
+    parts = [name for name, on in flags.items() if on]
+    if args.sweep:
+        parts.append("--sweep wide")
+    elif not parts:  # the table runs when nothing else is asked for
+        parts.append("the table")
+    return parts
+
+
+def check_bench_options(args) -> None:
+    """Refuse a ``bench`` command line that would ignore an option given.
+
+    Raises
+    ------
+    ValueError
+        Naming the options and why: ``--from-json`` with anything that
+        measures, ``--plot`` without ``--peers`` or ``--from-json``, an option
+        of a part that does not run, or an option a running part cannot honour.
+    """
+    given = getattr(args, "given", frozenset())
+    if args.from_json is not None:
+        extra = sorted(given - {"from_json", "plot"})
+        if extra:
+            raise ValueError(
+                "argument --from-json: shows a stored run and measures nothing; "
+                f"leave out {', '.join(map(_flag, extra))}"
+            )
+        return
+    if args.plot and not args.peers:
+        raise ValueError(
+            "argument --plot: charts the measurements of --peers; add --peers, "
+            "or chart a stored run with --from-json FILE"
+        )
+    parts = bench_parts(args)
+    for dest, owner in OWNED.items():
+        if dest in given and owner not in parts:
+            raise ValueError(f"argument {_flag(dest)}: applies to {owner} only; add {owner} or leave it out")
+    for part in parts:
+        refused = [_flag(d) for d in SHAPING if d in given and d not in PART_TAKES[part]]
+        if refused:
+            them = "it" if len(refused) == 1 else "them"
+            raise ValueError(
+                f"{part} cannot honour {', '.join(refused)} (it measures {PART_MEASURES[part]}); "
+                f"leave {them} out, or give {them} to a bench run without {part}"
+            )
+
+
 def _header(args) -> list[str]:
     head = environment_lines() + [swapper_settings()]  # the thresholds `auto` runs with
     for line in head:
@@ -372,7 +509,42 @@ def _write_report(path: str, report: dict) -> None:
         print(f"cupy_swap: could not write --json {path} ({e}); the figures are in {spare}", file=sys.stderr)
 
 
+def _check_bench_usage(args) -> None:
+    """Exit 2 (the command's usage line) for a combination ``bench`` would
+    not honour, or ``--plot`` without matplotlib: before any GPU is looked
+    for, so before anything is measured."""
+    try:
+        check_bench_options(args)
+    except ValueError as e:
+        args.command_parser.error(str(e))
+    if args.plot:
+        from .plot import matplotlib_missing
+
+        missing = matplotlib_missing()
+        if missing:
+            args.command_parser.error(f"argument --plot: {missing}")
+
+
+def _replot(args) -> int:
+    """``bench --from-json FILE [--plot OUT]``: the stored peers table, and
+    its chart; no GPU needed."""
+    run = args.from_json
+    print(f"stored run {run.path}, measured on:")
+    for line in run.environment:
+        print(f"  {line}")
+    _print_peers_legend(all(r.get("contiguous") for r in run.rows))
+    print(_peers_head())
+    for r in run.rows:
+        print(_peers_line(r))
+    if args.plot:
+        _write_plot(args.plot, run.rows, run.environment)
+    return EXIT_OK
+
+
 def cmd_bench(args) -> int:
+    _check_bench_usage(args)
+    if args.from_json is not None:
+        return _replot(args)
     _require_gpu()
     if args.gpus is not None:  # usage error (exit 2) before anything is measured
         try:
@@ -383,30 +555,8 @@ def cmd_bench(args) -> int:
     report = {"environment": head, "page": PAGE_TEXT, "argv": sys.argv[1:]}
     ok = True
     if args.bidir:
-        print(
-            "\nfull duplex: swap-in and swap-out in flight together on two streams; GB/s of both "
-            f"directions: one pair (blocking) and {args.bidir_rounds} pairs queued back to back"
-        )
-        rows = []
-        for layout, text in HOST_LAYOUTS.items():
-            r = run_bidir(
-                args.block_bytes[0],
-                args.bidir_blocks,
-                layout=layout,
-                reps=args.reps,
-                rounds=args.bidir_rounds,
-                max_ctas=args.max_ctas,
-            )
-            rows.append(r)
-            ok &= r["verified"]
-            print(
-                f"  {args.bidir_blocks} x {r['block_bytes'] // 1024} KiB each way, {text}: paths in/out "
-                f"{'/'.join(r['paths'])}, {'ok' if r['verified'] else 'MISMATCH'}\n"
-                f"      one pair {r['gbps']:6.1f} GB/s (memcpy pair {r['ceiling_gbps']:6.1f}, ratio "
-                f"{r['ratio']:.3f}); sustained {r['sustained_gbps']:6.1f} GB/s (memcpy "
-                f"{r['sustained_ceiling_gbps']:6.1f}, ratio {r['sustained_ratio']:.3f})"
-            )
-        report["bidir"] = rows
+        report["bidir"] = rows = _bench_bidir(args)
+        ok &= all(r["verified"] for r in rows)
     if args.with_gemm:
         print("\ninterference: 8192^3 fp16 matmul on one stream, swaps (1250 x 32 KiB, in/out) on another")
         rows = run_with_gemm()
@@ -420,83 +570,166 @@ def cmd_bench(args) -> int:
         report["gpus"] = rows = _bench_gpus(args)
         ok &= all(r["verified"] for result in rows for r in result["together"])
     if args.peers:
-        report["peers"] = rows = _bench_peers(args.reps)
-        ok &= all(r[name + "_ok"] for r in rows for name in PEER_NAMES)
+        report["peers"] = rows = _bench_peers(args)
+        ok &= all(r[name + "_ok"] for r in rows for name in CONTENDERS)
     if args.host_time:
-        report["host_time"] = _bench_host_time(args.reps)
-    if (
-        not (args.bidir or args.with_gemm or args.peers or args.host_time or args.gpus is not None)
-        or args.sweep
-    ):
-        if args.sweep == "goals":
-            cases = _goal_cases()
-        else:
-            cases = [
-                SwapCase(d, b, n, args.layers, args.contiguous)
-                for b in args.block_bytes
-                for n in args.counts
-                for d in args.directions
-            ]
-        modes = args.modes
-        print()
-        print(TABLE_HEAD)
-        results = []
-        bar = Progress(len(cases) * len(modes))
-        for case in cases:
-            for mode in modes:
-                r = run_case(
-                    case, max_ctas=args.max_ctas, reps=args.reps, baseline=not args.no_baseline, mode=mode
-                )
-                results.append(r)
-                ok &= r["verified"]
-                bar.step(case.label())
-                if not bar.enabled:
-                    print(_fmt_row(r), flush=True)
-        bar.close()
-        if bar.enabled:
-            for r in results:
-                print(_fmt_row(r))
-        report["results"] = results
+        report["host_time"] = _bench_host_time(args)
+    if "the table" in bench_parts(args) or args.sweep:
+        report["results"] = results = _bench_table(args)
+        ok &= all(r["verified"] for r in results)
     if args.json:
         _write_report(args.json, report)
+    if args.plot:
+        _write_plot(args.plot, report["peers"], head)
     return EXIT_OK if ok else EXIT_MISMATCH
 
 
-PEER_HEAD = ("seed+up", "seed", "graph", "batch", "swap()", "prepared")
-
-
-def _bench_peers(reps: int) -> list:
-    """``bench --peers``: every contender of :mod:`cupy_swap.peers` on the
-    24 cases, GB/s, the leader marked with ``*``."""
-    from .peers import PEER_CASES, run_peers_case
-
+def _bench_bidir(args) -> list:
+    """``bench --bidir``: both directions at once, per block size and layout."""
     print(
-        "\npeers: blocking GB/s (submit + synchronize, median), one part, random distinct blocks; "
-        "* = fastest contender; seed+up = the seed's kernel with the mapping uploaded per call, "
-        "seed = with the mapping already on the GPU, graph = one cudaMemcpyAsync per block "
-        "replayed from a CUDA graph, batch = cuMemcpyBatchAsync with prebuilt arrays (one copy: "
-        "cudaMemcpyAsync); ! = bytes did not match"
+        "\nfull duplex: swap-in and swap-out in flight together on two streams; GB/s of both "
+        f"directions: one pair (blocking) and {args.bidir_rounds} pairs queued back to back"
     )
-    print(f"{'case':<22} {'memcpy':>7} " + " ".join(f"{h:>9}" for h in PEER_HEAD) + "  auto path")
     rows = []
-    for case in PEER_CASES:
-        r = run_peers_case(case, reps=min(reps, 20) if case.total_bytes > (1 << 28) else reps)
-        rows.append(r)
-        cells = []
-        for name in PEER_NAMES:
-            mark = "!" if not r[name + "_ok"] else ("*" if r["lead"] == name else " ")
-            cells.append(f"{r[name]:8.2f}{mark}")
-        print(
-            f"{case.label():<22} {r['ceiling_gbps']:7.2f} " + " ".join(cells) + f"  {r['path']}", flush=True
-        )
+    for block in args.block_bytes:
+        for layout, text in HOST_LAYOUTS.items():
+            r = run_bidir(
+                block,
+                args.bidir_blocks,
+                layout=layout,
+                reps=args.reps,
+                rounds=args.bidir_rounds,
+                max_ctas=args.max_ctas,
+            )
+            rows.append(r)
+            print(
+                f"  {args.bidir_blocks} x {r['block_bytes'] // 1024} KiB each way, {text}: paths in/out "
+                f"{'/'.join(r['paths'])}, {'ok' if r['verified'] else 'MISMATCH'}\n"
+                f"      one pair {r['gbps']:6.1f} GB/s (memcpy pair {r['ceiling_gbps']:6.1f}, ratio "
+                f"{r['ratio']:.3f}); sustained {r['sustained_gbps']:6.1f} GB/s (memcpy "
+                f"{r['sustained_ceiling_gbps']:6.1f}, ratio {r['sustained_ratio']:.3f})"
+            )
     return rows
 
 
-def _bench_host_time(reps: int) -> dict:
+def _bench_table(args) -> list:
+    """The table: ``--sweep wide``'s cases, or every block size x count x
+    direction asked for, in every mode asked for."""
+    if args.sweep:
+        cases = _wide_cases(args.directions)
+    else:
+        cases = [
+            SwapCase(d, b, n, args.layers, args.contiguous)
+            for b in args.block_bytes
+            for n in args.counts
+            for d in args.directions
+        ]
+    print()
+    print(TABLE_HEAD)
+    results = []
+    bar = Progress(len(cases) * len(args.modes))
+    for case in cases:
+        for mode in args.modes:
+            r = run_case(
+                case, max_ctas=args.max_ctas, reps=args.reps, baseline=not args.no_baseline, mode=mode
+            )
+            results.append(r)
+            bar.step(case.label())
+            if not bar.enabled:
+                print(_fmt_row(r), flush=True)
+    bar.close()
+    if bar.enabled:
+        for r in results:
+            print(_fmt_row(r))
+    return results
+
+
+def _chart_title(environment: list) -> str | None:
+    """The GPU and its PCIe link, from a report's environment lines."""
+    wanted = [line for line in environment if line.startswith(("GPU", "PCIe link"))]
+    return "; ".join(wanted) or None
+
+
+def _write_plot(path: str, rows: list, environment: list) -> None:
+    """Chart ``rows`` into ``path``; should that fail after all (the path was
+    checked before the run), keep the chart in a temporary file and say where."""
+    from .plot import plot_peers
+
+    title = _chart_title(environment)
+    try:
+        plot_peers(rows, path, title=title)
+    except OSError as e:
+        fd, spare = tempfile.mkstemp(prefix="cupy_swap-chart-", suffix=os.path.splitext(path)[1])
+        os.close(fd)
+        plot_peers(rows, spare, title=title)
+        print(f"cupy_swap: could not write --plot {path} ({e}); the chart is in {spare}", file=sys.stderr)
+        return
+    print(f"\nchart: {path}")
+
+
+def _peer_cases(args) -> list:
+    """``--peers``' cases: the options given, the comparison grid otherwise."""
+    from .peers import peer_cases
+
+    given = getattr(args, "given", frozenset())
+    return peer_cases(
+        args.directions,
+        args.block_bytes if "block_bytes" in given else PEER_BLOCK_BYTES,
+        args.counts if "counts" in given else PEER_COUNTS,
+        args.contiguous,
+    )
+
+
+def _print_peers_legend(contiguous: bool = False) -> None:
+    blocks = "consecutive blocks" if contiguous else "random blocks"
+    print(f"\nother ways to swap: blocking GB/s (submit + synchronize, median), one part, {blocks}")
+    columns = {"memcpy": "one contiguous cudaMemcpyAsync of the same bytes (the ceiling)"}
+    columns.update((CONTENDER_COLUMNS[n], CONTENDER_LABELS[n]) for n in CONTENDERS)
+    for column, text in columns.items():
+        print(f"  {column:<9} {text}")
+    print("  * = fastest, ! = bytes did not match; auto path = what swap() chose")
+
+
+def _peers_head() -> str:
+    cells = " ".join(f"{CONTENDER_COLUMNS[n]:>9}" for n in CONTENDERS)
+    return f"{'case':<22} {'memcpy':>7} {cells}  auto path"
+
+
+def _peers_line(r: dict) -> str:
+    """One row of the peers table; a contender the row lacks shows ``-``."""
+    case = SwapCase(r["direction"], r["block_bytes"], r["num_blocks"])  # the legend says the layout
+    cells = []
+    for name in CONTENDERS:
+        if name not in r:
+            cells.append(f"{'-':>8} ")
+            continue
+        mark = "!" if not r.get(name + "_ok", True) else ("*" if r.get("lead") == name else " ")
+        cells.append(f"{r[name]:8.2f}{mark}")
+    return f"{case.label():<22} {r['ceiling_gbps']:7.2f} " + " ".join(cells) + f"  {r.get('path', '-')}"
+
+
+def _bench_peers(args) -> list:
+    """``bench --peers``: every contender of :mod:`cupy_swap.tools.peers` on
+    each case, GB/s, the leader marked with ``*``."""
+    from .peers import run_peers_case
+
+    _print_peers_legend(args.contiguous)
+    print(_peers_head())
+    rows = []
+    for case in _peer_cases(args):
+        reps = min(args.reps, 20) if case.total_bytes > (1 << 28) else args.reps
+        r = run_peers_case(case, reps=reps, max_ctas=args.max_ctas)
+        rows.append(r)
+        print(_peers_line(r), flush=True)
+    return rows
+
+
+def _bench_host_time(args) -> dict:
     """``bench --host-time``: host time per call against a bare memcpy call."""
     from .bench import run_host_time
 
-    result = run_host_time(reps=max(reps, 200))
+    counts = args.counts if "counts" in getattr(args, "given", frozenset()) else (1, 16, 1250)
+    result = run_host_time(counts=counts, reps=max(args.reps, 200))
     print(
         f"\nhost time per call (submit only, median; swap-in), against a bare cudaMemcpyAsync call: "
         f"{result['memcpy_us']:.1f} us"
@@ -563,6 +796,15 @@ def cmd_calibrate(args) -> int:
     return EXIT_OK
 
 
+def _bench_examples(prog: str) -> str:
+    lines = [
+        ("--block-bytes 4k,2m --counts 16", "the table for your cases"),
+        ("--peers --json peers.json --plot peers.png", "compare, store the figures, chart them"),
+        ("--from-json peers.json --plot peers.png", "chart a stored run again (no GPU needed)"),
+    ]
+    return "examples:\n" + "\n".join(f"  {text}:\n    {prog} bench {args}" for args, text in lines)
+
+
 def default_prog() -> str:
     """How the user ran the command line: ``python -m cupy_swap`` or
     ``cupy-swap`` (the console script, and anything else)."""
@@ -596,12 +838,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     # The commands are listed once, in the epilog; argparse's own list is hidden.
     sub = p.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
 
-    def command(name: str):
+    def command(name: str, epilog: str = ""):
         parser = sub.add_parser(
             name,
             prog=f"{prog} {name}",
             description=COMMANDS[name],
-            epilog=EXIT_TEXT,
+            epilog=f"{epilog}\n\n{EXIT_TEXT}" if epilog else EXIT_TEXT,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         parser.set_defaults(command_parser=parser)
@@ -609,70 +851,138 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
     d = command("demo")
     d.add_argument("--reps", type=_positive_int, default=30, help="timed repetitions per direction")
-    b = command("bench")
-    b.add_argument(
-        "--block-bytes", type=_sizes_arg, default=str(PAGE_BYTES), help="comma list, e.g. 4k,32k,2m"
+    b = command("bench", epilog=_bench_examples(prog))
+    what = b.add_argument_group("what to measure (the reference table when none of these is given)")
+    what.add_argument(
+        "--peers",
+        action=_GivenFlag,
+        help="GB/s against other ways to swap: a reference kernel (mapping uploaded per call, or already "
+        "on the GPU), one memcpy per block from a CUDA graph, cuMemcpyBatchAsync, and the memcpy ceiling; "
+        "4 KiB to 2 MiB x 1, 16, 1250 blocks, in and out (--block-bytes, --counts, --directions change that)",
     )
-    b.add_argument("--counts", type=_counts_arg, default="1,1250", help="comma list of block counts")
-    b.add_argument(
-        "--directions", type=_choices_arg(("in", "out")), default="in,out", help="in, out or in,out"
+    what.add_argument(
+        "--sweep",
+        type=_sweep_arg,
+        metavar="{wide}",
+        help=f"a fixed sweep instead of the reference table; {WIDE_TEXT}",
     )
-    b.add_argument("--layers", type=_positive_int, default=1, help="parts per side (layers x K/V)")
-    b.add_argument("--contiguous", action="store_true", help="consecutive blocks instead of random")
-    b.add_argument(
-        "--max-ctas", type=_positive_int, default=None, help="CTA budget (default: library default)"
-    )
-    b.add_argument(
-        "--modes",
-        type=_choices_arg(("auto", "kernel", "dma", "staged")),
-        default="auto",
-        help="comma list of auto,kernel,dma,staged to compare",
-    )
-    b.add_argument("--sweep", choices=("goals",), help="the performance goals' cases instead of the table")
-    b.add_argument("--bidir", action="store_true", help="swap-in and swap-out together on two streams")
-    b.add_argument("--bidir-blocks", type=_positive_int, default=1250)
-    b.add_argument(
-        "--bidir-rounds",
-        type=_positive_int,
-        default=10,
-        help="pairs queued back to back for the sustained figure",
-    )
-    b.add_argument(
+    what.add_argument("--bidir", action=_GivenFlag, help="swap-in and swap-out together on two streams")
+    what.add_argument(
         "--gpus",
         type=_gpus_arg,
         default=None,
+        action=_Given,
         help="'all' or a comma list of GPU indices: all of them swapping at once (see --drivers)",
     )
-    b.add_argument(
-        "--gpu-blocks", type=_positive_int, default=1250, help="blocks per GPU and direction for --gpus"
+    what.add_argument(
+        "--host-time", action=_GivenFlag, help="host time per call, every mode, against a bare memcpy call"
     )
-    b.add_argument(
+    what.add_argument("--with-gemm", action=_GivenFlag, help="interference with a matmul, CTA budgets 4-32")
+    cases = b.add_argument_group(
+        "cases (a part that cannot honour one of these refuses it: exit 2, before measuring)"
+    )
+    cases.add_argument(
+        "--block-bytes",
+        type=_sizes_arg,
+        metavar="SIZES",
+        default=str(PAGE_BYTES),
+        action=_Given,
+        help="bytes per block, comma list, e.g. 4k,32k,2m (default 32k)",
+    )
+    cases.add_argument(
+        "--counts",
+        type=_counts_arg,
+        metavar="COUNTS",
+        default="1,1250",
+        action=_Given,
+        help="block counts, comma list (default 1,1250)",
+    )
+    cases.add_argument(
+        "--directions",
+        type=_choices_arg(("in", "out")),
+        metavar="DIRS",
+        default="in,out",
+        action=_Given,
+        help="in (host -> GPU), out (GPU -> host) or in,out (default)",
+    )
+    cases.add_argument(
+        "--layers", type=_positive_int, default=1, action=_Given, help="parts per side (layers x K/V)"
+    )
+    cases.add_argument("--contiguous", action=_GivenFlag, help="consecutive blocks instead of random")
+    cases.add_argument(
+        "--modes",
+        type=_choices_arg(("auto", "kernel", "dma", "staged")),
+        metavar="MODES",
+        default="auto",
+        action=_Given,
+        help="comma list of auto,kernel,dma,staged to compare",
+    )
+    cases.add_argument(
+        "--max-ctas",
+        type=_positive_int,
+        metavar="N",
+        default=None,
+        action=_Given,
+        help="CTA budget (default: library default)",
+    )
+    cases.add_argument("--no-baseline", action=_GivenFlag, help="skip the one-memcpy-per-block column")
+    cases.add_argument(
+        "--reps", type=_positive_int, default=30, action=_Given, help="timed repetitions per figure"
+    )
+    parts = b.add_argument_group("options of one part")
+    parts.add_argument(
+        "--bidir-blocks", type=_positive_int, default=1250, action=_Given, help="blocks each way for --bidir"
+    )
+    parts.add_argument(
+        "--bidir-rounds",
+        type=_positive_int,
+        default=10,
+        action=_Given,
+        help="pairs queued back to back for --bidir's sustained figure",
+    )
+    parts.add_argument(
+        "--gpu-blocks",
+        type=_positive_int,
+        default=1250,
+        action=_Given,
+        help="blocks per GPU and direction for --gpus",
+    )
+    parts.add_argument(
         "--drivers",
         type=_choices_arg(DRIVERS),
         default=",".join(DRIVERS),
-        help="who issues the swaps of --gpus: a thread per GPU, one thread, a process per GPU",
+        action=_Given,
+        help="who submits the swaps of --gpus: a thread per GPU, one thread, a process per GPU",
     )
-    b.add_argument("--with-gemm", action="store_true", help="interference with a matmul, CTA budgets 4-32")
-    b.add_argument(
-        "--peers",
-        action="store_true",
-        help="the seed's kernel, per-block memcpy in a CUDA graph and cuMemcpyBatchAsync beside cupy_swap",
-    )
-    b.add_argument(
-        "--host-time", action="store_true", help="host time per call, every mode, against a bare memcpy call"
-    )
-    b.add_argument("--reps", type=_positive_int, default=30)
-    b.add_argument("--no-baseline", action="store_true", help="skip one-memcpy-per-block")
-    b.add_argument(
+    out = b.add_argument_group("output")
+    out.add_argument(
         "--json",
         metavar="FILE",
         type=_output_file_arg,
+        action=_Given,
         help="also write every figure to FILE (its directory must exist and be writable)",
     )
+    out.add_argument(
+        "--plot",
+        metavar="FILE",
+        type=_plot_file_arg,
+        action=_Given,
+        help="chart --peers' GB/s by block size into FILE (.png, .svg or .pdf): one line per contender "
+        "and the memcpy ceiling, one panel per direction and block count; needs matplotlib",
+    )
+    out.add_argument(
+        "--from-json",
+        metavar="FILE",
+        type=_stored_run_arg,
+        action=_Given,
+        help="measure nothing: print the --peers table stored in FILE by --peers --json (and chart it "
+        "with --plot); needs no GPU",
+    )
+    b.set_defaults(given=frozenset())
     i = command("info")
     i.set_defaults(reps=0)
     c = command("calibrate")
-    c.add_argument("--reps", type=_positive_int, default=20)
+    c.add_argument("--reps", type=_positive_int, default=20, help="timed repetitions per measurement")
     return p
 
 

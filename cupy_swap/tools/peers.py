@@ -1,23 +1,25 @@
 """The contenders cupy_swap is measured against (``bench --peers``), all
-on the same buffers, the same random mapping and the same stream, in one
-run, each checked bit-exactly after it is timed.
+on the same buffers, the same mapping and the same stream, in one run,
+each checked bit-exactly after it is timed.
 
 Contenders that need no other project:
 
-* **seed kernel, mapping uploaded per call**: the seed pull request's
-  design (``../shared/seed/``): one CTA of 1024 threads per block, 8-byte
+* **reference kernel, mapping uploaded per call**: the design of the pull
+  request this project grew from: one CTA of 1024 threads per block, 8-byte
   words, a grid of one CTA per mapping row (so every SM), launched through
   ``cupy.RawKernel`` with no checks; the mapping is copied to the GPU on
-  every call, as the seed did with its pinned buffer.
-* **seed kernel, mapping on the GPU**: the same launch with the mapping
-  already in device memory (an upper bound for that design).
+  every call, as that design did with its pinned buffer.
+* **reference kernel, mapping already on the GPU**: the same launch with
+  the mapping in device memory (an upper bound for that design).
 * **per-block memcpy, CUDA graph**: one ``cudaMemcpyAsync`` per block,
   captured once into a CUDA graph and replayed (no per-call Python).
 * **cuMemcpyBatchAsync**: one batch call over prebuilt pointer arrays,
   one copy per block.
 
 and cupy_swap itself through ``swap()`` and through a prepared op
-(:meth:`BlockSwapper.prepare`), both in ``auto`` mode.
+(:meth:`BlockSwapper.prepare`), both in ``auto`` mode.  The identifiers
+(``seed_upload``, ``seed_resident``, ...) are the JSON keys of the rows;
+:data:`CONTENDER_COLUMNS` and :data:`CONTENDER_LABELS` are what people see.
 """
 
 from __future__ import annotations
@@ -27,7 +29,18 @@ import numpy as np
 from ..cuda import memory
 from .bench import CaseBuffers, SwapCase, memcpy_ceiling, time_blocking
 
-__all__ = ["SEED_KERNEL_SOURCE", "CONTENDERS", "PEER_CASES", "contender_calls", "run_peers_case"]
+__all__ = [
+    "SEED_KERNEL_SOURCE",
+    "CONTENDERS",
+    "CONTENDER_COLUMNS",
+    "CONTENDER_LABELS",
+    "PEER_CASES",
+    "PEER_BLOCK_BYTES",
+    "PEER_COUNTS",
+    "peer_cases",
+    "contender_calls",
+    "run_peers_case",
+]
 
 SEED_KERNEL_SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(1024)
@@ -52,13 +65,42 @@ CONTENDERS = (
     "cupy_swap",
     "cupy_swap_prepared",
 )
+# Table column headers, and the legend's names (the reference kernel is the
+# design of the pull request this project grew from).
+CONTENDER_COLUMNS = {
+    "seed_upload": "ref+map",
+    "seed_resident": "ref",
+    "graph_memcpy": "graph",
+    "batch_memcpy": "batch",
+    "cupy_swap": "swap()",
+    "cupy_swap_prepared": "prepared",
+}
+CONTENDER_LABELS = {
+    "seed_upload": "reference kernel, mapping uploaded per call",
+    "seed_resident": "reference kernel, mapping already on the GPU",
+    "graph_memcpy": "one cudaMemcpyAsync per block, replayed from a CUDA graph",
+    "batch_memcpy": "cuMemcpyBatchAsync, prebuilt arrays",
+    "cupy_swap": "cupy_swap swap()",
+    "cupy_swap_prepared": "cupy_swap prepared op",
+}
 KIB, MIB = 1 << 10, 1 << 20
-PEER_CASES = [
-    SwapCase(d, b, n)
-    for d in ("in", "out")
-    for b in (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
-    for n in (1, 16, 1250)
-]
+PEER_BLOCK_BYTES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
+PEER_COUNTS = (1, 16, 1250)
+
+
+def peer_cases(directions=("in", "out"), block_bytes=PEER_BLOCK_BYTES, counts=PEER_COUNTS, contiguous=False):
+    """The cases of ``bench --peers``: every direction x block size x count,
+    one part each (the contenders copy one array).
+
+    Returns
+    -------
+    list of SwapCase
+        Direction outermost, then block size, then count.
+    """
+    return [SwapCase(d, b, n, 1, contiguous) for d in directions for b in block_bytes for n in counts]
+
+
+PEER_CASES = peer_cases()
 
 
 def _device_address(part) -> int:
@@ -66,7 +108,7 @@ def _device_address(part) -> int:
     if isinstance(part, np.ndarray):
         alias = memory.host_alias(part.ctypes.data, part.nbytes)
         if not alias:
-            raise ValueError("peers: expected mapped pinned host memory (the seed kernel needs it)")
+            raise ValueError("peers: expected mapped pinned host memory (the reference kernel needs it)")
         return alias
     return part.data.ptr
 
@@ -151,14 +193,15 @@ def _poison(part) -> None:
         part.fill(0xA5)
 
 
-def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0) -> dict:
+def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0, max_ctas: int | None = None) -> dict:
     """Every contender on one case: blocking GB/s (submit + synchronize,
     median of ``reps``), the memcpy ceiling, bit-exactness, and the leader.
+    ``max_ctas`` is cupy_swap's CTA budget (None: the library's default).
 
     Returns
     -------
     dict
-        ``direction, block_bytes, num_blocks, bytes, ceiling_gbps`` and, per
+        ``direction, block_bytes, num_blocks, contiguous, bytes, ceiling_gbps`` and, per
         contender ``name``: ``name`` (GB/s), ``name + "_ok"`` (bool);
         ``lead``: the fastest contender that copied bit-exactly; ``path``:
         what cupy_swap's ``auto`` chose; ``batch_api``: the call behind the
@@ -173,12 +216,13 @@ def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     bufs = CaseBuffers(case, rng, spare=2 if case.total_bytes < (1 << 30) else 1)
     stream = cupy.cuda.Stream(non_blocking=True)
-    swapper = BlockSwapper(max_blocks=max(case.num_blocks, 1))
+    swapper = BlockSwapper(max_blocks=max(case.num_blocks, 1), max_ctas=max_ctas)
     calls = contender_calls(bufs, stream, swapper)
     row = {
         "direction": case.direction,
         "block_bytes": case.block_bytes,
         "num_blocks": case.num_blocks,
+        "contiguous": case.contiguous,
         "bytes": case.total_bytes,
     }
     ceiling = memcpy_ceiling(bufs, stream, reps)
