@@ -160,8 +160,38 @@ def readme_tables(src: Path, commit: str) -> list:
     return out
 
 
+def peers_table(peers_json: Path) -> list:
+    """The README's performance table from a stored ``bench --peers --json``:
+    per case the memcpy ceiling, the fastest other contender and cupy_swap."""
+    from cupy_swap.tools.peers import CONTENDER_COLUMNS
+
+    def gbps(x: float) -> str:
+        return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+    rows = json.loads(peers_json.read_text())["peers"]
+    others = ("seed_upload", "seed_resident", "graph_memcpy", "batch_memcpy")
+    out = [
+        "| direction | blocks | memcpy ceiling | best other way | cupy_swap prepared | cupy_swap `swap()` |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        best = max((k for k in others if r.get(k + "_ok", True)), key=lambda k: r[k])
+        arrow = "host -> GPU" if r["direction"] == "in" else "GPU -> host"
+        mark = {k: "**" if r[k] >= r[best] else "" for k in ("cupy_swap", "cupy_swap_prepared")}
+        out.append(
+            f"| {arrow} | {r['num_blocks']} x {size(r['block_bytes'])} | {gbps(r['ceiling_gbps'])} | "
+            f"{gbps(r[best])} ({CONTENDER_COLUMNS[best]}) | {mark['cupy_swap_prepared']}"
+            f"{gbps(r['cupy_swap_prepared'])}{mark['cupy_swap_prepared']} | {mark['cupy_swap']}"
+            f"{gbps(r['cupy_swap'])}{mark['cupy_swap']} |"
+        )
+    return out
+
+
 def main() -> None:
     args = sys.argv[1:]
+    if args and args[0] == "--peers":  # python benchmarks/make_tables.py --peers FILE.json
+        print("\n".join(peers_table(Path(args[1]))))
+        return
     if args and args[0] == "--readme":
         print("\n".join(readme_tables(Path(args[1]), args[2])))
         return
