@@ -1,35 +1,25 @@
-"""Shared fixtures.  Tests marked ``gpu`` are skipped at collection when no
-CUDA device answers, so the CPU tests still run (and must pass) in CI; tests
-marked ``multi_gpu`` also need a second GPU."""
+"""Shared fixtures.  GPU test modules (``*_gpu.py``) skip themselves at
+collection when no CUDA device answers (``tests/gpu_helpers.py``); single
+tests marked ``gpu`` in CPU modules are skipped here, so the CPU tests
+still run (and must pass) in CI; tests marked ``multi_gpu`` also need a
+second GPU."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from cupy_swap.tools.bench import gpu_status
-from cupy_swap.tools.cli import no_gpu_message
-
-GPU_OK, GPU_WHY = gpu_status()
-
-
-def _gpu_count() -> int:
-    if not GPU_OK:
-        return 0
-    import cupy
-
-    return cupy.cuda.runtime.getDeviceCount()
+from .fakes import FakeCudaRuntime, FakeGpu
+from .gpu_helpers import skip_reason
 
 
 def pytest_collection_modifyitems(config, items):
-    gpus = _gpu_count()
-    no_gpu = pytest.mark.skip(reason=f"needs a CUDA GPU: {no_gpu_message(GPU_WHY)}") if not gpus else None
-    one_gpu = pytest.mark.skip(reason=f"needs two CUDA GPUs, found {gpus}")
+    no_gpu, one_gpu = skip_reason(1), skip_reason(2)
     for item in items:
-        if "gpu" in item.keywords and not gpus:
-            item.add_marker(no_gpu)
-        elif "multi_gpu" in item.keywords and gpus < 2:
-            item.add_marker(one_gpu)
+        if "gpu" in item.keywords and no_gpu:
+            item.add_marker(pytest.mark.skip(reason=no_gpu))
+        elif "multi_gpu" in item.keywords and one_gpu:
+            item.add_marker(pytest.mark.skip(reason=one_gpu))
 
 
 @pytest.fixture
@@ -42,3 +32,26 @@ def swapper():
     from cupy_swap import BlockSwapper
 
     return BlockSwapper(max_blocks=4096)
+
+
+@pytest.fixture
+def fake_gpu():
+    """A :class:`~tests.fakes.FakeGpu`: NumPy arrays as parts that claim to
+    be GPU memory, the arrays kept alive until the test ends."""
+    gpu = FakeGpu()
+    yield gpu
+    gpu.release()
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A :class:`~tests.fakes.FakeCudaRuntime` in place of CUDA for
+    ``cupy_swap.cuda.memory``.  Memory dropped under the stand-in is
+    released under it: the releaser thread is drained before and after."""
+    from cupy_swap.cuda import memory, release
+
+    assert release.drain(timeout=10)  # nothing of earlier tests released under the stand-in
+    fake = FakeCudaRuntime()
+    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    yield fake
+    assert release.drain(timeout=10)

@@ -17,7 +17,7 @@ from cupy_swap.cuda.availability import (
     translate_unavailable,
 )
 
-from .conftest import GPU_OK
+from .gpu_helpers import GPU_OK
 
 INSUFFICIENT = "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"
 

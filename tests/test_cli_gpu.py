@@ -6,7 +6,11 @@ import sys
 
 import pytest
 
+from .gpu_helpers import require_gpu
+
 pytestmark = pytest.mark.gpu
+
+require_gpu()
 
 
 def _run(*argv):

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from cupy_swap.core.layout import layout_from_parts
-from cupy_swap.core.parts import DEVICE, ElementType, TypedView, as_parts
+from cupy_swap.core.parts import ElementType, TypedView, as_parts
 from cupy_swap.cuda.arrays import convert_array
+
+from .fakes import on_gpu
 
 
 class _RaisingCudaInterface:
@@ -87,8 +89,7 @@ def _convert(obj, name):
 def _pair(src, dst):
     """Check ``src -> dst`` as a swap-out (``src`` on the GPU); only the
     pairing decides whether it passes."""
-    s = [dataclasses.replace(p, location=DEVICE, device=0) for p in as_parts(src, "src", _convert)]
-    return layout_from_parts(s, as_parts(dst, "dst", _convert))
+    return layout_from_parts(on_gpu(as_parts(src, "src", _convert)), as_parts(dst, "dst", _convert))
 
 
 def test_typed_view_part_describes_the_carrier_bytes():

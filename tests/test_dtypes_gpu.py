@@ -11,15 +11,14 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
-from .torch_cuda import require_torch_cuda
+from .gpu_helpers import DIRECTIONS, POISON, require_gpu, require_torch_cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 
+require_gpu()
 torch = require_torch_cuda()
 
-POISON = 0xA5
 DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
-DIRECTIONS = {"in": ("host", "gpu"), "out": ("gpu", "host"), "gpu->gpu": ("gpu", "gpu")}
 
 
 def _raw(where: str, shape) -> "torch.Tensor":

@@ -13,31 +13,11 @@ import cupy_swap as cs
 from cupy_swap.cuda import memory
 from cupy_swap.tools.bench import random_mapping
 
-from .test_swap_gpu import POISON, check_swap, poison, rand_fill
+from .gpu_helpers import POISON, check_swap, poison, rand_fill, require_gpu, spin
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
-
-# %globaltimer counts nanoseconds whatever the clocks do (clock64 counts SM
-# cycles, and CUDA 13 no longer reports the clock rate to convert them).
-_SPIN_SOURCE = r"""
-extern "C" __global__ void spin(unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-}
-"""
-
-
-def spin(stream, ms: float) -> None:
-    """Keep ``stream`` busy on the GPU for ``ms`` milliseconds, so work queued
-    behind it is certainly still queued when the host acts next."""
-    kernel = cp.RawKernel(_SPIN_SOURCE, "spin")
-    with stream:
-        kernel((1,), (1,), (np.uint64(ms * 1e6),))
+cp = require_gpu()
 
 
 # ---------------------------------------------------------------- auto routing

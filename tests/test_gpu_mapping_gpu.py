@@ -9,12 +9,11 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
-from .test_edge_cases_gpu import spin
-from .test_swap_gpu import DIRECTIONS, make, poison, rand_fill, to_host
+from .gpu_helpers import DIRECTIONS, make, poison, rand_fill, require_gpu, spin, to_host
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
 
 def _expect(src, dst_before, mapping):

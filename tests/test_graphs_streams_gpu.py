@@ -6,9 +6,11 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
+from .gpu_helpers import require_gpu
+
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
 POISON = 0x5A
 

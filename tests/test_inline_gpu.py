@@ -11,11 +11,11 @@ import cupy_swap as cs
 from cupy_swap.cuda import abi
 from cupy_swap.tools.bench import random_mapping
 
-from .test_swap_gpu import DIRECTIONS, check_swap, make, poison, rand_fill
+from .gpu_helpers import DIRECTIONS, check_swap, make, poison, rand_fill, require_gpu
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
 # Pair counts at each tier's edge and one past the last (descriptor ring).
 EDGES = sorted({n for t in abi.TIERS for n in (t.pairs, t.pairs + 1)} | {1})

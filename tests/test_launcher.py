@@ -1,21 +1,18 @@
 """The inline launch (cupy_swap/cuda/launcher.py BoundKernel) on the CPU: a
 stand-in launcher reads the parameter struct at the moment of each launch,
-as the driver does, and checks tier choice, contents and laziness."""
+as the driver does, and checks tier choice, contents and laziness (over
+parts that claim to be GPU memory: the ``fake_gpu`` fixture)."""
 
 import ctypes
-import dataclasses
 import threading
 
 import numpy as np
 import pytest
 
 from cupy_swap.core.layout import layout_from_parts
-from cupy_swap.core.parts import DEVICE, as_parts
 from cupy_swap.cuda import abi
 from cupy_swap.cuda.launcher import BoundKernel, launch_shape
 from cupy_swap.cuda.resolve import resolve_layout
-
-_ALIVE = []
 
 
 class _Launcher:
@@ -41,19 +38,17 @@ class _Launcher:
         self.launches.append((fn, grid, threads, stream, words, tier))
 
 
-def _layout(parts: int, block: int = 4096):
+def _layout(fake_gpu, parts: int, block: int = 4096):
     def gpu(name):
-        a = np.zeros((64, block), np.uint8)
-        _ALIVE.append(a)
-        return dataclasses.replace(as_parts(a, name)[0], location=DEVICE, device=0)
+        return fake_gpu.part(np.zeros((64, block), np.uint8), name)
 
     return resolve_layout(
         layout_from_parts([gpu("s") for _ in range(parts)], [gpu("d") for _ in range(parts)]), 0
     )
 
 
-def test_struct_at_launch_holds_header_table_and_pairs():
-    layout = _layout(2)
+def test_struct_at_launch_holds_header_table_and_pairs(fake_gpu):
+    layout = _layout(fake_gpu, 2)
     lau = _Launcher()
     bound = BoundKernel(lau, layout)
     assert lau.looked_up == []  # nothing compiled until the first launch
@@ -83,23 +78,23 @@ def test_struct_at_launch_holds_header_table_and_pairs():
         (256, 1024, abi.TIERS[3]),
     ],
 )
-def test_smallest_tier_that_holds_the_swap(parts, n, tier):
+def test_smallest_tier_that_holds_the_swap(parts, n, tier, fake_gpu):
     lau = _Launcher()
     rng = np.random.default_rng(n)
     m = np.column_stack((rng.permutation(64)[: min(n, 64)],) * 2) if n <= 64 else None
     pairs = m if m is not None else np.zeros((n, 2), np.int64)
-    assert BoundKernel(lau, _layout(parts)).launch(pairs, n, 0, False)
+    assert BoundKernel(lau, _layout(fake_gpu, parts)).launch(pairs, n, 0, False)
     assert lau.launches[-1][5] == tier
 
 
-def test_too_large_or_turned_off_goes_to_the_ring():
+def test_too_large_or_turned_off_goes_to_the_ring(fake_gpu):
     lau = _Launcher()
-    assert not BoundKernel(lau, _layout(65)).launch(np.zeros((1025, 2), np.int64), 1025, 0, False)
-    assert not BoundKernel(lau, _layout(1)).launch(np.zeros((1793, 2), np.int64), 1793, 0, False)
+    assert not BoundKernel(lau, _layout(fake_gpu, 65)).launch(np.zeros((1025, 2), np.int64), 1025, 0, False)
+    assert not BoundKernel(lau, _layout(fake_gpu, 1)).launch(np.zeros((1793, 2), np.int64), 1793, 0, False)
     lau.max_inline_pairs = 0
-    assert not BoundKernel(lau, _layout(1)).launch([0, 0], 1, 0, False)
+    assert not BoundKernel(lau, _layout(fake_gpu, 1)).launch([0, 0], 1, 0, False)
     old = _Launcher(tiers=abi.TIERS[:2])  # a compiler without parameters over 4 KiB
-    bound = BoundKernel(old, _layout(1))
+    bound = BoundKernel(old, _layout(fake_gpu, 1))
     assert (
         not bound.launch(np.zeros((193, 2), np.int64), 193, 0, False)
         and bound.max_pairs == abi.TIERS[1].pairs
@@ -107,9 +102,9 @@ def test_too_large_or_turned_off_goes_to_the_ring():
     assert lau.launches == [] and old.launches == []
 
 
-def test_launch_shape_follows_the_budget():
+def test_launch_shape_follows_the_budget(fake_gpu):
     lau = _Launcher()
-    bound = BoundKernel(lau, _layout(1, block=32768))
+    bound = BoundKernel(lau, _layout(fake_gpu, 1, block=32768))
     m = np.zeros((1250, 2), np.int64)
     bound.launch(m, 1250, 0, False)
     lau.max_ctas = 4
@@ -117,14 +112,14 @@ def test_launch_shape_follows_the_budget():
     assert [x[1] for x in lau.launches] == [8, 4]
 
 
-def test_a_thread_that_sees_the_tiers_never_sees_a_larger_bound():
+def test_a_thread_that_sees_the_tiers_never_sees_a_larger_bound(fake_gpu):
     """On a compiler without parameters over 4 KiB the first launch lowers
     ``max_pairs`` from the largest tier to the largest this GPU has.  The
     tiers were once published before the bound was lowered: a second
     thread in between passed the bound check, found no tier large enough
     and wrote 193 pairs into a 192-pair buffer (ValueError)."""
     old = _Launcher(tiers=abi.TIERS[:2])
-    bound = BoundKernel(old, _layout(1))
+    bound = BoundKernel(old, _layout(fake_gpu, 1))
     # The state another thread could observe between the two stores.
     bound._tiers = [[t, None] for t in abi.TIERS[:2]]
     bound.max_pairs = abi.TIERS[2].pairs
@@ -163,14 +158,14 @@ class _RingLauncher:
         pass
 
 
-def test_an_interrupted_descriptor_write_leaves_no_table_marked_current(monkeypatch):
+def test_an_interrupted_descriptor_write_leaves_no_table_marked_current(monkeypatch, fake_gpu):
     """The slot's table tag was once set after the write: a write of layout
     B's table cut short left B's partial table tagged as layout A's, and
     A's next swap reused it without rewriting."""
     from cupy_swap.cuda import launcher as launcher_module
 
     lau = _RingLauncher()
-    a, b = _layout(2), _layout(2, block=8192)
+    a, b = _layout(fake_gpu, 2), _layout(fake_gpu, 2, block=8192)
     a.serial, b.serial = 1, 2
     held: list = []
     lau.write_slot(a, [1, 2], 0, False, held)

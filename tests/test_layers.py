@@ -1,6 +1,5 @@
 """The package's layers: ``core`` needs only NumPy (never imports CuPy),
-``core`` and ``cuda`` never import ``tools``, and the wheel-facing names
-stay where the README says."""
+and ``core``, ``cuda`` and the swapper modules never import ``tools``."""
 
 import ast
 import subprocess

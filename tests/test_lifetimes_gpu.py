@@ -20,12 +20,11 @@ from cupy_swap.cuda import release
 from cupy_swap.cuda.abi import descriptor_words
 from cupy_swap.tools.bench import random_mapping
 
-from .test_edge_cases_gpu import spin
-from .test_swap_gpu import POISON, poison, rand_fill
+from .gpu_helpers import POISON, poison, rand_fill, require_gpu, spin
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
 SPIN_MS = 300
 

@@ -1,4 +1,6 @@
-"""Argument checks of the pinned-memory helpers that fail before any CUDA call."""
+"""The pinned-memory helpers on the CPU: argument checks that fail before
+any CUDA call, and allocation, registration and release over a stand-in
+CUDA runtime (the ``fake_cuda`` fixture)."""
 
 import numpy as np
 import pytest
@@ -45,43 +47,7 @@ def test_disable_uva_env(monkeypatch):
     assert not memory.uva_disabled_by_env()
 
 
-class _FakeRuntime:
-    """Stands in for CUDA: page-aligned fake allocations, aliases = address."""
-
-    def __init__(self):
-        self.memory, self.ranges, self.freed = [], [], []
-
-    def hostAlloc(self, nbytes, flags):
-        self.memory.append(np.empty(nbytes + 4096, np.uint8))  # real bytes: arrays over it may be read
-        start = -(-self.memory[-1].ctypes.data // 4096) * 4096
-        self.ranges.append((start, start + nbytes))
-        return start
-
-    def freeHost(self, ptr):
-        self.freed.append(ptr)
-
-    def getDevice(self):
-        return 0
-
-    def setDevice(self, device):
-        pass
-
-    def pointerGetAttributes(self, ptr):
-        import types
-
-        inside = any(start <= ptr < end for start, end in self.ranges)
-        return types.SimpleNamespace(type=memory._MEMORY_TYPE_HOST if inside else 0, devicePointer=ptr)
-
-
-@pytest.fixture(autouse=True)
-def _released_before_the_fakes_go(monkeypatch):
-    """Buffers dropped under a stand-in runtime are released under it too."""
-    assert release.drain(timeout=10)  # nothing of earlier tests released under the stand-in
-    yield
-    assert release.drain(timeout=10)
-
-
-def test_a_dropped_buffer_is_freed_by_the_releaser_never_under_the_registry_lock(monkeypatch):
+def test_a_dropped_buffer_is_freed_by_the_releaser_never_under_the_registry_lock(fake_cuda):
     """A pinned buffer is freed through a finalizer, which may run inside a
     garbage collection at any point, also while a thread holds the
     registry's lock (Python 3.12+ collects right after C calls such as
@@ -91,8 +57,6 @@ def test_a_dropped_buffer_is_freed_by_the_releaser_never_under_the_registry_lock
     import gc
     import threading
 
-    fake = _FakeRuntime()
-    monkeypatch.setattr(memory, "_runtime", lambda: fake)
     buf = memory._PinnedBuffer((4096,), np.dtype(np.uint8))
     ptr = buf.__array_interface__["data"][0]
     assert memory._registry.find(ptr, 1) is not None
@@ -109,19 +73,16 @@ def test_a_dropped_buffer_is_freed_by_the_releaser_never_under_the_registry_lock
         t.start()
         t.join(timeout=10)
         assert done.is_set(), "the finalizer blocked on the registry lock"
-        assert ptr not in fake.freed  # the releaser waits for the lock: still pinned, still listed
+        assert ptr not in fake_cuda.freed  # the releaser waits for the lock: still pinned, still listed
     assert release.drain(timeout=10)  # waits for the releaser; touches no registry itself
-    assert ptr in fake.freed and memory._registry.find(ptr, 1) is None
+    assert ptr in fake_cuda.freed and memory._registry.find(ptr, 1) is None
 
 
-def test_a_failed_release_is_reported_not_swallowed(monkeypatch):
-    fake = _FakeRuntime()
-
+def test_a_failed_release_is_reported_not_swallowed(fake_cuda):
     def refuse(ptr):
         raise RuntimeError("cudaErrorInvalidValue")
 
-    fake.freeHost = refuse
-    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    fake_cuda.freeHost = refuse
     buf = memory._PinnedBuffer((64,), np.dtype(np.uint8))
     ptr = buf.__array_interface__["data"][0]
     before = len(release.failures)
@@ -132,13 +93,12 @@ def test_a_failed_release_is_reported_not_swallowed(monkeypatch):
     assert len(release.failures) == before + 1 and "cudaErrorInvalidValue" in str(error)
 
 
-def test_unregister_unpublishes_then_unregisters_and_republishes_on_failure(monkeypatch):
+def test_unregister_unpublishes_then_unregisters_and_republishes_on_failure(fake_cuda):
     """unregister_host once waited before unpublishing (a cached op could
     enqueue on the range in between) and forgot the range before CUDA
     unregistered it (a failure left it pinned and unknown).  Now the range
     is unpublished first, unpinned by cudaHostUnregister (which waits for
     queued work itself), and published again if CUDA refuses."""
-    fake = _FakeRuntime()
     steps = []
     array = np.zeros(1 << 16, np.uint8)
     ptr = array.ctypes.data
@@ -148,11 +108,10 @@ def test_unregister_unpublishes_then_unregisters_and_republishes_on_failure(monk
 
     def unregister(p):
         steps.append(("unregister", "unpublished" if memory._registry.find(ptr, 1) is None else "listed"))
-        if fake.refuse:
+        if fake_cuda.refuse:
             raise RuntimeError("cudaErrorHostMemoryNotRegistered")
 
-    fake.hostRegister, fake.hostUnregister, fake.refuse = register, unregister, True
-    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    fake_cuda.hostRegister, fake_cuda.hostUnregister, fake_cuda.refuse = register, unregister, True
     cs.register_host(array)
     generation = memory.generation()
     with pytest.raises(RuntimeError, match="could not unpin the range .* it stays registered"):
@@ -160,14 +119,12 @@ def test_unregister_unpublishes_then_unregisters_and_republishes_on_failure(monk
     assert steps == ["register", ("unregister", "unpublished")]
     assert memory._registry.find(ptr, 1) is not None  # published again: the call can be retried
     assert memory.generation() > generation  # cached layouts resolve again
-    fake.refuse = False
+    fake_cuda.refuse = False
     cs.unregister_host(array)
     assert memory._registry.find(ptr, 1) is None
 
 
-def test_is_pinned_spans_negative_and_gapped_strides(monkeypatch):
-    fake = _FakeRuntime()
-    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+def test_is_pinned_spans_negative_and_gapped_strides(fake_cuda):
     pool = np.asarray(memory._PinnedBuffer((16, 8), np.dtype(np.float32)))
     assert cs.is_pinned(pool) and cs.is_pinned(pool[::-1]) and cs.is_pinned(pool[::-2, ::3])
     assert memory.byte_span(pool[::-1]) == (pool.ctypes.data, pool.ctypes.data + pool.nbytes)
@@ -175,14 +132,12 @@ def test_is_pinned_spans_negative_and_gapped_strides(monkeypatch):
     assert not cs.is_pinned(outside)
 
 
-def test_two_threads_unregistering_one_range_unpin_it_once(monkeypatch):
+def test_two_threads_unregistering_one_range_unpin_it_once(fake_cuda, monkeypatch):
     """Both calls once found the range; the second failed to unpin and
     published again a range that was no longer pinned."""
-    fake = _FakeRuntime()
     unpinned = []
-    fake.hostRegister = lambda p, n, f: None
-    fake.hostUnregister = unpinned.append
-    monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    fake_cuda.hostRegister = lambda p, n, f: None
+    fake_cuda.hostUnregister = unpinned.append
     array = np.zeros(1 << 12, np.uint8)
     cs.register_host(array)
     r = memory._registry.find(array.ctypes.data, 1)

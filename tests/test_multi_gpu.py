@@ -9,12 +9,11 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
-from .test_edge_cases_gpu import spin
-from .test_swap_gpu import check_swap, poison, rand_fill
+from .gpu_helpers import check_swap, poison, rand_fill, require_gpu, spin
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu(2)
 
 
 def _gpu1_array(shape, rng=None):

@@ -9,11 +9,11 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.node import DIRECTIONS, run_node
 
-from .test_threads_gpu import _run_threads, _worker
+from .gpu_helpers import require_gpu, run_threads, swap_worker
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
 
 def _per_gpu_thread(device, seed, host, results, index):
@@ -23,7 +23,7 @@ def _per_gpu_thread(device, seed, host, results, index):
             gpu = cp.asarray(np.random.default_rng(seed).integers(0, 256, (300, 4096), dtype=np.uint8))
             cp.cuda.Device(device).synchronize()
             sw = cs.BlockSwapper(max_blocks=256, device=device)
-            _worker(sw, seed, gpu, host, results, index)
+            swap_worker(sw, seed, gpu, host, results, index)
     except BaseException as e:
         results[index] = e
 
@@ -36,7 +36,7 @@ def test_one_swapper_per_gpu_each_on_its_own_thread(rng):
     # Two threads per GPU, each on its own rows of the one pool.
     jobs = [(d % gpus, 100 + d, pool[d * 500 : (d + 1) * 500]) for d in range(2 * gpus)]
     results = [None] * len(jobs)
-    _run_threads([(*job, results, i) for i, job in enumerate(jobs)], _per_gpu_thread, results)
+    run_threads([(*job, results, i) for i, job in enumerate(jobs)], _per_gpu_thread, results)
     assert all(r is True for r in results), results
 
 

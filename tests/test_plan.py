@@ -1,15 +1,16 @@
-"""Parts, pairing and whole-swap checks that need no GPU."""
-
-import dataclasses
+"""Parts, pairing and whole-swap checks that need no GPU (GPU parts are
+NumPy arrays that claim to be GPU memory: the ``fake_gpu`` fixture)."""
 
 import numpy as np
 import pytest
 
 from cupy_swap.core.layout import check_swap, layout_from_parts, vector_width
 from cupy_swap.core.mapping import check_mapping_for
-from cupy_swap.core.parts import DEVICE, HOST, Part, as_parts
+from cupy_swap.core.parts import HOST, as_parts
 from cupy_swap.cuda.abi import HEADER_WORDS, PART_WORDS, descriptor_words, write_descriptor
 from cupy_swap.cuda.resolve import resolve_layout
+
+from .fakes import on_gpu
 
 
 def test_part_of_plain_array():
@@ -64,15 +65,15 @@ def test_empty_arrays_are_parts(empty):
     assert p.block_bytes == empty.dtype.itemsize * int(np.prod(empty.shape[1:]))
 
 
-def test_empty_part_with_empty_mapping_moves_nothing():
+def test_empty_part_with_empty_mapping_moves_nothing(fake_gpu):
     host = np.zeros((0, 16), np.uint8)
-    gpu = _fake_device(np.lib.stride_tricks.as_strided(np.zeros(4, np.uint8), (0, 16), (7, 3)), "dst")
+    gpu = fake_gpu.part(np.lib.stride_tricks.as_strided(np.zeros(4, np.uint8), (0, 16), (7, 3)), "dst")
     layout = layout_from_parts(as_parts(host, "src"), [gpu])
     assert check_mapping_for(layout, []).shape == (0, 2)
     with pytest.raises(IndexError, match="out of range for src with 0 blocks"):
         check_mapping_for(layout, [(0, 0)])
     zero_bytes = layout_from_parts(
-        as_parts(np.zeros((4, 0), np.uint8), "src"), [_fake_device(np.zeros((4, 0), np.uint8), "dst")]
+        as_parts(np.zeros((4, 0), np.uint8), "src"), [fake_gpu.part(np.zeros((4, 0), np.uint8), "dst")]
     )
     assert zero_bytes.bytes_per_pair == 0
     assert check_mapping_for(zero_bytes, [(0, 1)]).tolist() == [[0, 1]]
@@ -107,16 +108,6 @@ def test_host_to_host_rejected():
         check_swap(a, b, [(0, 1)])
 
 
-_ALIVE: list = []  # parts hold no reference to their arrays: the tests keep them alive
-
-
-def _fake_device(array: np.ndarray, name: str) -> Part:
-    """A part that claims to be GPU memory, to exercise checks without a GPU."""
-    _ALIVE.append(array)
-    (p,) = as_parts(array, name)
-    return dataclasses.replace(p, location=DEVICE, device=0)
-
-
 def _check_overlap(src, dst, mapping):
     return check_mapping_for(layout_from_parts(src, dst), mapping)
 
@@ -128,7 +119,7 @@ def test_pairing_checks(monkeypatch):
 
     def as_parts_src_on_gpu(obj, name, convert=None):
         parts = real(obj, name, convert)
-        return [dataclasses.replace(p, location=DEVICE, device=0) for p in parts] if name == "src" else parts
+        return on_gpu(parts) if name == "src" else parts
 
     monkeypatch.setattr(plan_mod, "as_parts", as_parts_src_on_gpu)
     a = np.zeros((4, 8), dtype=np.float16)
@@ -150,31 +141,31 @@ def test_pairing_checks(monkeypatch):
         check_swap(a, np.zeros((4, 8), np.float16), [(0, 1), (1, 2)], max_blocks=1)
 
 
-def test_mixed_locations_on_one_side_rejected():
+def test_mixed_locations_on_one_side_rejected(fake_gpu):
     from cupy_swap.core.layout import _side_location
 
     a = np.zeros((4, 8), dtype=np.float16)
-    parts = [_fake_device(a, "src[0]"), as_parts(a, "src[1]")[0]]
+    parts = [fake_gpu.part(a, "src[0]"), as_parts(a, "src[1]")[0]]
     with pytest.raises(
         ValueError, match=r"src: expected every part on one side .*got src\[1\] in host memory"
     ):
         _side_location(parts, "src")
 
 
-def test_overlapping_destination_blocks_rejected():
+def test_overlapping_destination_blocks_rejected(fake_gpu):
     a = np.zeros(64, dtype=np.uint8)
     dst = np.lib.stride_tricks.as_strided(a, shape=(8, 16), strides=(8, 1))
     src = np.zeros((8, 16), dtype=np.uint8)
-    monkey = _fake_device(src, "src")
+    monkey = fake_gpu.part(src, "src")
     from cupy_swap.core.layout import _pair_parts
 
     with pytest.raises(ValueError, match="dst: expected destination blocks that do not overlap"):
         _pair_parts([monkey], as_parts(dst, "dst"))
 
 
-def test_same_buffer_gpu_to_gpu_overlap_rejected():
+def test_same_buffer_gpu_to_gpu_overlap_rejected(fake_gpu):
     buf = np.zeros((8, 32), dtype=np.uint8)
-    s, d = _fake_device(buf, "src"), _fake_device(buf, "dst")
+    s, d = fake_gpu.part(buf, "src"), fake_gpu.part(buf, "dst")
     _check_overlap([s], [d], [(0, 1), (2, 3)])  # disjoint blocks: fine
     with pytest.raises(ValueError, match=r"row 1 writes dst block 2, whose bytes are also read by row 1"):
         _check_overlap([s], [d], [(0, 1), (2, 2)])
@@ -182,10 +173,10 @@ def test_same_buffer_gpu_to_gpu_overlap_rejected():
         _check_overlap([s], [d], [(0, 3), (3, 4)])
 
 
-def test_overlap_between_different_views():
+def test_overlap_between_different_views(fake_gpu):
     cache = np.zeros((8, 2, 16), dtype=np.uint8)  # K and V of one buffer
-    k_src, v_src = _fake_device(cache[:, 0], "src[0]"), _fake_device(cache[:, 1], "src[1]")
-    k_dst, v_dst = _fake_device(cache[:, 0], "dst[0]"), _fake_device(cache[:, 1], "dst[1]")
+    k_src, v_src = fake_gpu.part(cache[:, 0], "src[0]"), fake_gpu.part(cache[:, 1], "src[1]")
+    k_dst, v_dst = fake_gpu.part(cache[:, 0], "dst[0]"), fake_gpu.part(cache[:, 1], "dst[1]")
     _check_overlap([k_src, v_src], [k_dst, v_dst], [(0, 4), (1, 5)])
     with pytest.raises(ValueError, match="also read"):
         _check_overlap([k_src, v_src], [k_dst, v_dst], [(0, 4), (4, 5)])
@@ -194,10 +185,10 @@ def test_overlap_between_different_views():
         _check_overlap([k_src, v_src], [k_dst, k_dst], [(0, 4)])
 
 
-def test_overlap_with_partial_byte_overlap():
+def test_overlap_with_partial_byte_overlap(fake_gpu):
     raw = np.zeros(256, dtype=np.uint8)
-    src = _fake_device(np.lib.stride_tricks.as_strided(raw, shape=(8, 16), strides=(16, 1)), "src")
-    dst = _fake_device(np.lib.stride_tricks.as_strided(raw[8:], shape=(8, 16), strides=(16, 1)), "dst")
+    src = fake_gpu.part(np.lib.stride_tricks.as_strided(raw, shape=(8, 16), strides=(16, 1)), "src")
+    dst = fake_gpu.part(np.lib.stride_tricks.as_strided(raw[8:], shape=(8, 16), strides=(16, 1)), "dst")
     with pytest.raises(ValueError, match="also read"):
         _check_overlap([src], [dst], [(1, 0)])  # dst block 0 = bytes 8..24, src 1 = 16..32
     _check_overlap([src], [dst], [(5, 0)])
@@ -218,14 +209,14 @@ def test_vector_width(values, width):
     assert vector_width(values) == width
 
 
-def test_descriptor_layout():
+def test_descriptor_layout(fake_gpu):
     src = [
-        _fake_device(np.zeros((4, 32), np.uint8), "src[0]"),
-        _fake_device(np.zeros((4, 64), np.uint8), "src[1]"),
+        fake_gpu.part(np.zeros((4, 32), np.uint8), "src[0]"),
+        fake_gpu.part(np.zeros((4, 64), np.uint8), "src[1]"),
     ]
     dst = [
-        _fake_device(np.zeros((6, 32), np.uint8), "dst[0]"),
-        _fake_device(np.zeros((6, 64), np.uint8), "dst[1]"),
+        fake_gpu.part(np.zeros((6, 32), np.uint8), "dst[0]"),
+        fake_gpu.part(np.zeros((6, 64), np.uint8), "dst[1]"),
     ]
     layout = resolve_layout(layout_from_parts(src, dst), device=0)  # device parts: no driver call
     mapping = check_mapping_for(layout, [(1, 2), (3, 0)])
@@ -243,9 +234,9 @@ def test_descriptor_layout():
     assert out[n] == 0xDEAD  # nothing past the descriptor is touched
 
 
-def test_device_part_on_other_gpu_rejected():
-    src = [_fake_device(np.zeros((4, 32), np.uint8), "src")]
-    dst = [dataclasses.replace(_fake_device(np.zeros((4, 32), np.uint8), "dst"), device=1)]
+def test_device_part_on_other_gpu_rejected(fake_gpu):
+    src = [fake_gpu.part(np.zeros((4, 32), np.uint8), "src")]
+    dst = [fake_gpu.part(np.zeros((4, 32), np.uint8), "dst", device=1)]
     with pytest.raises(
         ValueError, match=r"dst: expected an array on GPU 0 \(the swapper's device\), got one on GPU 1"
     ):
@@ -259,11 +250,11 @@ def test_part_span_negative_stride():
     assert hi - lo == 40 and p.block_stride == -8
 
 
-def test_copy_list_and_count():
+def test_copy_list_and_count(fake_gpu):
     from cupy_swap.core.copies import copy_count, copy_list
 
-    src = [_fake_device(np.zeros((10, 64), np.uint8), "src")]
-    dst = [_fake_device(np.zeros((10, 64), np.uint8), "dst")]
+    src = [fake_gpu.part(np.zeros((10, 64), np.uint8), "src")]
+    dst = [fake_gpu.part(np.zeros((10, 64), np.uint8), "dst")]
     layout = resolve_layout(layout_from_parts(src, dst), device=0)
     m = check_mapping_for(layout, [(0, 5), (1, 6), (2, 7), (9, 0)])
     assert copy_count(layout, m) == 2
@@ -272,22 +263,22 @@ def test_copy_list_and_count():
     assert (srcs - src[0].ptr).tolist() == [0, 9 * 64] and (dsts - dst[0].ptr).tolist() == [5 * 64, 0]
     # A strided (block-first) view copies block by block.
     cache = np.zeros((10, 2, 64), np.uint8)
-    layout2 = resolve_layout(layout_from_parts([_fake_device(cache[:, 1], "src")], dst), device=0)
+    layout2 = resolve_layout(layout_from_parts([fake_gpu.part(cache[:, 1], "src")], dst), device=0)
     assert copy_count(layout2, m) == 4
     d2, s2, z2 = copy_list(layout2, m)
     assert z2.tolist() == [64] * 4 and (s2 - layout2.src[0].ptr).tolist() == [0, 128, 256, 9 * 128]
 
 
-def test_pair_copies_match_numpy_path():
+def test_pair_copies_match_numpy_path(fake_gpu):
     from cupy_swap.core.copies import copy_count, copy_list, pair_copies
 
     src = [
-        _fake_device(np.zeros((10, 64), np.uint8), "src"),
-        _fake_device(np.zeros((10, 2, 32), np.uint8)[:, 1], "s1"),
+        fake_gpu.part(np.zeros((10, 64), np.uint8), "src"),
+        fake_gpu.part(np.zeros((10, 2, 32), np.uint8)[:, 1], "s1"),
     ]
     dst = [
-        _fake_device(np.zeros((10, 64), np.uint8), "dst"),
-        _fake_device(np.zeros((10, 32), np.uint8), "d1"),
+        fake_gpu.part(np.zeros((10, 64), np.uint8), "dst"),
+        fake_gpu.part(np.zeros((10, 32), np.uint8), "d1"),
     ]
     layout = resolve_layout(layout_from_parts(src, dst), device=0)
     for s, d in [(0, 5), (9, 0), (3, 3)]:
@@ -297,13 +288,13 @@ def test_pair_copies_match_numpy_path():
     assert copy_count(layout, m) == 2 + 4  # runs of the packed part, blocks of the strided one
 
 
-def test_interleaved_views_never_meet():
+def test_interleaved_views_never_meet(fake_gpu):
     """K and V views of one block-first buffer never share bytes: the layout
     records no part pairs to check, so mappings skip the overlap search."""
     cache = np.zeros((8, 4, 2, 16), dtype=np.uint8)  # [blocks, layers, K/V, bytes]
-    gpu = [_fake_device(np.zeros((8, 16), np.uint8), f"src[{i}]") for i in range(8)]
+    gpu = [fake_gpu.part(np.zeros((8, 16), np.uint8), f"src[{i}]") for i in range(8)]
     views = [
-        _fake_device(cache[:, layer, kv], f"dst[{2 * layer + kv}]") for layer in range(4) for kv in range(2)
+        fake_gpu.part(cache[:, layer, kv], f"dst[{2 * layer + kv}]") for layer in range(4) for kv in range(2)
     ]
     assert layout_from_parts(gpu, views).meeting == []
     # The same view twice is a real write/write conflict.

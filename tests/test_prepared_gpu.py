@@ -12,11 +12,11 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
-from .test_swap_gpu import DIRECTIONS, check_swap, make, poison, rand_fill
+from .gpu_helpers import DIRECTIONS, check_swap, make, poison, rand_fill, require_gpu
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
 
 class _Op:

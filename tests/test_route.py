@@ -1,30 +1,25 @@
 """The routing policy (cupy_swap/core/route.py) decided on the CPU: host
 parts are NumPy arrays described as parts, GPU parts are NumPy arrays that
-claim to be GPU memory; no driver is asked."""
-
-import dataclasses
+claim to be GPU memory (the ``fake_gpu`` fixture); no driver is asked."""
 
 import numpy as np
 import pytest
 
 from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.core.mapping import check_mapping_for
-from cupy_swap.core.parts import DEVICE, as_parts
+from cupy_swap.core.parts import as_parts
 from cupy_swap.core.route import Policy, route
 
-_ALIVE = []
 POLICY = Policy()
 
 
-def _parts(shape, gpu: bool):
-    a = np.zeros(shape, np.uint8)
-    _ALIVE.append(a)
-    parts = as_parts(a, "x")
-    return [dataclasses.replace(p, location=DEVICE, device=0) for p in parts] if gpu else parts
+def _parts(fake_gpu, shape, gpu: bool):
+    a = fake_gpu.keep(np.zeros(shape, np.uint8))
+    return fake_gpu.parts(a, "x") if gpu else as_parts(a, "x")
 
 
-def _layout(direction: str, block: int, blocks: int = 4096, kernel_ok: bool = True):
-    host, gpu = _parts((blocks, block), False), _parts((blocks, block), True)
+def _layout(fake_gpu, direction: str, block: int, blocks: int = 4096, kernel_ok: bool = True):
+    host, gpu = _parts(fake_gpu, (blocks, block), False), _parts(fake_gpu, (blocks, block), True)
     src, dst = (host, gpu) if direction == "in" else (gpu, host)
     layout = layout_from_parts(src, dst)
     layout.kernel_ok = kernel_ok
@@ -47,32 +42,33 @@ def _runs(n, start=0):
 
 
 @pytest.mark.parametrize("direction", ["in", "out"])
-def test_auto_paths(direction):
+def test_auto_paths(direction, fake_gpu):
     kb = 1 << 10
-    assert _route(_layout(direction, 32 * kb), _random(1))[0] == "dma"  # one copy
-    assert _route(_layout(direction, 32 * kb), _random(16))[0] == "kernel"  # few scattered blocks
-    assert _route(_layout(direction, 32 * kb), _random(1250))[0] == "kernel"
-    assert _route(_layout(direction, 2048 * kb, 64), _random(16, 64))[0] == "dma"  # large copies
+    assert _route(_layout(fake_gpu, direction, 32 * kb), _random(1))[0] == "dma"  # one copy
+    assert _route(_layout(fake_gpu, direction, 32 * kb), _random(16))[0] == "kernel"  # few scattered blocks
+    assert _route(_layout(fake_gpu, direction, 32 * kb), _random(1250))[0] == "kernel"
+    assert _route(_layout(fake_gpu, direction, 2048 * kb, 64), _random(16, 64))[0] == "dma"  # large copies
     # One run both sides: a few large copies beat the kernel.
-    assert _route(_layout(direction, 32 * kb), _runs(1250))[0] == "dma"
+    assert _route(_layout(fake_gpu, direction, 32 * kb), _runs(1250))[0] == "dma"
     # Host blocks in one run, GPU blocks scattered: staged once it is large.
     m = np.column_stack((np.arange(1250), _random(1250)[:, 1]))
     if direction == "out":
         m = m[:, ::-1].copy()
-    path, plan = _route(_layout(direction, 32 * kb), m)
+    path, plan = _route(_layout(fake_gpu, direction, 32 * kb), m)
     assert path == "staged" and plan.num_chunks >= 2
-    assert _route(_layout(direction, 32 * kb), m[:100])[0] == "kernel"  # 3 MiB: below staged_min_bytes
+    # 3 MiB: below staged_min_bytes.
+    assert _route(_layout(fake_gpu, direction, 32 * kb), m[:100])[0] == "kernel"
 
 
-def test_short_lists_route_like_arrays():
-    layout = _layout("in", 32 << 10)
+def test_short_lists_route_like_arrays(fake_gpu):
+    layout = _layout(fake_gpu, "in", 32 << 10)
     for m in (_random(1), _random(16), _runs(16)):
         flat = m.reshape(-1).tolist()
         assert route(layout, flat, "auto", POLICY, False)[0] == _route(layout, m)[0]
 
 
-def test_explicit_modes_and_refusals():
-    layout = _layout("in", 4096)
+def test_explicit_modes_and_refusals(fake_gpu):
+    layout = _layout(fake_gpu, "in", 4096)
     assert _route(layout, _random(10), "kernel")[0] == "kernel"
     assert _route(layout, _random(10), "dma")[0] == "dma"
     assert _route(layout, _runs(10), "staged")[0] == "staged"
@@ -80,34 +76,34 @@ def test_explicit_modes_and_refusals():
         _route(layout, _runs(10), "staged", capturing=True)
     with pytest.raises(ValueError, match="staging_bytes=0"):
         _route(layout, _runs(10), "staged", policy=Policy(staging_bytes=0))
-    unmapped = _layout("in", 4096, kernel_ok=False)
+    unmapped = _layout(fake_gpu, "in", 4096, kernel_ok=False)
     with pytest.raises(ValueError, match="mode: 'kernel' needs host memory mapped.*UVA is off"):
         _route(unmapped, _random(10), "kernel")
     assert _route(unmapped, _random(10))[0] == "dma"
 
 
-def test_gpu_to_gpu_never_staged():
-    gpu = _parts((64, 4096), True)
-    layout = layout_from_parts(gpu, _parts((64, 4096), True))
+def test_gpu_to_gpu_never_staged(fake_gpu):
+    gpu = _parts(fake_gpu, (64, 4096), True)
+    layout = layout_from_parts(gpu, _parts(fake_gpu, (64, 4096), True))
     with pytest.raises(ValueError, match="GPU -> GPU"):
         _route(layout, _runs(10), "staged")
 
 
-def test_thresholds_come_from_the_policy():
-    layout = _layout("in", 256 << 10, 256)
+def test_thresholds_come_from_the_policy(fake_gpu):
+    layout = _layout(fake_gpu, "in", 256 << 10, 256)
     m = _random(16, 256)
     assert _route(layout, m)[0] == "kernel"
     assert _route(layout, m, policy=Policy(dma_min_copy_bytes=256 << 10))[0] == "dma"
     assert _route(layout, _random(2, 256), policy=Policy(dma_max_copies=4))[0] == "dma"
 
 
-def _mixed_layout(direction: str, large: int, small: int, small_parts: int, blocks: int = 1300):
+def _mixed_layout(fake_gpu, direction: str, large: int, small: int, small_parts: int, blocks: int = 1300):
     """One part of ``large`` blocks beside ``small_parts`` parts of ``small``."""
-    host = _parts((blocks, large), False) + [
-        p for _ in range(small_parts) for p in _parts((blocks, small), False)
+    host = _parts(fake_gpu, (blocks, large), False) + [
+        p for _ in range(small_parts) for p in _parts(fake_gpu, (blocks, small), False)
     ]
-    gpu = _parts((blocks, large), True) + [
-        p for _ in range(small_parts) for p in _parts((blocks, small), True)
+    gpu = _parts(fake_gpu, (blocks, large), True) + [
+        p for _ in range(small_parts) for p in _parts(fake_gpu, (blocks, small), True)
     ]
     src, dst = (host, gpu) if direction == "in" else (gpu, host)
     layout = layout_from_parts(src, dst)
@@ -117,16 +113,16 @@ def _mixed_layout(direction: str, large: int, small: int, small_parts: int, bloc
 
 @pytest.mark.parametrize("direction", ["in", "out"])
 @pytest.mark.parametrize("as_list", [False, True])
-def test_one_large_part_does_not_send_small_parts_to_the_copy_engines(direction, as_list):
+def test_one_large_part_does_not_send_small_parts_to_the_copy_engines(direction, as_list, fake_gpu):
     """auto once routed by the largest block: one 2 MiB part beside 63 parts
     of 4 KiB sent 1250 random pairs to the copy engines, one copy per block
     (267.6 ms on an H200, against 57.6 ms for the kernel)."""
-    layout = _mixed_layout(direction, 2 << 20, 4096, 63)
+    layout = _mixed_layout(fake_gpu, direction, 2 << 20, 4096, 63)
     m = _random(1250, blocks=1300)
     mapping = m.tolist() if as_list else m
     assert _route(layout, mapping)[0] == "kernel"
     # Every part large: still the copy engines.
-    assert _route(_mixed_layout(direction, 2 << 20, 2 << 20, 3), m)[0] == "dma"
+    assert _route(_mixed_layout(fake_gpu, direction, 2 << 20, 2 << 20, 3), m)[0] == "dma"
     # Long runs of mixed blocks: copies large on average, so the copy engines.
     runs = np.column_stack((np.arange(1250), np.arange(1250)))
     assert _route(layout, runs)[0] == "dma"

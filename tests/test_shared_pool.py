@@ -1,5 +1,6 @@
 """The shared pool's segment on the CPU (no GPU needed): creating, opening,
-and every refusal, named clearly (cupy_swap.cuda.shared.open_segment).
+and every refusal, named clearly (cupy_swap.cuda.shared.open_segment); the
+pool's lifecycle over a stand-in CUDA runtime (the ``fake_cuda`` fixture).
 Page-locking and swaps across processes are in test_shared_pool_gpu.py."""
 
 import gc
@@ -12,7 +13,8 @@ import pytest
 
 from cupy_swap.cuda import memory, release, shared
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(shared.SHM_DIR), reason="needs /dev/shm")
+if not os.path.isdir(shared.SHM_DIR):
+    pytest.skip("needs /dev/shm", allow_module_level=True)
 
 
 @pytest.fixture
@@ -115,43 +117,6 @@ def test_object_dtype_is_refused(name):
     with pytest.raises(TypeError, match="dtype: expected a plain data type"):
         shared.open_segment(name, 4, object, create=True)
     assert not os.path.exists(shared.segment_path(name))
-
-
-class _FakeRuntime:
-    """Stands in for CUDA: registration is recorded, registered addresses are
-    their own alias, anything else is unregistered memory."""
-
-    def __init__(self):
-        self.registered, self.unregistered = [], []
-
-    def hostRegister(self, ptr, nbytes, flags):
-        self.registered.append((ptr, nbytes))
-
-    def hostUnregister(self, ptr):
-        self.unregistered.append(ptr)
-
-    def pointerGetAttributes(self, ptr):
-        import types
-
-        live = any(p <= ptr < p + n and p not in self.unregistered for p, n in self.registered)
-        return types.SimpleNamespace(
-            type=memory._MEMORY_TYPE_HOST if live else 0, devicePointer=ptr if live else 0
-        )
-
-    def getDevice(self):
-        return 0
-
-    def setDevice(self, device):
-        pass
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    assert release.drain(timeout=10)  # nothing of earlier tests released under the stand-in
-    fake = _FakeRuntime()
-    monkeypatch.setattr(memory, "_runtime", lambda: fake)
-    yield fake
-    assert release.drain(timeout=10)  # what was dropped under the stand-in is released under it
 
 
 def test_pool_lifecycle_with_a_stand_in_runtime(name, fake_cuda):

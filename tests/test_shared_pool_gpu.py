@@ -14,10 +14,11 @@ import pytest
 import cupy_swap as cs
 
 from . import pool_workers
+from .gpu_helpers import require_gpu
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
 SHAPE = (4096, 8192)  # 32 MiB of 8 KiB blocks
 

@@ -10,11 +10,11 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
-from .test_swap_gpu import check_swap, poison, rand_fill
+from .gpu_helpers import check_swap, poison, rand_fill, require_gpu
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
 TINY_STAGING = 8 * 24 * 1024  # 24 KiB buffers: many chunks rotate through them
 

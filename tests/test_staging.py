@@ -3,13 +3,12 @@ copies and the scatter with real byte moves (``ctypes.memmove``) between
 NumPy buffers standing in for host memory, staging and the GPU cache."""
 
 import ctypes
-import dataclasses
 import zlib
 
 import numpy as np
 import pytest
 
-from cupy_swap.core.parts import DEVICE, as_parts
+from cupy_swap.core.parts import as_parts
 from cupy_swap.core.staged_plan import (
     RowRing,
     chunk_copies,
@@ -21,6 +20,8 @@ from cupy_swap.core.staged_plan import (
     plan_chunks,
     staging_parts,
 )
+
+from .fakes import on_gpu
 
 
 def _parts(arrays, name):
@@ -146,7 +147,7 @@ def _simulate(host_arrays, gpu_arrays, mapping, max_rows, ring_rows, direction):
     bpp = sum(g.row_bytes for g in groups)
     arena = np.full(ring_rows * bpp, 0xEE, np.uint8)
     base = arena.ctypes.data
-    gpu = [dataclasses.replace(p, location=DEVICE, device=0) for p in _parts(gpu_arrays, "gpu")]
+    gpu = on_gpu(_parts(gpu_arrays, "gpu"))
     m = np.asarray(mapping, np.int64)
     sizes = chunk_sizes(m.shape[0], bpp, max_rows)
     if direction == "out":

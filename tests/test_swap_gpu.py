@@ -7,57 +7,12 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
+from .gpu_helpers import DIRECTIONS, POISON, check_swap, make, poison, rand_fill, require_gpu, to_host
+
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
-POISON = 0xA5
-
-
-def rand_fill(a, rng):
-    """Per-block distinct random bytes."""
-    host = rng.integers(0, 256, size=a.nbytes, dtype=np.uint8)
-    if isinstance(a, np.ndarray):
-        a.reshape(-1).view(np.uint8)[:] = host
-    else:
-        a.reshape(-1).view(cp.uint8).set(host)
-
-
-def poison(a):
-    if isinstance(a, np.ndarray):
-        a.view(np.uint8)[...] = POISON
-    else:
-        a.view(cp.uint8).fill(POISON)
-
-
-def to_host(a):
-    return a.copy() if isinstance(a, np.ndarray) else cp.asnumpy(a)
-
-
-def make(kind, shape, dtype):
-    if kind == "host":
-        return cs.empty_pinned(shape, dtype)
-    return cp.empty(shape, dtype=dtype)
-
-
-def check_swap(sw, src, dst, mapping, **kw):
-    """Run one swap and compare every destination with the NumPy reference;
-    blocks not named in the mapping must keep their poison."""
-    srcs = src if isinstance(src, (list, tuple)) else [src]
-    dsts = dst if isinstance(dst, (list, tuple)) else [dst]
-    before = [to_host(d) for d in dsts]
-    ev = sw.swap(src, dst, mapping, **kw)
-    ev.synchronize()
-    m = np.asarray(mapping, dtype=np.int64).reshape(-1, 2)
-    for s, d, b in zip(srcs, dsts, before):
-        ref = b.copy()
-        ref[m[:, 1]] = to_host(s)[m[:, 0]]
-        got = to_host(d)
-        assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
-    return ev
-
-
-DIRECTIONS = {"in": ("host", "gpu"), "out": ("gpu", "host"), "gpu->gpu": ("gpu", "gpu")}
 DTYPES = {
     "float16": np.float16,
     "bfloat16-as-uint16": np.uint16,

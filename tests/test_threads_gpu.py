@@ -3,62 +3,18 @@ bit-exactly, whatever the ring size (a small ring makes threads come round
 to each other's descriptor slots all the time), and with inline parameters
 (threads sharing one prepared op write one parameter buffer)."""
 
-import threading
-
 import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap.tools.bench import random_mapping
+
+from .gpu_helpers import SWAPS_PER_THREAD, require_gpu, run_threads, swap_worker
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
+cp = require_gpu()
 
 THREADS = 8
-SWAPS_PER_THREAD = 40
-
-
-def _worker(sw, seed, gpu, host, results, index):
-    """Alternate swap-outs and swap-ins of random sizes on this thread's own
-    stream and arrays, without waiting in between; then compare with a NumPy
-    replay of the same swaps in order."""
-    try:
-        rng = np.random.default_rng(seed)
-        stream = cp.cuda.Stream(non_blocking=True)
-        ref_gpu, ref_host = cp.asnumpy(gpu), host.copy()
-        g_blocks, h_blocks = gpu.shape[0], host.shape[0]
-        for i in range(SWAPS_PER_THREAD):
-            # Both sides of the descriptor cut-over (64 pairs: read from
-            # pinned memory below, uploaded to the device above).
-            n = int(rng.choice([1, 5, 63, 64, 65, 200]))
-            if i % 2:
-                m = random_mapping(n, h_blocks, g_blocks, rng)
-                sw.swap_in(host, gpu, m, stream=stream, mode="kernel")
-                ref_gpu[m[:, 1]] = ref_host[m[:, 0]]
-            else:
-                m = random_mapping(n, g_blocks, h_blocks, rng)
-                sw.swap_out(gpu, host, m.tolist() if n < 16 else m, stream=stream)
-                ref_host[m[:, 1]] = ref_gpu[m[:, 0]]
-        stream.synchronize()
-        results[index] = np.array_equal(cp.asnumpy(gpu), ref_gpu) and np.array_equal(host, ref_host)
-    except BaseException as e:  # reported by the main thread
-        results[index] = e
-
-
-def _run_threads(arg_tuples, target, results):
-    """Run ``target(*args)`` in one thread per tuple, wait for all, and fail
-    with the first exception a thread stored in ``results``, or for any
-    thread whose swaps came out wrong."""
-    threads = [threading.Thread(target=target, args=args) for args in arg_tuples]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for t, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise r
-        assert r is True, f"thread {t}: swaps came out wrong"
 
 
 @pytest.mark.parametrize(
@@ -82,9 +38,9 @@ def test_many_threads_share_one_swapper(ring_size, max_inline_pairs):
         arrays.append((gpu, host))
     cp.cuda.Device().synchronize()
     results = [None] * THREADS
-    _run_threads(
+    run_threads(
         [(sw, 1000 * ring_size + t, gpu, host, results, t) for t, (gpu, host) in enumerate(arrays)],
-        _worker,
+        swap_worker,
         results,
     )
 
@@ -118,4 +74,4 @@ def test_many_threads_share_one_prepared_op():
         except BaseException as e:
             results[t] = e
 
-    _run_threads([(t,) for t in range(THREADS)], worker, results)
+    run_threads([(t,) for t in range(THREADS)], worker, results)

@@ -9,10 +9,11 @@ import pytest
 
 import cupy_swap as cs
 
-from .torch_cuda import require_torch_cuda
+from .gpu_helpers import require_gpu, require_torch_cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 
+require_gpu()
 torch = require_torch_cuda()
 
 

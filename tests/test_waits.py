@@ -3,13 +3,11 @@
 nothing to wait for, as in torch, instead of a wait on handle 0 that CUDA
 refuses; a recorded one is waited on."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 from cupy_swap.core.layout import layout_from_parts
-from cupy_swap.core.parts import DEVICE, as_parts
+from cupy_swap.core.parts import as_parts
 from cupy_swap.core.route import Policy
 from cupy_swap.cuda.streams import NO_WAIT, Wait, wait_handle
 from cupy_swap.prepared import PreparedSwap
@@ -52,12 +50,9 @@ class _Swapper:
         self._wait_event = lambda stream, event, flags: calls.append(("wait", stream, event))
 
 
-def _op(calls: list) -> PreparedSwap:
+def _op(calls: list, fake_gpu) -> PreparedSwap:
     host = np.zeros((8, 64), np.uint8)
-    gpu = [
-        dataclasses.replace(p, location=DEVICE, device=0)
-        for p in as_parts(np.zeros((8, 64), np.uint8), "dst")
-    ]
+    gpu = fake_gpu.parts(np.zeros((8, 64), np.uint8), "dst")
     layout = layout_from_parts(as_parts(host, "src"), gpu)
     return PreparedSwap(_Swapper(calls), layout, (host,))
 
@@ -71,9 +66,9 @@ def _op(calls: list) -> PreparedSwap:
     ],
     ids=["unrecorded", "unrecorded-in-a-list", "mixed"],
 )
-def test_swap_skips_unrecorded_torch_events(wait_for, waited):
+def test_swap_skips_unrecorded_torch_events(wait_for, waited, fake_gpu):
     calls: list = []
-    event = _op(calls)([], wait_for=wait_for)
+    event = _op(calls, fake_gpu)([], wait_for=wait_for)
     # Each wait on the swap's stream (77), then the swap's event recorded on it.
     assert calls == [("wait", 77, ptr) for ptr in waited] + [("record", 0xE0, 77)]
     assert event.path == "none"

@@ -1,0 +1,90 @@
+"""Stand-ins shared by the CPU tests; ``conftest.py`` hands them out as the
+``fake_gpu`` and ``fake_cuda`` fixtures.
+
+* :class:`FakeGpu`: NumPy arrays described as parts that claim to be GPU
+  memory, so layouts, routes and launches are checked without a driver.
+* :class:`FakeCudaRuntime`: CUDA's runtime as ``cupy_swap.cuda.memory``
+  calls it (pinned allocations, registrations, pointer attributes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import numpy as np
+
+from cupy_swap.core.parts import DEVICE, Part, as_parts
+from cupy_swap.cuda import memory
+
+
+def on_gpu(parts: list[Part], device: int = 0) -> list[Part]:
+    """The same parts, claiming to be memory of GPU ``device``."""
+    return [dataclasses.replace(p, location=DEVICE, device=device) for p in parts]
+
+
+class FakeGpu:
+    """Parts of NumPy arrays that claim to be GPU memory.  Parts hold no
+    reference to their arrays: this keeps every array it was given alive
+    until :meth:`release` (the end of the test, for the fixture)."""
+
+    def __init__(self):
+        self._arrays: list = []
+
+    def keep(self, obj):
+        """``obj``, kept alive until :meth:`release`."""
+        self._arrays.append(obj)
+        return obj
+
+    def parts(self, obj, name: str, convert=None, device: int = 0) -> list[Part]:
+        """``as_parts(obj, name, convert)``, on GPU ``device``."""
+        return on_gpu(as_parts(self.keep(obj), name, convert), device)
+
+    def part(self, array, name: str, device: int = 0) -> Part:
+        """The one part of ``array``, on GPU ``device``."""
+        (p,) = self.parts(array, name, device=device)
+        return p
+
+    def release(self) -> None:
+        self._arrays.clear()
+
+
+class FakeCudaRuntime:
+    """Stands in for CUDA: ``hostAlloc`` hands out page-aligned addresses of
+    real bytes (arrays over them may be read), ``hostRegister`` records the
+    range; memory allocated and not freed, or registered and not
+    unregistered, is page-locked host memory whose device alias is its own
+    address; anything else is unregistered memory.  Tests replace methods
+    (``fake.hostRegister = ...``) to record or refuse calls."""
+
+    def __init__(self):
+        self.memory, self.allocated, self.freed = [], [], []
+        self.registered, self.unregistered = [], []
+
+    def hostAlloc(self, nbytes, flags):
+        self.memory.append(np.empty(nbytes + 4096, np.uint8))
+        start = -(-self.memory[-1].ctypes.data // 4096) * 4096
+        self.allocated.append((start, nbytes))
+        return start
+
+    def freeHost(self, ptr):
+        self.freed.append(ptr)
+
+    def hostRegister(self, ptr, nbytes, flags):
+        self.registered.append((ptr, nbytes))
+
+    def hostUnregister(self, ptr):
+        self.unregistered.append(ptr)
+
+    def getDevice(self):
+        return 0
+
+    def setDevice(self, device):
+        pass
+
+    def pointerGetAttributes(self, ptr):
+        live = any(p <= ptr < p + n and p not in self.freed for p, n in self.allocated) or any(
+            p <= ptr < p + n and p not in self.unregistered for p, n in self.registered
+        )
+        return types.SimpleNamespace(
+            type=memory._MEMORY_TYPE_HOST if live else 0, devicePointer=ptr if live else 0
+        )

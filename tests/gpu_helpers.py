@@ -1,0 +1,183 @@
+"""Helpers for the GPU test modules, in one place (test modules import from
+here, never from each other).
+
+Each GPU module starts with ``cp = require_gpu()`` (``require_gpu(2)`` for
+two GPUs, then ``torch = require_torch_cuda()`` where it needs torch): on a
+machine without them the whole module is skipped at collection, with one
+reason.  Tests marked ``gpu`` inside CPU modules are skipped one by one by
+``conftest.py``, which reads the GPU status from here too."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+import pytest
+
+import cupy_swap as cs
+from cupy_swap.tools.bench import gpu_status, random_mapping
+from cupy_swap.tools.cli import no_gpu_message
+
+try:
+    import cupy as cp
+except ImportError:  # no CuPy: GPU_OK is False, and no GPU module gets past require_gpu()
+    cp = None
+
+GPU_OK, GPU_WHY = gpu_status()
+
+TORCH_REASON = 'needs PyTorch: pip install torch, or the torch extra (pip install -e ".[cuda12,test,torch]")'
+
+
+@functools.cache
+def gpu_count() -> int:
+    """CUDA devices that answer (0 without CuPy, a driver or a device)."""
+    return cp.cuda.runtime.getDeviceCount() if GPU_OK else 0
+
+
+def skip_reason(count: int = 1) -> str | None:
+    """Why a test that needs ``count`` GPUs cannot run here, or None."""
+    gpus = gpu_count()
+    if not gpus:
+        return f"needs a CUDA GPU: {no_gpu_message(GPU_WHY)}"
+    if gpus < count:
+        return f"needs {count} CUDA GPUs, found {gpus}"
+    return None
+
+
+def require_gpu(count: int = 1):
+    """The ``cupy`` module, or a skip of the calling module (at its top level)
+    when this machine has fewer than ``count`` GPUs."""
+    reason = skip_reason(count)
+    if reason:
+        pytest.skip(reason, allow_module_level=True)
+    return cp
+
+
+def require_torch_cuda():
+    """The ``torch`` module, or a module-level skip where torch or its CUDA is missing."""
+    torch = pytest.importorskip("torch", reason=TORCH_REASON)
+    if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
+        pytest.skip(
+            "needs PyTorch with CUDA (this torch build or machine has none): install a CUDA build of torch",
+            allow_module_level=True,
+        )
+    return torch
+
+
+# ------------------------------------------------------- data and bit-exact checks
+POISON = 0xA5
+
+# Where source and destination live, per direction.
+DIRECTIONS = {"in": ("host", "gpu"), "out": ("gpu", "host"), "gpu->gpu": ("gpu", "gpu")}
+
+
+def rand_fill(a, rng):
+    """Per-block distinct random bytes."""
+    host = rng.integers(0, 256, size=a.nbytes, dtype=np.uint8)
+    if isinstance(a, np.ndarray):
+        a.reshape(-1).view(np.uint8)[:] = host
+    else:
+        a.reshape(-1).view(cp.uint8).set(host)
+
+
+def poison(a):
+    if isinstance(a, np.ndarray):
+        a.view(np.uint8)[...] = POISON
+    else:
+        a.view(cp.uint8).fill(POISON)
+
+
+def to_host(a):
+    return a.copy() if isinstance(a, np.ndarray) else cp.asnumpy(a)
+
+
+def make(kind, shape, dtype):
+    if kind == "host":
+        return cs.empty_pinned(shape, dtype)
+    return cp.empty(shape, dtype=dtype)
+
+
+def check_swap(sw, src, dst, mapping, **kw):
+    """Run one swap and compare every destination with the NumPy reference;
+    blocks not named in the mapping must keep their poison."""
+    srcs = src if isinstance(src, (list, tuple)) else [src]
+    dsts = dst if isinstance(dst, (list, tuple)) else [dst]
+    before = [to_host(d) for d in dsts]
+    ev = sw.swap(src, dst, mapping, **kw)
+    ev.synchronize()
+    m = np.asarray(mapping, dtype=np.int64).reshape(-1, 2)
+    for s, d, b in zip(srcs, dsts, before):
+        ref = b.copy()
+        ref[m[:, 1]] = to_host(s)[m[:, 0]]
+        got = to_host(d)
+        assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
+    return ev
+
+
+# ------------------------------------------------------------ a busy stream
+# %globaltimer counts nanoseconds whatever the clocks do (clock64 counts SM
+# cycles, and CUDA 13 no longer reports the clock rate to convert them).
+_SPIN_SOURCE = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"""
+
+
+def spin(stream, ms: float) -> None:
+    """Keep ``stream`` busy on the GPU for ``ms`` milliseconds, so work queued
+    behind it is certainly still queued when the host acts next."""
+    kernel = cp.RawKernel(_SPIN_SOURCE, "spin")
+    with stream:
+        kernel((1,), (1,), (np.uint64(ms * 1e6),))
+
+
+# ------------------------------------------------------------ many threads
+SWAPS_PER_THREAD = 40
+
+
+def swap_worker(sw, seed, gpu, host, results, index):
+    """Alternate swap-outs and swap-ins of random sizes on this thread's own
+    stream and arrays, without waiting in between; then compare with a NumPy
+    replay of the same swaps in order."""
+    try:
+        rng = np.random.default_rng(seed)
+        stream = cp.cuda.Stream(non_blocking=True)
+        ref_gpu, ref_host = cp.asnumpy(gpu), host.copy()
+        g_blocks, h_blocks = gpu.shape[0], host.shape[0]
+        for i in range(SWAPS_PER_THREAD):
+            # Both sides of the descriptor cut-over (64 pairs: read from
+            # pinned memory below, uploaded to the device above).
+            n = int(rng.choice([1, 5, 63, 64, 65, 200]))
+            if i % 2:
+                m = random_mapping(n, h_blocks, g_blocks, rng)
+                sw.swap_in(host, gpu, m, stream=stream, mode="kernel")
+                ref_gpu[m[:, 1]] = ref_host[m[:, 0]]
+            else:
+                m = random_mapping(n, g_blocks, h_blocks, rng)
+                sw.swap_out(gpu, host, m.tolist() if n < 16 else m, stream=stream)
+                ref_host[m[:, 1]] = ref_gpu[m[:, 0]]
+        stream.synchronize()
+        results[index] = np.array_equal(cp.asnumpy(gpu), ref_gpu) and np.array_equal(host, ref_host)
+    except BaseException as e:  # reported by the main thread
+        results[index] = e
+
+
+def run_threads(arg_tuples, target, results):
+    """Run ``target(*args)`` in one thread per tuple, wait for all, and fail
+    with the first exception a thread stored in ``results``, or for any
+    thread whose swaps came out wrong."""
+    threads = [threading.Thread(target=target, args=args) for args in arg_tuples]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t, r in enumerate(results):
+        if isinstance(r, BaseException):
+            raise r
+        assert r is True, f"thread {t}: swaps came out wrong"
