@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from cupy_swap.core.mapping import check_mapping, contiguous_runs, normalize_mapping
+from cupy_swap.core.mapping import check_mapping, normalize_mapping
 
 
 @pytest.mark.parametrize(
@@ -93,12 +93,6 @@ def test_duplicate_destination_rejected():
 
 def test_duplicate_sources_are_fine():
     check_mapping(normalize_mapping([(0, 5), (0, 6)]), 10, 10, "src", "dst")
-
-
-def test_contiguous_runs():
-    m = normalize_mapping([(0, 10), (1, 11), (2, 12), (7, 13), (8, 20), (9, 21)])
-    assert contiguous_runs(m).tolist() == [[0, 10, 3], [7, 13, 1], [8, 20, 2]]
-    assert contiguous_runs(normalize_mapping([])).shape == (0, 3)
 
 
 def test_small_pairs_fast_path():

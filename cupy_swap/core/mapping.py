@@ -15,7 +15,6 @@ __all__ = [
     "check_mapping_for",
     "checked_pairs",
     "run_starts",
-    "contiguous_runs",
     "may_have_runs",
     "sampled_steps",
     "small_pairs",
@@ -239,23 +238,6 @@ def run_starts(columns: np.ndarray) -> np.ndarray:
     step = np.diff(columns, axis=0)
     broken = step != 1 if step.ndim == 1 else (step != 1).any(axis=1)
     return np.concatenate(([0], np.flatnonzero(broken) + 1))
-
-
-def contiguous_runs(m: np.ndarray) -> np.ndarray:
-    """Split a mapping into runs consecutive in both source and destination.
-
-    Parameters
-    ----------
-    m : numpy.ndarray of shape (N, 2), int64
-
-    Returns
-    -------
-    numpy.ndarray of shape (R, 3), int64
-        Rows ``(src_start, dst_start, length)`` in mapping order.
-    """
-    starts = run_starts(m)
-    lengths = np.diff(starts, append=m.shape[0])
-    return np.column_stack((m[starts, 0], m[starts, 1], lengths)).astype(np.int64)
 
 
 def sampled_steps(m: np.ndarray) -> list:

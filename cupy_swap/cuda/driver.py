@@ -7,24 +7,22 @@ of the ctypes call's host time: :func:`cupy_swap.cuda.streams.stream_is_capturin
 from __future__ import annotations
 
 import ctypes
-import threading
+import functools
 from typing import NamedTuple
 
 __all__ = ["libcuda", "memcpy_batch", "KernelNodeParams", "graph_calls"]
 
-_lock = threading.Lock()
-_lib: list = []
+# Each loader below runs once per process (functools.cache; two threads racing
+# the first call both get equivalent handles, so no lock is needed).
 
 
+@functools.cache
 def libcuda():
     """``libcuda.so.1`` as a ctypes library, or None where it cannot load."""
-    with _lock:
-        if not _lib:
-            try:
-                _lib.append(ctypes.CDLL("libcuda.so.1"))
-            except OSError:
-                _lib.append(None)
-        return _lib[0]
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 class MemcpyAttributes(ctypes.Structure):
@@ -40,16 +38,11 @@ class MemcpyAttributes(ctypes.Structure):
     ]
 
 
-_batch: list = []
-
-
+@functools.cache
 def memcpy_batch():
     """``(function, takes_fail_index)`` for ``cuMemcpyBatchAsync`` in its
     CUDA 13 form (``_v2``, no failure index) or its CUDA 12.8 form (with
     one); ``(None, False)`` where the driver has neither."""
-    with _lock:
-        if _batch:
-            return _batch[0]
     lib = libcuda()
     found = (None, False)
     if lib is not None:
@@ -62,10 +55,7 @@ def memcpy_batch():
             fn.restype = ctypes.c_int
             found = (fn, takes_fail)
             break
-    with _lock:
-        if not _batch:
-            _batch.append(found)
-        return _batch[0]
+    return found
 
 
 class KernelNodeParams(ctypes.Structure):
@@ -92,33 +82,23 @@ class GraphCalls(NamedTuple):
     set_params: object  # cuGraphExecKernelNodeSetParams(exec, node, params*), c_void_p arguments
 
 
-_graph: list = []
+_GRAPH_SYMBOLS = ("cuGraphCreate", "cuGraphAddKernelNode", "cuGraphExecKernelNodeSetParams")
 
 
+@functools.cache
 def graph_calls() -> GraphCalls | None:
     """The driver calls of :class:`cupy_swap.cuda.launcher.KernelNode`, or
-    None where ``libcuda`` cannot be loaded."""
-    with _lock:
-        if _graph:
-            return _graph[0]
+    None where ``libcuda`` cannot be loaded or lacks one of them."""
     lib = libcuda()
-    calls = None
-    if lib is not None:
-        ptr = ctypes.c_void_p
-        create, add, set_params = (
-            lib.cuGraphCreate,
-            lib.cuGraphAddKernelNode,
-            lib.cuGraphExecKernelNodeSetParams,
-        )
-        create.argtypes = [ptr, ctypes.c_uint]
-        add.argtypes = [ptr, ptr, ptr, ctypes.c_size_t, ptr]
-        # cuGraphExecKernelNodeSetParams runs on every eager kernel swap: no
-        # argtypes, so ctypes passes the caller's prebuilt c_void_p objects
-        # through without converting Python ints.
-        for fn in (create, add, set_params):
-            fn.restype = ctypes.c_int
-        calls = GraphCalls(create, add, set_params)
-    with _lock:
-        if not _graph:
-            _graph.append(calls)
-        return _graph[0]
+    if lib is None or not all(hasattr(lib, name) for name in _GRAPH_SYMBOLS):
+        return None
+    ptr = ctypes.c_void_p
+    create, add, set_params = (getattr(lib, name) for name in _GRAPH_SYMBOLS)
+    create.argtypes = [ptr, ctypes.c_uint]
+    add.argtypes = [ptr, ptr, ptr, ctypes.c_size_t, ptr]
+    # cuGraphExecKernelNodeSetParams runs on every eager kernel swap: no
+    # argtypes, so ctypes passes the caller's prebuilt c_void_p objects
+    # through without converting Python ints.
+    for fn in (create, add, set_params):
+        fn.restype = ctypes.c_int
+    return GraphCalls(create, add, set_params)
