@@ -3,14 +3,7 @@
 # (hatchling from ./.whl for the packaging tests), then the reproductions'
 # figures (benchmarks/lifetime_repros.py).  Results land in $OUT.
 set -uo pipefail
-OUT=${OUT:-device-out}
-PY=${PY:-/opt/torch/.venv/bin/python3}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 status=0
 nvidia-smi -L | tee "$OUT/pytest.log"
 $PY -m pytest -q -p no:cacheprovider "$@" 2>&1 | tail -40 | tee -a "$OUT/pytest.log"

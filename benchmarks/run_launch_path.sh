@@ -4,15 +4,8 @@
 #   CUPY_SWAP_COMMIT=$(git rev-parse --short HEAD) STEPS="tests sweep goals" \
 #       bash benchmarks/run_launch_path.sh [pytest args]
 set -uo pipefail
-OUT=${OUT:-device-out}
-PY=${PY:-/opt/torch/.venv/bin/python3}
 STEPS=${STEPS:-tests sweep goals}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 status=0
 echo "${CUPY_SWAP_COMMIT:-unknown}" | tee "$OUT/commit.txt"  # the device's git metadata may be stale
 for step in $STEPS; do

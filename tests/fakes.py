@@ -88,3 +88,24 @@ class FakeCudaRuntime:
         return types.SimpleNamespace(
             type=memory._MEMORY_TYPE_HOST if live else 0, devicePointer=ptr if live else 0
         )
+
+
+def case_row(case, mode: str) -> dict:
+    """What ``bench.run_case`` returns for ``case``, with made-up figures (for
+    command-line tests that stub the measurements)."""
+    return {
+        "direction": case.direction,
+        "block_bytes": case.block_bytes,
+        "num_blocks": case.num_blocks,
+        "parts": case.parts,
+        "contiguous": case.contiguous,
+        "bytes": case.total_bytes,
+        "mode": mode,
+        "path": "kernel",
+        "gbps": 1.0,
+        "ceiling_gbps": 2.0,
+        "ratio": 0.5,
+        "device_ratio": 0.5,
+        "latency_s": 1e-3,
+        "verified": True,
+    }

@@ -16,6 +16,7 @@ from cupy_swap.cuda import availability
 from cupy_swap.tools import cli, node
 from cupy_swap.tools.cli import EXIT_NO_GPU, _parse_sizes, build_parser
 
+from .fakes import case_row
 from .gpu_helpers import GPU_OK
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -168,25 +169,6 @@ def test_demo_footprint_is_what_the_demo_allocates(direction, monkeypatch):
     assert sum(a.nbytes for a in host) == sum(a.nbytes for a in gpu) == cli.demo_footprint()
 
 
-def _fake_row(case, mode):
-    return {
-        "direction": case.direction,
-        "block_bytes": case.block_bytes,
-        "num_blocks": case.num_blocks,
-        "parts": case.parts,
-        "contiguous": case.contiguous,
-        "bytes": case.total_bytes,
-        "mode": mode,
-        "path": "kernel",
-        "gbps": 1.0,
-        "ceiling_gbps": 2.0,
-        "ratio": 0.5,
-        "device_ratio": 0.5,
-        "latency_s": 1e-3,
-        "verified": True,
-    }
-
-
 def test_bench_passes_parsed_arguments_on(monkeypatch, tmp_path, capsys):
     """The parsed lists reach the cases (CPU: the measuring functions are stubbed)."""
     seen = _stub_measurements(monkeypatch)
@@ -230,7 +212,7 @@ def _stub_measurements(monkeypatch, *, devices=1):
 
     def fake_run_case(case, *, max_ctas=None, reps=30, baseline=True, mode="auto"):
         seen.append((case.direction, case.block_bytes, case.num_blocks, case.parts, mode, reps, max_ctas))
-        return _fake_row(case, mode)
+        return case_row(case, mode)
 
     monkeypatch.setattr(cli, "_require_gpu", lambda: "fake GPU")
     monkeypatch.setattr(cli, "_device_count", lambda: devices)

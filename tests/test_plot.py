@@ -10,6 +10,8 @@ import pytest
 from cupy_swap.tools import bench, cli, peers, plot
 from cupy_swap.tools.peers import CONTENDER_COLUMNS, CONTENDER_LABELS, CONTENDERS, PEER_CASES
 
+from .fakes import case_row
+
 pytest.importorskip("matplotlib", reason="the test extra brings matplotlib")
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -179,21 +181,7 @@ def test_wide_sweep_honours_directions_and_goals_still_parses(fake_gpu, monkeypa
 
     def fake_run_case(case, *, max_ctas=None, reps=30, baseline=True, mode="auto"):
         seen.append(case.direction)
-        return {
-            "direction": case.direction,
-            "block_bytes": case.block_bytes,
-            "num_blocks": case.num_blocks,
-            "parts": case.parts,
-            "contiguous": case.contiguous,
-            "mode": mode,
-            "path": "kernel",
-            "gbps": 1.0,
-            "ceiling_gbps": 2.0,
-            "ratio": 0.5,
-            "device_ratio": 0.5,
-            "latency_s": 1e-3,
-            "verified": True,
-        }
+        return case_row(case, mode)
 
     monkeypatch.setattr(cli, "run_case", fake_run_case)
     assert cli.main(["bench", "--sweep", "wide", "--directions", "in", "--no-baseline"]) == cli.EXIT_OK

@@ -18,25 +18,8 @@ import cupy as cp
 import numpy as np
 
 import cupy_swap as cs
-from cupy_swap.cuda.driver import libcuda
+from cupy_swap.cuda.driver import KernelNodeParams, libcuda
 from cupy_swap.tools.bench import host_time, random_mapping, time_blocking
-
-
-class KernelNodeParams(ctypes.Structure):
-    """``CUDA_KERNEL_NODE_PARAMS`` (v1, the unversioned driver symbol's)."""
-
-    _fields_ = [
-        ("func", ctypes.c_void_p),
-        ("gridDimX", ctypes.c_uint),
-        ("gridDimY", ctypes.c_uint),
-        ("gridDimZ", ctypes.c_uint),
-        ("blockDimX", ctypes.c_uint),
-        ("blockDimY", ctypes.c_uint),
-        ("blockDimZ", ctypes.c_uint),
-        ("sharedMemBytes", ctypes.c_uint),
-        ("kernelParams", ctypes.c_void_p),
-        ("extra", ctypes.c_void_p),
-    ]
 
 
 def driver_calls():
