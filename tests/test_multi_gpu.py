@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
+from cupy_swap.cuda import release
 from cupy_swap.tools.bench import random_mapping
 
 from .gpu_helpers import check_swap, poison, rand_fill, require_gpu, spin
@@ -112,3 +113,37 @@ def test_swapper_refuses_arrays_of_the_other_gpu(rng):
     with pytest.raises(ValueError, match=r"dst: expected an array on GPU 0 .*got one on GPU 1"):
         sw0.swap_in(host, gpu1, [(0, 0)])
     assert np.all(cp.asnumpy(gpu1) == 0xA5)
+
+
+@pytest.mark.parametrize("kind", ["empty_pinned", "shared_pinned"])
+@pytest.mark.parametrize("allocated_on", [0, 1])
+def test_a_pool_dropped_with_swaps_queued_on_both_gpus_waits_for_both(rng, kind, allocated_on):
+    """One pool, a swap-out queued into it on each GPU behind a long spin,
+    then the pool is dropped: the next unrelated call does not wait, and the
+    release (on the releaser thread) returns only once the swaps of *both*
+    GPUs have run, whichever GPU was current when the pool was made."""
+    with cp.cuda.Device(allocated_on):
+        if kind == "empty_pinned":
+            pool = cs.empty_pinned((128, 4096), np.uint8)
+        else:
+            name = f"multi-gpu-pool-{allocated_on}"
+            cs.unlink_shared(name, missing_ok=True)
+            pool = cs.shared_pinned(name, (128, 4096), np.uint8, create=True)
+            cs.unlink_shared(name)
+    events = []
+    for device in (0, 1):
+        sw = cs.BlockSwapper(max_blocks=64, device=device)
+        with cp.cuda.Device(device):
+            gpu = cp.empty((64, 4096), cp.uint8)
+            rand_fill(gpu, rng)
+            cp.cuda.Device(device).synchronize()
+            s = cp.cuda.Stream(non_blocking=True)
+            sw.swap_out(gpu, pool, [(0, 64 * device)], stream=s).synchronize()  # compiled first
+            spin(s, 1000)
+        rows = np.column_stack((np.arange(64), 64 * device + np.arange(64)))
+        events.append(sw.swap_out(gpu, pool, rows, stream=s))
+    del pool
+    small = cs.empty_pinned(1, np.uint8)
+    assert not any(ev.done for ev in events)  # that call waited for neither GPU
+    assert release.drain(timeout=30) and small.size == 1
+    assert [ev.done for ev in events] == [True, True]  # the release waited for both
