@@ -130,20 +130,24 @@ def test_a_pool_dropped_with_swaps_queued_on_both_gpus_waits_for_both(rng, kind,
             cs.unlink_shared(name, missing_ok=True)
             pool = cs.shared_pinned(name, (128, 4096), np.uint8, create=True)
             cs.unlink_shared(name)
-    events = []
-    for device in (0, 1):
+    swaps = []
+    for device in (0, 1):  # everything compiled, loaded and allocated before the spins
         sw = cs.BlockSwapper(max_blocks=64, device=device)
         with cp.cuda.Device(device):
             gpu = cp.empty((64, 4096), cp.uint8)
             rand_fill(gpu, rng)
             cp.cuda.Device(device).synchronize()
             s = cp.cuda.Stream(non_blocking=True)
-            sw.swap_out(gpu, pool, [(0, 64 * device)], stream=s).synchronize()  # compiled first
+            spin(s, 1)
+            sw.swap_out(gpu, pool, [(0, 64 * device)], stream=s).synchronize()
+        swaps.append((device, sw, gpu, s, np.column_stack((np.arange(64), 64 * device + np.arange(64)))))
+    events = []
+    for device, sw, gpu, s, rows in swaps:
+        with cp.cuda.Device(device):
             spin(s, 1000)
-        rows = np.column_stack((np.arange(64), 64 * device + np.arange(64)))
         events.append(sw.swap_out(gpu, pool, rows, stream=s))
     del pool
     small = cs.empty_pinned(1, np.uint8)
-    assert not any(ev.done for ev in events)  # that call waited for neither GPU
+    assert [ev.done for ev in events] == [False, False]  # that call waited for neither GPU
     assert release.drain(timeout=30) and small.size == 1
     assert [ev.done for ev in events] == [True, True]  # the release waited for both
