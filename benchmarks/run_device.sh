@@ -25,8 +25,8 @@ for step in $STEPS; do
     case $step in
     tests)
         nvidia-smi -L | tee "$OUT/pytest.log"
-        $PY -m pytest -q -p no:cacheprovider "$@" 2>&1 | tail -40 | tee -a "$OUT/pytest.log"
-        [[ ${PIPESTATUS[0]} == 0 ]] || status=1 ;;
+        $PY -m pytest -q -p no:cacheprovider "$@" >>"$OUT/pytest.log" 2>&1 || status=1
+        tail -40 "$OUT/pytest.log" ;;
     peers)
         bench --peers --json "$OUT/peers.json" 2>&1 | tee "$OUT/peers.log" || status=1 ;;
     gpus)

@@ -2,6 +2,8 @@
 any CUDA call, and allocation, registration and release over a stand-in
 CUDA runtime (the ``fake_cuda`` fixture)."""
 
+import mmap
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,54 @@ def test_two_threads_unregistering_one_range_unpin_it_once(fake_cuda, monkeypatc
         cs.unregister_host(array)
     monkeypatch.undo()
     assert unpinned == [] and memory._registry.find(array.ctypes.data, 1) is None
+
+
+@pytest.fixture
+def two_gpus(fake_cuda, monkeypatch):
+    """The stand-in runtime with two GPUs in use, GPU 1 current, recording
+    in order which GPU is made current and what is freed or (un)registered."""
+    steps, current = [], [1]
+    monkeypatch.setattr(memory.driver, "devices_in_use", lambda: [0, 1])
+
+    def set_device(d):
+        current[0] = d
+
+    fake_cuda.setDevice, fake_cuda.getDevice = set_device, lambda: current[0]
+    fake_cuda.hostRegister = lambda p, n, f: steps.append(("register", current[0], n))
+    fake_cuda.hostUnregister = lambda p: steps.append(("unregister", current[0], p))
+    fake_cuda.freeHost = lambda p: steps.append(("free", current[0], p))
+    return steps, current
+
+
+def test_a_release_waits_for_every_gpu_in_use_before_it_frees(two_gpus):
+    """On two H200s cudaFreeHost waited only for the GPU the memory was
+    allocated on, cudaHostUnregister only for the current one: a swap queued
+    on the other GPU then wrote freed memory.  A release now unregisters a
+    private page with each GPU in use current (each waits for its GPU), then
+    frees with the allocating GPU current."""
+    steps, current = two_gpus
+    buf = memory._PinnedBuffer((64,), np.dtype(np.uint8))  # allocated with GPU 1 current
+    ptr = buf.__array_interface__["data"][0]
+    del buf
+    assert release.drain(timeout=10)
+    page = [s[2] for s in steps if s[0] == "unregister"]
+    assert len(set(page)) == 1 and page[0] != ptr  # one private page, not the buffer
+    assert steps == [
+        ("register", 0, mmap.PAGESIZE),
+        ("unregister", 0, page[0]),
+        ("register", 1, mmap.PAGESIZE),
+        ("unregister", 1, page[0]),
+        ("free", 1, ptr),
+    ]
+
+
+def test_unregister_host_waits_for_every_gpu_then_restores_the_callers_gpu(two_gpus):
+    steps, current = two_gpus
+    array = np.zeros(1 << 12, np.uint8)
+    cs.register_host(array)
+    steps.clear()
+    current[0] = 0  # the caller's GPU; the waits end with GPU 1 current
+    cs.unregister_host(array)
+    waits = [("register", 0), ("unregister", 0), ("register", 1), ("unregister", 1)]
+    assert [s[:2] for s in steps] == waits + [("unregister", 0)]  # then the range, on the caller's GPU
+    assert steps[-1][2] == array.ctypes.data and current[0] == 0

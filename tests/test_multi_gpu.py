@@ -3,6 +3,8 @@ arrays, streams and waits are handled on its own device.  Each test
 prepares its GPU-1 data on GPU 1 and waits for it there, so no swap races
 the preparation."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -115,21 +117,31 @@ def test_swapper_refuses_arrays_of_the_other_gpu(rng):
     assert np.all(cp.asnumpy(gpu1) == 0xA5)
 
 
-@pytest.mark.parametrize("kind", ["empty_pinned", "shared_pinned"])
+def _pool(kind: str, name: str):
+    if kind == "empty_pinned":
+        return cs.empty_pinned((128, 4096), np.uint8)
+    if kind == "shared_pinned":
+        cs.unlink_shared(name, missing_ok=True)
+        pool = cs.shared_pinned(name, (128, 4096), np.uint8, create=True)
+        cs.unlink_shared(name)
+        return pool
+    pool = np.zeros((128, 4096), np.uint8)
+    cs.register_host(pool)
+    return pool
+
+
+@pytest.mark.parametrize("kind", ["empty_pinned", "shared_pinned", "register_host"])
 @pytest.mark.parametrize("allocated_on", [0, 1])
-def test_a_pool_dropped_with_swaps_queued_on_both_gpus_waits_for_both(rng, kind, allocated_on):
+def test_a_pool_released_with_swaps_queued_on_both_gpus_waits_for_both(rng, kind, allocated_on):
     """One pool, a swap-out queued into it on each GPU behind a long spin,
-    then the pool is dropped: the next unrelated call does not wait, and the
-    release (on the releaser thread) returns only once the swaps of *both*
-    GPUs have run, whichever GPU was current when the pool was made."""
+    then the pool is dropped (or ``unregister_host`` is called): the release
+    returns only once the swaps of *both* GPUs have run, whichever GPU was
+    current when the pool was made.  On two H200s the free once waited for
+    one GPU only, and the other GPU's swap wrote freed memory (an illegal
+    address).  Meanwhile the hot path is not held up by the waiting release."""
     with cp.cuda.Device(allocated_on):
-        if kind == "empty_pinned":
-            pool = cs.empty_pinned((128, 4096), np.uint8)
-        else:
-            name = f"multi-gpu-pool-{allocated_on}"
-            cs.unlink_shared(name, missing_ok=True)
-            pool = cs.shared_pinned(name, (128, 4096), np.uint8, create=True)
-            cs.unlink_shared(name)
+        pool = _pool(kind, f"multi-gpu-pool-{allocated_on}")
+    other = cs.empty_pinned((64, 4096), np.uint8)
     swaps = []
     for device in (0, 1):  # everything compiled, loaded and allocated before the spins
         sw = cs.BlockSwapper(max_blocks=64, device=device)
@@ -140,14 +152,27 @@ def test_a_pool_dropped_with_swaps_queued_on_both_gpus_waits_for_both(rng, kind,
             s = cp.cuda.Stream(non_blocking=True)
             spin(s, 1)
             sw.swap_out(gpu, pool, [(0, 64 * device)], stream=s).synchronize()
+            sw.swap_out(gpu, other, [(0, 0)], stream=s).synchronize()
         swaps.append((device, sw, gpu, s, np.column_stack((np.arange(64), 64 * device + np.arange(64)))))
     events = []
     for device, sw, gpu, s, rows in swaps:
         with cp.cuda.Device(device):
             spin(s, 1000)
         events.append(sw.swap_out(gpu, pool, rows, stream=s))
+    if kind == "register_host":
+        with cp.cuda.Device(allocated_on):
+            cs.unregister_host(pool)
+        assert [ev.done for ev in events] == [True, True]
+        assert cp.cuda.runtime.getDevice() == allocated_on  # the caller's GPU is current again
+        return
     del pool
-    small = cs.empty_pinned(1, np.uint8)
-    assert [ev.done for ev in events] == [False, False]  # that call waited for neither GPU
-    assert release.drain(timeout=30) and small.size == 1
+    time.sleep(0.1)  # the releaser is now waiting for the GPUs
+    _, sw0, gpu0, s0, rows0 = swaps[0]
+    t = time.perf_counter()
+    later = sw0.swap_out(gpu0, other, rows0, stream=s0)
+    assert time.perf_counter() - t < 0.5, "the swap call waited for the release"
+    assert [ev.done for ev in events] == [False, False]
+    assert release.drain(timeout=30)
     assert [ev.done for ev in events] == [True, True]  # the release waited for both
+    later.synchronize()
+    assert np.array_equal(other, cp.asnumpy(gpu0))

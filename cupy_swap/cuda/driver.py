@@ -10,7 +10,7 @@ import ctypes
 import functools
 from typing import NamedTuple
 
-__all__ = ["libcuda", "memcpy_batch", "KernelNodeParams", "graph_calls"]
+__all__ = ["libcuda", "memcpy_batch", "KernelNodeParams", "graph_calls", "devices_in_use"]
 
 # Each loader below runs once per process (functools.cache; two threads racing
 # the first call both get equivalent handles, so no lock is needed).
@@ -23,6 +23,26 @@ def libcuda():
         return ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
+
+
+def devices_in_use() -> list[int]:
+    """The GPUs (ordinals) whose primary context is active in this process:
+    every GPU that CuPy, torch or cupy_swap has used here.  Empty where the
+    driver cannot say (no driver: then nothing was queued on any GPU)."""
+    lib = libcuda()
+    count = ctypes.c_int()
+    if lib is None or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return []
+    used = []
+    for ordinal in range(count.value):
+        device, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+            continue
+        if lib.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(active)) != 0:
+            continue
+        if active.value:
+            used.append(ordinal)
+    return used
 
 
 class MemcpyAttributes(ctypes.Structure):

@@ -13,12 +13,13 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import mmap
 import os
 import threading
 
 import numpy as np
 
-from . import release
+from . import driver, release
 from .availability import translate_unavailable
 
 __all__ = [
@@ -187,19 +188,48 @@ def _free_host(ptr: int) -> None:
     _runtime().freeHost(ptr)
 
 
+# One private page of this process, registered and unregistered by
+# wait_for_gpus_in_use (under the lock: a page is registered once at a time).
+_wait_page: list = []
+_wait_lock = threading.Lock()
+
+
+def wait_for_gpus_in_use() -> None:
+    """Return once the work queued on every GPU this process uses (every
+    stream) has completed; the last of them is left current.
+
+    The frees alone are not enough on a machine with several GPUs: on two
+    H200s (benchmarks/probes/free_host_probe.py) ``cudaFreeHost`` waited
+    for the queued work of the GPU the memory was allocated on only, and
+    ``cudaHostUnregister`` for that of the current GPU only, so a swap
+    queued on the other GPU wrote freed memory (an illegal address).
+    Unregistering a private page with a GPU current waits for that GPU and,
+    unlike ``cudaDeviceSynchronize``, leaves a graph that another thread is
+    capturing valid (benchmarks/probes/capture_probe.py).  Call it in
+    relaxed capture mode."""
+    runtime = _runtime()
+    with _wait_lock:
+        if not _wait_page:
+            _wait_page.append(mmap.mmap(-1, mmap.PAGESIZE))  # its own page: never registered by anyone else
+        ptr = np.frombuffer(_wait_page[0], np.uint8).ctypes.data
+        for device in driver.devices_in_use():
+            runtime.setDevice(device)
+            runtime.hostRegister(ptr, mmap.PAGESIZE, _PORTABLE_MAPPED)
+            runtime.hostUnregister(ptr)  # waits for the work queued on this GPU
+
+
 def release_owned(ptr: int, free, device: int | None = None) -> None:
     """Release a range cupy_swap owns (every array over it is gone), on the
-    releaser thread: unpublish it (no lookup finds it), then ``free(ptr)``
-    (``cudaFreeHost``, or ``cudaHostUnregister`` and unmap).  Both wait for
-    the work queued on the device before they return (the driver
-    synchronizes the context, as a 0.5 s free behind a queued swap showed),
-    and, unlike ``cudaDeviceSynchronize``, they leave a graph that another
-    thread is capturing valid (benchmarks/probes/capture_probe.py); the
-    releaser runs in relaxed capture mode, which permits them.
-    ``tests/test_lifetimes_gpu.py`` checks the wait: the swap queued on a
-    dropped pool has completed when its release has.  A failure propagates
-    to the releaser, which reports it."""
+    releaser thread: unpublish it (no lookup finds it), wait for the work
+    queued on every GPU in use (:func:`wait_for_gpus_in_use`), then
+    ``free(ptr)`` (``cudaFreeHost``, or ``cudaHostUnregister`` and unmap).
+    The releaser runs in relaxed capture mode, which permits these calls
+    while another thread captures.  ``tests/test_lifetimes_gpu.py`` and
+    ``tests/test_multi_gpu.py`` check the wait: the swaps queued on a
+    dropped pool, on one GPU or two, have completed when its release has.  A
+    failure propagates to the releaser, which reports it."""
     _registry.remove(ptr)  # owned ranges: no array over them, so no cached layout (no generation bump)
+    wait_for_gpus_in_use()
     if device is not None:  # the allocating thread's GPU: no context made on another one
         _runtime().setDevice(device)
     free(ptr)
@@ -314,11 +344,11 @@ def unregister_host(array: np.ndarray) -> None:
     """Undo :func:`register_host` for the same array (same start address).
 
     In order: the range is unpublished (swaps and cached layouts no longer
-    find it: a later swap on it raises), then unpinned with
-    ``cudaHostUnregister``, which first waits for the work queued on the
-    device (so no queued swap touches the memory once this returns) and,
-    called here in relaxed capture mode, leaves a graph another thread is
-    capturing valid; then it is forgotten.  If CUDA refuses, the range is
+    find it: a later swap on it raises); the call waits for the work queued
+    on every GPU this process uses (so no queued swap touches the memory
+    once this returns); the range is unpinned with ``cudaHostUnregister``;
+    then it is forgotten.  The waits, made in relaxed capture mode, leave a
+    graph another thread is capturing valid.  If CUDA refuses, the range is
     published again and the error raised, so the call can be retried.  Do
     not replay graphs that swap to or from the range afterwards.
 
@@ -339,9 +369,15 @@ def unregister_host(array: np.ndarray) -> None:
     if _registry.remove(ptr) is None:  # unpublish (another thread may have been first)
         raise ValueError("array: expected a registered range, got one another call just unregistered")
     _generation[0] += 1  # cached layouts resolve their host aliases again
+    runtime = _runtime()
+    caller_device = runtime.getDevice()
     try:
         with release.relaxed_capture_mode():
-            _runtime().hostUnregister(ptr)  # waits for the queued work, then unpins
+            try:
+                wait_for_gpus_in_use()
+            finally:
+                runtime.setDevice(caller_device)
+            runtime.hostUnregister(ptr)
     except Exception as e:
         _registry.add(r)  # still pinned: publish it again
         raise RuntimeError(
