@@ -53,5 +53,6 @@ def fake_cuda(monkeypatch):
     assert release.drain(timeout=10)  # nothing of earlier tests released under the stand-in
     fake = FakeCudaRuntime()
     monkeypatch.setattr(memory, "_runtime", lambda: fake)
+    monkeypatch.setattr(memory.driver, "devices_in_use", lambda: [])  # no GPU queued anything here
     yield fake
     assert release.drain(timeout=10)

@@ -229,7 +229,11 @@ def release_owned(ptr: int, free, device: int | None = None) -> None:
     dropped pool, on one GPU or two, have completed when its release has.  A
     failure propagates to the releaser, which reports it."""
     _registry.remove(ptr)  # owned ranges: no array over them, so no cached layout (no generation bump)
-    wait_for_gpus_in_use()
+    try:
+        wait_for_gpus_in_use()
+    except BaseException:
+        release.keep_for_process(free)  # a GPU may still use the memory: never free or unmap it
+        raise
     if device is not None:  # the allocating thread's GPU: no context made on another one
         _runtime().setDevice(device)
     free(ptr)

@@ -1,0 +1,82 @@
+"""Does a release that waits for the GPU hold up other threads' calls?
+
+A 1 s spin kernel is queued on one stream; a second thread then makes a call
+that waits for the queued work (``cudaFreeHost``, ``cudaHostUnregister``,
+or the register/unregister pair of a private page that the library's
+releaser uses).  While it waits, the main thread times the calls a swap and
+its caller make, on another stream.  A call that takes ~1 s was blocked.
+
+    python benchmarks/probes/release_lock_probe.py
+"""
+
+import mmap
+import threading
+import time
+
+import cupy as cp
+import numpy as np
+from cupy.cuda import runtime
+
+_PORTABLE_MAPPED = 3
+SPIN = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}
+"""
+
+
+def main() -> None:
+    kernel = cp.RawKernel(SPIN, "spin")
+    busy, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    kernel((1,), (1,), (np.uint64(1),), stream=busy)
+    src = cp.cuda.alloc_pinned_memory(4096)
+    dst = cp.empty(4096, cp.uint8)
+    other.begin_capture()
+    kernel((1,), (1,), (np.uint64(1),), stream=other)
+    graph = other.end_capture()
+    page = mmap.mmap(-1, mmap.PAGESIZE)
+    page_ptr = np.frombuffer(page, np.uint8).ctypes.data
+    cp.cuda.Device().synchronize()
+
+    def page_wait():
+        runtime.hostRegister(page_ptr, mmap.PAGESIZE, _PORTABLE_MAPPED)
+        runtime.hostUnregister(page_ptr)
+
+    calls = {
+        "event record": lambda: other.record(),
+        "cudaMemcpyAsync 4 KiB": lambda: runtime.memcpyAsync(dst.data.ptr, src.ptr, 4096, 1, other.ptr),
+        "kernel launch": lambda: kernel((1,), (1,), (np.uint64(1),), stream=other),
+        "graph launch": lambda: graph.launch(other),
+        "stream query": lambda: other.done,
+        "pointer attributes": lambda: runtime.pointerGetAttributes(src.ptr),
+        "cudaHostAlloc 8 B": lambda: runtime.freeHost(runtime.hostAlloc(8, _PORTABLE_MAPPED)),
+    }
+    for name, make in (
+        ("cudaFreeHost", lambda: (lambda p=runtime.hostAlloc(1 << 20, _PORTABLE_MAPPED): runtime.freeHost(p))),
+        ("cudaHostUnregister", None),
+        ("page register+unregister", lambda: page_wait),
+    ):
+        if name == "cudaHostUnregister":
+            buf = np.zeros(1 << 20, np.uint8)
+            runtime.hostRegister(buf.ctypes.data, buf.nbytes, _PORTABLE_MAPPED)
+            blocker = lambda b=buf: runtime.hostUnregister(b.ctypes.data)  # noqa: E731
+        else:
+            blocker = make()
+        kernel((1,), (1,), (np.uint64(1e9),), stream=busy)
+        t = threading.Thread(target=blocker)
+        t.start()
+        time.sleep(0.05)
+        line = []
+        for call_name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            line.append(f"{call_name} {(time.perf_counter() - start) * 1e3:.2f} ms")
+        t.join()
+        other.synchronize()
+        print(f"{name} waiting on another thread: " + "; ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
