@@ -9,6 +9,7 @@ its caller make, on another stream.  A call that takes ~1 s was blocked.
     python benchmarks/probes/release_lock_probe.py
 """
 
+import functools
 import mmap
 import threading
 import time
@@ -54,7 +55,10 @@ def main() -> None:
         "cudaHostAlloc 8 B": lambda: runtime.freeHost(runtime.hostAlloc(8, _PORTABLE_MAPPED)),
     }
     for name, make in (
-        ("cudaFreeHost", lambda: (lambda p=runtime.hostAlloc(1 << 20, _PORTABLE_MAPPED): runtime.freeHost(p))),
+        (
+            "cudaFreeHost",
+            lambda: functools.partial(runtime.freeHost, runtime.hostAlloc(1 << 20, _PORTABLE_MAPPED)),
+        ),
         ("cudaHostUnregister", None),
         ("page register+unregister", lambda: page_wait),
     ):
