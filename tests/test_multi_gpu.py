@@ -3,8 +3,6 @@ arrays, streams and waits are handled on its own device.  Each test
 prepares its GPU-1 data on GPU 1 and waits for it there, so no swap races
 the preparation."""
 
-import time
-
 import numpy as np
 import pytest
 
@@ -138,10 +136,9 @@ def test_a_pool_released_with_swaps_queued_on_both_gpus_waits_for_both(rng, kind
     returns only once the swaps of *both* GPUs have run, whichever GPU was
     current when the pool was made.  On two H200s the free once waited for
     one GPU only, and the other GPU's swap wrote freed memory (an illegal
-    address).  Meanwhile the hot path is not held up by the waiting release."""
+    address)."""
     with cp.cuda.Device(allocated_on):
         pool = _pool(kind, f"multi-gpu-pool-{allocated_on}")
-    other = cs.empty_pinned((64, 4096), np.uint8)
     swaps = []
     for device in (0, 1):  # everything compiled, loaded and allocated before the spins
         sw = cs.BlockSwapper(max_blocks=64, device=device)
@@ -152,7 +149,6 @@ def test_a_pool_released_with_swaps_queued_on_both_gpus_waits_for_both(rng, kind
             s = cp.cuda.Stream(non_blocking=True)
             spin(s, 1)
             sw.swap_out(gpu, pool, [(0, 64 * device)], stream=s).synchronize()
-            sw.swap_out(gpu, other, [(0, 0)], stream=s).synchronize()
         swaps.append((device, sw, gpu, s, np.column_stack((np.arange(64), 64 * device + np.arange(64)))))
     events = []
     for device, sw, gpu, s, rows in swaps:
@@ -165,14 +161,6 @@ def test_a_pool_released_with_swaps_queued_on_both_gpus_waits_for_both(rng, kind
         assert [ev.done for ev in events] == [True, True]
         assert cp.cuda.runtime.getDevice() == allocated_on  # the caller's GPU is current again
         return
-    del pool
-    time.sleep(0.1)  # the releaser is now waiting for the GPUs
-    _, sw0, gpu0, s0, rows0 = swaps[0]
-    t = time.perf_counter()
-    later = sw0.swap_out(gpu0, other, rows0, stream=s0)
-    assert time.perf_counter() - t < 0.5, "the swap call waited for the release"
-    assert [ev.done for ev in events] == [False, False]
+    del pool  # released on the releaser thread
     assert release.drain(timeout=30)
     assert [ev.done for ev in events] == [True, True]  # the release waited for both
-    later.synchronize()
-    assert np.array_equal(other, cp.asnumpy(gpu0))
