@@ -3,6 +3,8 @@ tables of ``benchmarks/results/RESULTS.md``, and the README's tables.
 
     python benchmarks/make_tables.py RESULTS_DIR COMMIT > benchmarks/results/RESULTS.md
     python benchmarks/make_tables.py --readme RESULTS_DIR COMMIT
+    python benchmarks/make_tables.py --peers peers.json   # the README's performance table
+    python benchmarks/make_tables.py --gpus gpus.json     # the two-GPU table (bench --gpus)
 
 The second form prints the three tables the README quotes (headline, full
 duplex, CTA budget), so every README figure is a copy of a stored one.
@@ -187,8 +189,41 @@ def peers_table(peers_json: Path) -> list:
     return out
 
 
+# Ratio to the memcpy aggregate of the same driver that a two-GPU row should reach.
+GPUS_GOALS = {("threads", 32 << 10): 0.90, ("one-thread", 32 << 10): 0.92, ("processes", 32 << 10): 0.92}
+GPUS_GOAL_LARGE = 0.97  # 2 MiB blocks, every driver
+
+
+def gpus_table(gpus_json: Path) -> list:
+    """The two-GPU table from a stored ``bench --gpus ... --json``: per block
+    size, driver and direction, GB/s of all GPUs together against the memcpy
+    aggregate of the same driver, with the goal and whether every copy was
+    bit-exact."""
+    runs = json.loads(gpus_json.read_text())["gpus"]
+    out = [
+        "| block | driver | direction | GB/s, all GPUs | memcpy GB/s | ratio | goal | bit-exact |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        for r in run["together"]:
+            if r["direction"] == "duplex":
+                goal = None
+            else:
+                goal = GPUS_GOALS.get((r["driver"], run["block_bytes"]), GPUS_GOAL_LARGE)
+            met = "" if goal is None else (" (met)" if r["ratio"] >= goal else " (not met)")
+            out.append(
+                f"| {run['num_blocks']} x {size(run['block_bytes'])} | {r['driver']} | {r['direction']} | "
+                f"{r['gbps']:.1f} | {r['memcpy_gbps']:.1f} | {r['ratio']:.3f} | "
+                f"{'-' if goal is None else f'>= {goal:.2f}'}{met} | {yes(r['verified'])} |"
+            )
+    return out
+
+
 def main() -> None:
     args = sys.argv[1:]
+    if args and args[0] == "--gpus":  # python benchmarks/make_tables.py --gpus FILE.json
+        print("\n".join(gpus_table(Path(args[1]))))
+        return
     if args and args[0] == "--peers":  # python benchmarks/make_tables.py --peers FILE.json
         print("\n".join(peers_table(Path(args[1]))))
         return
