@@ -189,9 +189,10 @@ def peers_table(peers_json: Path) -> list:
     return out
 
 
-# Ratio to the memcpy aggregate of the same driver that a two-GPU row should reach.
+# Ratio to the memcpy aggregate of the same driver that a two-GPU row should
+# reach, per (driver, block bytes); other cases have no goal.
 GPUS_GOALS = {("threads", 32 << 10): 0.90, ("one-thread", 32 << 10): 0.92, ("processes", 32 << 10): 0.92}
-GPUS_GOAL_LARGE = 0.97  # 2 MiB blocks, every driver
+GPUS_GOALS.update({(driver, 2 << 20): 0.97 for driver in ("threads", "one-thread", "processes")})
 
 
 def gpus_table(gpus_json: Path) -> list:
@@ -206,11 +207,8 @@ def gpus_table(gpus_json: Path) -> list:
     ]
     for run in runs:
         for r in run["together"]:
-            if r["direction"] == "duplex":
-                goal = None
-            else:
-                goal = GPUS_GOALS.get((r["driver"], run["block_bytes"]), GPUS_GOAL_LARGE)
-            met = "" if goal is None else (" (met)" if r["ratio"] >= goal else " (not met)")
+            goal = None if r["direction"] == "duplex" else GPUS_GOALS.get((r["driver"], run["block_bytes"]))
+            met = "" if goal is None else (" (met)" if round(r["ratio"], 3) >= goal else " (not met)")
             out.append(
                 f"| {run['num_blocks']} x {size(run['block_bytes'])} | {r['driver']} | {r['direction']} | "
                 f"{r['gbps']:.1f} | {r['memcpy_gbps']:.1f} | {r['ratio']:.3f} | "

@@ -14,7 +14,10 @@
 #   profile  where a call's host time goes (benchmarks/profile_hot_path.py)
 #   repros   the ownership reproductions (benchmarks/lifetime_repros.py)
 # Results land in $OUT (or ./device-out), beside commit.txt: the device's git
-# metadata may be stale, so the commit is passed in CUPY_SWAP_COMMIT.
+# metadata may be stale, so the commit is passed in CUPY_SWAP_COMMIT.  With
+# EXPECT_GPUS=N the tests step fails unless N GPUs answer (the GPU tests skip
+# themselves where fewer do, which pytest counts as a pass).  The bench step
+# packs its files into bench.tgz (the device tool brings back a few files).
 set -uo pipefail
 STEPS=${STEPS:-tests}
 source "$(dirname "$0")/device_env.sh"
@@ -24,8 +27,13 @@ bench() { $PY -m cupy_swap bench "$@"; }
 for step in $STEPS; do
     case $step in
     tests)
-        nvidia-smi -L | tee "$OUT/pytest.log"
-        $PY -m pytest -q -p no:cacheprovider "$@" >>"$OUT/pytest.log" 2>&1 || status=1
+        nvidia-smi -L | tee "$OUT/pytest.log" || status=1
+        gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+        if [[ $gpus -lt ${EXPECT_GPUS:-0} ]]; then
+            echo "run_device.sh: expected $EXPECT_GPUS GPUs, found $gpus" | tee -a "$OUT/pytest.log"
+            status=1
+        fi
+        $PY -m pytest -q -rs -p no:cacheprovider "$@" >>"$OUT/pytest.log" 2>&1 || status=1
         tail -40 "$OUT/pytest.log" ;;
     peers)
         bench --peers --json "$OUT/peers.json" 2>&1 | tee "$OUT/peers.log" || status=1 ;;
@@ -34,19 +42,23 @@ for step in $STEPS; do
             | tee "$OUT/gpus.log"
         [[ ${PIPESTATUS[0]} == 0 ]] || status=1 ;;
     bench)
-        bench --modes kernel,dma,auto --json "$OUT/seed_table.json" 2>&1 | tail -14 || status=1
-        bench --sweep wide --no-baseline --reps 20 --json "$OUT/goals.json" >"$OUT/goals.log" 2>&1 || status=1
-        bench --bidir --with-gemm --reps 15 --json "$OUT/duplex.json" 2>&1 | tail -14 || status=1
-        $PY benchmarks/staged_sweep.py >"$OUT/staged_sweep.txt" 2>&1 || status=1
+        b="$OUT/bench"
+        mkdir -p "$b"
+        bench --modes kernel,dma,auto --json "$b/seed_table.json" >"$b/seed_table.log" 2>&1 || status=1
+        bench --sweep wide --no-baseline --reps 20 --json "$b/goals.json" >"$b/goals.log" 2>&1 || status=1
+        bench --bidir --with-gemm --reps 15 --json "$b/duplex.json" >"$b/duplex.log" 2>&1 || status=1
+        $PY benchmarks/staged_sweep.py >"$b/staged_sweep.txt" 2>&1 || status=1
         $PY -m pytest -q benchmarks/ -p no:cacheprovider -k "test_swap and (32KiBx1250 or 2MiBx1)" \
-            --benchmark-json "$OUT/pytest_benchmark.json" 2>&1 | tail -4 || status=1
-        $PY benchmarks/breakdown.py >"$OUT/breakdown.txt" 2>&1 || status=1 ;;
+            --benchmark-json "$b/pytest_benchmark.json" >"$b/pytest_benchmark.log" 2>&1 || status=1
+        $PY benchmarks/breakdown.py >"$b/breakdown.txt" 2>&1 || status=1
+        tail -n 14 "$b/seed_table.log" "$b/duplex.log"
+        (cd "$OUT" && tar czf bench.tgz bench && rm -r bench) ;;
     sweep)
         $PY benchmarks/route_sweep.py --json "$OUT/route_sweep.json" 2>&1 | tee "$OUT/route_sweep.log" || status=1 ;;
     host)
         $PY benchmarks/lean_goals.py --host-only 2>&1 | tee "$OUT/host_rows.log" || status=1 ;;
     goals)
-        $PY benchmarks/lean_goals.py --json "$OUT/goals.json" 2>&1 | tee "$OUT/goals.log" || status=1 ;;
+        $PY benchmarks/lean_goals.py --json "$OUT/lean_goals.json" 2>&1 | tee "$OUT/lean_goals.log" || status=1 ;;
     profile)
         $PY benchmarks/profile_hot_path.py 2>&1 | tee "$OUT/profile_hot_path.log" || status=1 ;;
     repros)

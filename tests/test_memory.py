@@ -175,7 +175,8 @@ def test_a_release_waits_for_every_gpu_in_use_before_it_frees(two_gpus):
     private page with each GPU in use current (each waits for its GPU), then
     frees with the allocating GPU current."""
     steps, current = two_gpus
-    buf = memory._PinnedBuffer((64,), np.dtype(np.uint8))  # allocated with GPU 1 current
+    current[0] = 0
+    buf = memory._PinnedBuffer((64,), np.dtype(np.uint8))  # allocated with GPU 0 current
     ptr = buf.__array_interface__["data"][0]
     del buf
     assert release.drain(timeout=10)
@@ -186,8 +187,40 @@ def test_a_release_waits_for_every_gpu_in_use_before_it_frees(two_gpus):
         ("unregister", 0, page[0]),
         ("register", 1, mmap.PAGESIZE),
         ("unregister", 1, page[0]),
-        ("free", 1, ptr),
+        ("free", 0, ptr),  # with the allocating GPU current again
     ]
+
+
+def test_memory_only_one_gpu_uses_is_freed_without_waiting_for_the_others(two_gpus):
+    """The library's own descriptor and status words: allocated with their
+    GPU current, freed by cudaFreeHost alone (it waits for that GPU), so a
+    closed swapper does not hold up the other GPU's swap calls."""
+    steps, current = two_gpus
+    words = memory.zeros_pinned_for_gpu((4, 8), np.int64, 0)
+    assert current[0] == 1 and words.shape == (4, 8) and not words.any()  # the caller's GPU kept
+    ptr = words.ctypes.data
+    del words
+    assert release.drain(timeout=10)
+    assert steps == [("free", 0, ptr)]
+
+
+def test_a_release_whose_wait_fails_keeps_the_memory_and_reports(two_gpus, fake_cuda):
+    steps, current = two_gpus
+
+    def refuse(p):
+        raise RuntimeError("cudaErrorIllegalAddress")
+
+    fake_cuda.hostUnregister = refuse
+    buf = memory._PinnedBuffer((64,), np.dtype(np.uint8))
+    ptr = buf.__array_interface__["data"][0]
+    before, kept = len(release.failures), len(release._kept)
+    with pytest.warns(RuntimeWarning, match=f"could not release pinned buffer {ptr:#x}.*IllegalAddress"):
+        del buf
+        assert release.drain(timeout=10)
+    assert len(release.failures) == before + 1
+    assert not any(s[0] == "free" for s in steps)  # never freed under a GPU that may still use it
+    assert len(release._kept) == kept + 2  # the page (maybe still registered) and the buffer
+    assert memory._wait_page == []  # the next wait starts with a fresh page
 
 
 def test_unregister_host_waits_for_every_gpu_then_restores_the_callers_gpu(two_gpus):
@@ -200,3 +233,59 @@ def test_unregister_host_waits_for_every_gpu_then_restores_the_callers_gpu(two_g
     waits = [("register", 0), ("unregister", 0), ("register", 1), ("unregister", 1)]
     assert [s[:2] for s in steps] == waits + [("unregister", 0)]  # then the range, on the caller's GPU
     assert steps[-1][2] == array.ctypes.data and current[0] == 0
+
+
+def test_unregister_host_whose_wait_fails_publishes_the_range_again(two_gpus, fake_cuda):
+    steps, current = two_gpus
+    array = np.zeros(1 << 12, np.uint8)
+    cs.register_host(array)
+    fake_cuda.hostRegister = lambda p, n, f: (_ for _ in ()).throw(RuntimeError("cudaErrorUnknown"))
+    current[0] = 0
+    with pytest.raises(
+        RuntimeError, match="could not unpin the range .*cudaErrorUnknown.* it stays registered"
+    ):
+        cs.unregister_host(array)
+    assert current[0] == 0 and memory._registry.find(array.ctypes.data, 1) is not None
+
+
+class _FakeLibcuda:
+    """``cuDeviceGetCount``, ``cuDeviceGet`` and ``cuDevicePrimaryCtxGetState``
+    over a list of active flags, answering ``status`` where it is not 0."""
+
+    def __init__(self, active, count_status=0, state_status=0):
+        self.active, self.count_status, self.state_status = active, count_status, state_status
+
+    def cuDeviceGetCount(self, count):
+        count._obj.value = len(self.active)
+        return self.count_status
+
+    def cuDeviceGet(self, device, ordinal):
+        device._obj.value = ordinal
+        return 0
+
+    def cuDevicePrimaryCtxGetState(self, device, flags, active):
+        active._obj.value = self.active[device.value]
+        return self.state_status
+
+
+@pytest.mark.parametrize(
+    "lib, expected",
+    [
+        (None, []),  # no driver
+        (_FakeLibcuda([1, 0, 1]), [0, 2]),
+        (_FakeLibcuda([1], count_status=3), []),  # never initialized: nothing queued
+        (_FakeLibcuda([1], count_status=999), RuntimeError),
+        (_FakeLibcuda([1, 1], state_status=201), RuntimeError),
+    ],
+)
+def test_devices_in_use_fails_closed(monkeypatch, lib, expected):
+    """A release frees after waiting for these GPUs: an error must not read
+    as "no GPU in use"."""
+    from cupy_swap.cuda import driver
+
+    monkeypatch.setattr(driver, "libcuda", lambda: lib)
+    if expected is RuntimeError:
+        with pytest.raises(RuntimeError, match="expected the driver to list the GPUs in use, got CUDA error"):
+            driver.devices_in_use()
+    else:
+        assert driver.devices_in_use() == expected

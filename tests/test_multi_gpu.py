@@ -158,8 +158,8 @@ def test_a_pool_released_with_swaps_queued_on_both_gpus_waits_for_both(rng, kind
     if kind == "register_host":
         with cp.cuda.Device(allocated_on):
             cs.unregister_host(pool)
+            assert cp.cuda.runtime.getDevice() == allocated_on  # the caller's GPU is current again
         assert [ev.done for ev in events] == [True, True]
-        assert cp.cuda.runtime.getDevice() == allocated_on  # the caller's GPU is current again
         return
     del pool  # released on the releaser thread
     assert release.drain(timeout=30)

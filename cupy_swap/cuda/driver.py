@@ -25,23 +25,39 @@ def libcuda():
         return None
 
 
+_CUDA_ERROR_NOT_INITIALIZED = 3
+
+
 def devices_in_use() -> list[int]:
     """The GPUs (ordinals) whose primary context is active in this process:
-    every GPU that CuPy, torch or cupy_swap has used here.  Empty where the
-    driver cannot say (no driver: then nothing was queued on any GPU)."""
+    every GPU that CuPy, torch or cupy_swap has used here.  Empty where there
+    is no driver or it was never initialized (then nothing was queued).
+
+    Raises
+    ------
+    RuntimeError
+        When the driver answers with any other error: a caller that frees
+        memory must not take "no GPU" for an answer it did not get.
+    """
     lib = libcuda()
+    if lib is None:
+        return []
     count = ctypes.c_int()
-    if lib is None or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+    status = lib.cuDeviceGetCount(ctypes.byref(count))
+    if status == _CUDA_ERROR_NOT_INITIALIZED:
         return []
     used = []
-    for ordinal in range(count.value):
+    for ordinal in range(count.value if status == 0 else 0):
         device, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-        if lib.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
-            continue
-        if lib.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(active)) != 0:
-            continue
+        status = lib.cuDeviceGet(ctypes.byref(device), ordinal) or lib.cuDevicePrimaryCtxGetState(
+            device, ctypes.byref(flags), ctypes.byref(active)
+        )
+        if status != 0:
+            break
         if active.value:
             used.append(ordinal)
+    if status != 0:
+        raise RuntimeError(f"expected the driver to list the GPUs in use, got CUDA error {status}")
     return used
 
 

@@ -192,7 +192,7 @@ class GpuChecks:
         self._copy = abi.ByRefArgs(tier, layout.table, layout.units_per_pair, launcher.function(name))
         self._check = abi.CheckArgs(layout.src_limit, layout.dst_limit)
         self._check_fn = launcher.function(abi.CHECK_KERNEL)
-        status = memory.zeros_pinned((SLOTS, abi.STATUS_WORDS), np.int64)
+        status = memory.zeros_pinned_for_gpu((SLOTS, abi.STATUS_WORDS), np.int64, launcher.device)
         self._alias = memory.host_alias(status.ctypes.data, status.nbytes)
         self._verdicts = _Verdicts(status, layout)
         self._row_bytes = 16 * max_rows

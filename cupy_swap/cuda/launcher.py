@@ -283,7 +283,7 @@ class Launcher:
         self.ring_waits = 0  # times a swap had to wait for a slot (ring full)
         self.slot_words = abi.descriptor_words(max_parts, max_blocks)
         row_bytes = self.slot_words * 8
-        host = memory.zeros_pinned((ring_size, self.slot_words), np.int64)
+        host = memory.zeros_pinned_for_gpu((ring_size, self.slot_words), np.int64, device)
         # Device copies of the descriptors: cudaMalloc'd, not from CuPy's
         # stream-ordered pool, and written only by uploads on the stream of
         # the swap that reads them (nothing to zero first).
@@ -407,7 +407,7 @@ class Launcher:
         words = abi.HEADER_WORDS + layout.table.size + 2 * n
         words += words & 1  # uploads move 16-byte words
         with release.relaxed_capture_mode():
-            host = memory.zeros_pinned(words, np.int64)
+            host = memory.zeros_pinned_for_gpu(words, np.int64, self.device)
             slot = _Slot(host, release.device_malloc(8 * words, self.device))
         release.keep_for_process(slot)
         end = abi.write_descriptor(slot.host_words, layout.table, layout.units_per_pair, mapping, True)

@@ -152,21 +152,28 @@ def _device_alias(ptr: int) -> int:
 class _PinnedBuffer:
     """Owner of one cudaHostAlloc allocation, exposed to NumPy as an array.
     When it (so every array on it) is gone, the releaser thread frees it
-    (:func:`release_owned`)."""
+    (:func:`release_owned`).  ``only_gpu``: allocate with that GPU current,
+    for memory only its work touches (see :func:`zeros_pinned_for_gpu`)."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype):
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, only_gpu: int | None = None):
         release.start()
         runtime = _runtime()
         nbytes = math.prod(shape) * dtype.itemsize
-        # cudaHostAlloc(0) fails; keep a one-byte allocation behind empty arrays.
-        ptr = runtime.hostAlloc(max(nbytes, 1), _PORTABLE_MAPPED)
+        caller_device = runtime.getDevice()
+        device = caller_device if only_gpu is None else only_gpu
+        runtime.setDevice(device)
         try:
-            alias = _device_alias(ptr)
-        except Exception:
-            runtime.freeHost(ptr)
-            raise
+            # cudaHostAlloc(0) fails; keep a one-byte allocation behind empty arrays.
+            ptr = runtime.hostAlloc(max(nbytes, 1), _PORTABLE_MAPPED)
+            try:
+                alias = _device_alias(ptr)
+            except Exception:
+                runtime.freeHost(ptr)
+                raise
+        finally:
+            runtime.setDevice(caller_device)
         _registry.add(_Range(ptr, ptr + max(nbytes, 1), alias - ptr if alias else None, True))
-        free = functools.partial(release_owned, ptr, _free_host, runtime.getDevice())
+        free = functools.partial(release_owned, ptr, _free_host, device, only_gpu is None)
         self._finalizer = release.when_dropped(self, free, None, f"pinned buffer {ptr:#x}")
         self.__array_interface__ = array_interface(ptr, shape, dtype)
 
@@ -194,9 +201,19 @@ _wait_page: list = []
 _wait_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    # A fork while another thread waited would leave the child a held lock.
+    global _wait_lock
+    _wait_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def wait_for_gpus_in_use() -> None:
     """Return once the work queued on every GPU this process uses (every
-    stream) has completed; the last of them is left current.
+    stream) when the call starts has completed; the last of them is left
+    current.
 
     The frees alone are not enough on a machine with several GPUs: on two
     H200s (benchmarks/probes/free_host_probe.py) ``cudaFreeHost`` waited
@@ -206,7 +223,14 @@ def wait_for_gpus_in_use() -> None:
     Unregistering a private page with a GPU current waits for that GPU and,
     unlike ``cudaDeviceSynchronize``, leaves a graph that another thread is
     capturing valid (benchmarks/probes/capture_probe.py).  Call it in
-    relaxed capture mode."""
+    relaxed capture mode.
+
+    Raises
+    ------
+    RuntimeError
+        When the driver cannot list the GPUs in use, or a wait fails (the
+        page is then set aside, so a later call starts clean).
+    """
     runtime = _runtime()
     with _wait_lock:
         if not _wait_page:
@@ -215,14 +239,20 @@ def wait_for_gpus_in_use() -> None:
         for device in driver.devices_in_use():
             runtime.setDevice(device)
             runtime.hostRegister(ptr, mmap.PAGESIZE, _PORTABLE_MAPPED)
-            runtime.hostUnregister(ptr)  # waits for the work queued on this GPU
+            try:
+                runtime.hostUnregister(ptr)  # waits for the work queued on this GPU
+            except BaseException:
+                release.keep_for_process(_wait_page.pop())  # may still be registered: never reuse or unmap
+                raise
 
 
-def release_owned(ptr: int, free, device: int | None = None) -> None:
+def release_owned(ptr: int, free, device: int | None = None, every_gpu: bool = True) -> None:
     """Release a range cupy_swap owns (every array over it is gone), on the
     releaser thread: unpublish it (no lookup finds it), wait for the work
-    queued on every GPU in use (:func:`wait_for_gpus_in_use`), then
-    ``free(ptr)`` (``cudaFreeHost``, or ``cudaHostUnregister`` and unmap).
+    queued on every GPU in use (:func:`wait_for_gpus_in_use`; with
+    ``every_gpu`` False, memory only ``device``'s work touches, the free's
+    own wait is enough), then ``free(ptr)`` (``cudaFreeHost``, or
+    ``cudaHostUnregister`` and unmap) with ``device`` current.
     The releaser runs in relaxed capture mode, which permits these calls
     while another thread captures.  ``tests/test_lifetimes_gpu.py`` and
     ``tests/test_multi_gpu.py`` check the wait: the swaps queued on a
@@ -230,7 +260,8 @@ def release_owned(ptr: int, free, device: int | None = None) -> None:
     failure propagates to the releaser, which reports it."""
     _registry.remove(ptr)  # owned ranges: no array over them, so no cached layout (no generation bump)
     try:
-        wait_for_gpus_in_use()
+        if every_gpu:
+            wait_for_gpus_in_use()
     except BaseException:
         release.keep_for_process(free)  # a GPU may still use the memory: never free or unmap it
         raise
@@ -308,6 +339,17 @@ def zeros_pinned(shape, dtype="float32") -> np.ndarray:
     return a
 
 
+def zeros_pinned_for_gpu(shape, dtype, device: int) -> np.ndarray:
+    """Zeroed pinned memory that only GPU ``device``'s work reads or writes
+    (the library's descriptor rows and status words).  Allocated with that
+    GPU current, it is freed by ``cudaFreeHost``, which waits for that GPU's
+    queued work, without waiting for the other GPUs (which would hold up
+    their swap calls meanwhile: benchmarks/probes/release_lock_probe.py)."""
+    a = np.asarray(_PinnedBuffer(_normalize_shape(shape), np.dtype(dtype), only_gpu=device))
+    a.fill(0)
+    return a
+
+
 def _contiguous_span(array: np.ndarray, name: str) -> tuple[int, int]:
     if not isinstance(array, np.ndarray):
         raise TypeError(f"{name}: expected a numpy.ndarray, got {type(array).__name__}")
@@ -374,16 +416,18 @@ def unregister_host(array: np.ndarray) -> None:
         raise ValueError("array: expected a registered range, got one another call just unregistered")
     _generation[0] += 1  # cached layouts resolve their host aliases again
     runtime = _runtime()
-    caller_device = runtime.getDevice()
     try:
+        caller_device = runtime.getDevice()
         with release.relaxed_capture_mode():
             try:
                 wait_for_gpus_in_use()
             finally:
                 runtime.setDevice(caller_device)
             runtime.hostUnregister(ptr)
-    except Exception as e:
+    except BaseException as e:
         _registry.add(r)  # still pinned: publish it again
+        if not isinstance(e, Exception):
+            raise  # KeyboardInterrupt and the like: as they came
         raise RuntimeError(
             f"array: could not unpin the range at {ptr:#x} ({type(e).__name__}: {e}); it stays registered"
         ) from e
