@@ -38,7 +38,7 @@ for step in $STEPS; do
     peers)
         bench --peers --json "$OUT/peers.json" 2>&1 | tee "$OUT/peers.log" || status=1 ;;
     gpus)
-        bench --gpus all --gpu-blocks 1250 --block-bytes 32k,2m --json "$OUT/gpus.json" 2>&1 \
+        bench --gpus all --gpu-blocks 1250 --block-bytes 32k,2m --reps 15 --json "$OUT/gpus.json" 2>&1 \
             | tee "$OUT/gpus.log"
         [[ ${PIPESTATUS[0]} == 0 ]] || status=1 ;;
     bench)
