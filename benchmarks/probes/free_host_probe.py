@@ -16,7 +16,7 @@ import cupy as cp
 import numpy as np
 from cupy.cuda import runtime
 
-_PORTABLE_MAPPED = 3
+PORTABLE_MAPPED = 3
 SPIN = r"""
 extern "C" __global__ void spin(unsigned long long ns) {
     unsigned long long start, now;
@@ -51,12 +51,12 @@ def main() -> None:
     for busy in (0, 1):
         for current in (0, 1):
             runtime.setDevice(0)
-            ptr = runtime.hostAlloc(4096, _PORTABLE_MAPPED)
+            ptr = runtime.hostAlloc(4096, PORTABLE_MAPPED)
             timed("cudaFreeHost", busy, current, lambda p=ptr: runtime.freeHost(p))
             buf = np.zeros(1 << 20, np.uint8)
-            runtime.hostRegister(buf.ctypes.data, buf.nbytes, _PORTABLE_MAPPED)
+            runtime.hostRegister(buf.ctypes.data, buf.nbytes, PORTABLE_MAPPED)
             timed("cudaHostUnregister", busy, current, lambda b=buf: runtime.hostUnregister(b.ctypes.data))
-            timed("cudaHostAlloc", busy, current, lambda: runtime.hostAlloc(8, _PORTABLE_MAPPED))
+            timed("cudaHostAlloc", busy, current, lambda: runtime.hostAlloc(8, PORTABLE_MAPPED))
 
 
 if __name__ == "__main__":

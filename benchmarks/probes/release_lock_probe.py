@@ -10,22 +10,15 @@ its caller make, on another stream.  A call that takes ~1 s was blocked.
 """
 
 import functools
-import mmap
 import threading
 import time
 
 import cupy as cp
 import numpy as np
 from cupy.cuda import runtime
+from free_host_probe import PORTABLE_MAPPED, SPIN  # this folder is on sys.path when run as a script
 
-_PORTABLE_MAPPED = 3
-SPIN = r"""
-extern "C" __global__ void spin(unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
-}
-"""
+from cupy_swap.cuda.memory import wait_for_gpus_in_use
 
 
 def main() -> None:
@@ -37,13 +30,7 @@ def main() -> None:
     other.begin_capture()
     kernel((1,), (1,), (np.uint64(1),), stream=other)
     graph = other.end_capture()
-    page = mmap.mmap(-1, mmap.PAGESIZE)
-    page_ptr = np.frombuffer(page, np.uint8).ctypes.data
     cp.cuda.Device().synchronize()
-
-    def page_wait():
-        runtime.hostRegister(page_ptr, mmap.PAGESIZE, _PORTABLE_MAPPED)
-        runtime.hostUnregister(page_ptr)
 
     calls = {
         "event record": lambda: other.record(),
@@ -52,19 +39,19 @@ def main() -> None:
         "graph launch": lambda: graph.launch(other),
         "stream query": lambda: other.done,
         "pointer attributes": lambda: runtime.pointerGetAttributes(src.ptr),
-        "cudaHostAlloc 8 B": lambda: runtime.freeHost(runtime.hostAlloc(8, _PORTABLE_MAPPED)),
+        "cudaHostAlloc 8 B": lambda: runtime.freeHost(runtime.hostAlloc(8, PORTABLE_MAPPED)),
     }
     for name, make in (
         (
             "cudaFreeHost",
-            lambda: functools.partial(runtime.freeHost, runtime.hostAlloc(1 << 20, _PORTABLE_MAPPED)),
+            lambda: functools.partial(runtime.freeHost, runtime.hostAlloc(1 << 20, PORTABLE_MAPPED)),
         ),
         ("cudaHostUnregister", None),
-        ("page register+unregister", lambda: page_wait),
+        ("the library's page wait", lambda: wait_for_gpus_in_use),
     ):
         if name == "cudaHostUnregister":
             buf = np.zeros(1 << 20, np.uint8)
-            runtime.hostRegister(buf.ctypes.data, buf.nbytes, _PORTABLE_MAPPED)
+            runtime.hostRegister(buf.ctypes.data, buf.nbytes, PORTABLE_MAPPED)
             blocker = lambda b=buf: runtime.hostUnregister(b.ctypes.data)  # noqa: E731
         else:
             blocker = make()
