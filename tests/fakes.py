@@ -94,12 +94,7 @@ def case_row(case, mode: str) -> dict:
     """What ``bench.run_case`` returns for ``case``, with made-up figures (for
     command-line tests that stub the measurements)."""
     return {
-        "direction": case.direction,
-        "block_bytes": case.block_bytes,
-        "num_blocks": case.num_blocks,
-        "parts": case.parts,
-        "contiguous": case.contiguous,
-        "bytes": case.total_bytes,
+        **case.describe(),
         "mode": mode,
         "path": "kernel",
         "gbps": 1.0,

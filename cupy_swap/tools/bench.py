@@ -113,6 +113,17 @@ class SwapCase:
     def total_bytes(self) -> int:
         return self.block_bytes * self.num_blocks * self.parts
 
+    def describe(self) -> dict:
+        """The case's fields, as every result row of it starts."""
+        return {
+            "direction": self.direction,
+            "block_bytes": self.block_bytes,
+            "num_blocks": self.num_blocks,
+            "parts": self.parts,
+            "contiguous": self.contiguous,
+            "bytes": self.total_bytes,
+        }
+
     def label(self) -> str:
         size = _human_bytes(self.block_bytes)
         p = f" x{self.parts} parts" if self.parts > 1 else ""
@@ -307,12 +318,7 @@ def run_case(case: SwapCase, *, max_ctas=None, reps=30, baseline=True, seed=0, m
     ok = bufs.verify()
     ceiling = memcpy_ceiling(bufs, stream, reps)
     result = {
-        "direction": case.direction,
-        "block_bytes": case.block_bytes,
-        "num_blocks": case.num_blocks,
-        "parts": case.parts,
-        "contiguous": case.contiguous,
-        "bytes": case.total_bytes,
+        **case.describe(),
         "mode": mode,
         "max_ctas": sw.max_ctas,
         "path": sw.last_path,

@@ -218,13 +218,7 @@ def run_peers_case(case: SwapCase, *, reps: int = 20, seed: int = 0, max_ctas: i
     stream = cupy.cuda.Stream(non_blocking=True)
     swapper = BlockSwapper(max_blocks=max(case.num_blocks, 1), max_ctas=max_ctas)
     calls = contender_calls(bufs, stream, swapper)
-    row = {
-        "direction": case.direction,
-        "block_bytes": case.block_bytes,
-        "num_blocks": case.num_blocks,
-        "contiguous": case.contiguous,
-        "bytes": case.total_bytes,
-    }
+    row = case.describe()
     ceiling = memcpy_ceiling(bufs, stream, reps)
     row["ceiling_gbps"] = case.total_bytes / ceiling["latency_s"] / 1e9
     for name, fn in calls.items():
