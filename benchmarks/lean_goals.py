@@ -5,9 +5,10 @@
 
 Every figure is a ratio to something the same run measures:
 
-* host time per call (submit only, stream drained outside the clock,
-  median) over a bare ``cudaMemcpyAsync`` call timed right before it, so a
-  drifting CPU clock moves both: a prepared op, ``swap()`` with the same
+* host time per call (submit only, stream drained outside the clock) over
+  a bare ``cudaMemcpyAsync`` call timed in turns with it (each the fastest
+  of five round medians, ``host_times``), so the CPU's slow spells move
+  both alike: a prepared op, ``swap()`` with the same
   arrays, ``swap()`` with fresh views of them built per call (as a server
   that slices its cache per step does), and the copy-engine path of 16 x 2
   MiB against the same 16 copies issued as one prebuilt batch call;
@@ -39,7 +40,9 @@ from cupy_swap.tools.bench import (
     CaseBuffers,
     SwapCase,
     host_time,
+    host_times,
     run_bidir,
+    settle,
     swapper_settings,
 )
 from cupy_swap.tools.peers import CONTENDERS, PEER_CASES, run_peers_case
@@ -62,8 +65,9 @@ CTA_SWEEP = [("in", 32 * KIB, 1250), ("out", 32 * KIB, 1250), ("in", 4 * KIB, 12
 CTA_BUDGETS = (8, 16, 132)
 
 
-def bare_memcpy_us(stream, reps: int) -> float:
-    """Host time of one 32 KiB ``cudaMemcpyAsync`` call, the goal's unit."""
+def bare_memcpy_call(stream):
+    """One 32 KiB ``cudaMemcpyAsync`` call, the goal's unit (its buffers
+    live as long as the returned function)."""
     import cupy
     from cupy.cuda import runtime
 
@@ -76,8 +80,8 @@ def bare_memcpy_us(stream, reps: int) -> float:
     def call():
         runtime.memcpyAsync(*args)
 
-    host_time(call, stream, reps=20)
-    return host_time(call, stream, reps) * 1e6
+    call.buffers = (host, gpu)  # alive while the call is
+    return call
 
 
 def floors(reps: int) -> dict:
@@ -99,13 +103,14 @@ def floors(reps: int) -> dict:
         graph.launch(stream)
         runtime.eventRecord(event.ptr, stream.ptr)
 
-    out = {"memcpy_us": bare_memcpy_us(stream, reps)}
-    for name, call in (
-        ("graph_launch_us", lambda: graph.launch(stream)),
-        ("graph_and_event_us", launch_and_record),
-    ):
+    calls = {
+        "memcpy_us": bare_memcpy_call(stream),
+        "graph_launch_us": lambda: graph.launch(stream),
+        "graph_and_event_us": launch_and_record,
+    }
+    for call in calls.values():
         host_time(call, stream, 20)
-        out[name] = host_time(call, stream, reps) * 1e6
+    out = {name: t * 1e6 for name, t in host_times(calls, stream, reps).items()}
     print(
         f"  floors: graph launch {out['graph_launch_us']:.2f} us, graph launch + event record "
         f"{out['graph_and_event_us']:.2f} us, memcpy {out['memcpy_us']:.2f} us",
@@ -125,17 +130,17 @@ def host_rows(reps: int) -> list[dict]:
         torch = None
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
+    memcpy = bare_memcpy_call(stream)
     rows = []
     for label, parts, block, n, mode, form, goal in HOST_ROWS:
         if form == "torch" and torch is None:
             continue
         row = {"label": label, "parts": parts, "block_bytes": block, "n": n, "mode": mode, "form": form}
         row["goal_ratio"] = goal
-        row["memcpy_us"] = bare_memcpy_us(stream, reps)
         bufs = CaseBuffers(SwapCase("in", block, n, parts), rng)
         mapping = bufs.mapping if form == "array" else torch.from_numpy(bufs.mapping)
         k = reps if n * parts <= 1250 else max(40, reps // 5)
-        row.update(time_one_row(bufs, mapping, mode, stream, k))
+        row.update(time_one_row(bufs, mapping, mode, stream, k, memcpy))
         for name in ("swap", "prepared", "fresh_views"):
             row[name + "_ratio"] = row[name + "_us"] / row["memcpy_us"]
         row["verified"] = bufs.verify()
@@ -152,11 +157,12 @@ def host_rows(reps: int) -> list[dict]:
     return rows
 
 
-def time_one_row(bufs: CaseBuffers, mapping, mode: str, stream, reps: int) -> dict:
-    """Host time of ``swap()``, of a prepared op, and of the cache lookup
+def time_one_row(bufs: CaseBuffers, mapping, mode: str, stream, reps: int, memcpy) -> dict:
+    """Host time of ``swap()``, of a prepared op, of the cache lookup
     ``swap()`` adds (finding the op of ``(src, dst)``, which re-reads each
-    array's shape to catch in-place changes); ratios to ``memcpy_us``
-    are added by the caller."""
+    array's shape to catch in-place changes) and of ``memcpy()``, all in
+    the same rounds (:func:`~cupy_swap.tools.bench.host_times`); ratios to
+    ``memcpy_us`` are added by the caller."""
     from cupy_swap import BlockSwapper
 
     sw = BlockSwapper(max_blocks=len(bufs.mapping))
@@ -188,14 +194,17 @@ def time_one_row(bufs: CaseBuffers, mapping, mode: str, stream, reps: int) -> di
 
         copies, copier = copy_list(op._layout, bufs.mapping), DmaCopier()
         calls["batch"] = lambda: copier.issue(*copies, stream.ptr, 1)
-    out = {}
-    for name, call in calls.items():
+    calls["memcpy"] = memcpy
+    path = None
+    for name, call in list(calls.items()):
         try:
             host_time(call, stream, reps=5)  # compile, allocate, cache the layout
         except TypeError:  # a library without mappings on the GPU (a baseline run)
-            continue
-        out[name + "_us"] = host_time(call, stream, reps) * 1e6
-    out["path"] = sw.last_path
+            del calls[name]
+        if name == "prepared":
+            path = sw.last_path  # the path of the prepared op's swaps
+    out = {name + "_us": t * 1e6 for name, t in host_times(calls, stream, reps).items()}
+    out["path"] = path
     stream.synchronize()
     return out
 
@@ -235,6 +244,7 @@ def queued_device_s(fn, stream, reps: int) -> float:
     import cupy
 
     spin = cupy.RawKernel(SPIN_SOURCE, "spin")
+    settle()
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     samples = []
     for i in range(reps + 3):

@@ -105,6 +105,35 @@ def test_graph_swap_made_behind_a_busy_stream_copies_its_mapping(rng, captured):
     assert np.array_equal(cp.asnumpy(gpu), expected)
 
 
+def test_a_swapper_made_behind_a_busy_stream_copies_through_its_ring(rng):
+    """The descriptor ring was once zeroed with cupy.zeros on the current
+    stream, the pattern that made graph replays copy nothing: a ring swap on
+    a non-blocking stream could read a descriptor the late zeros wiped."""
+    host = cs.empty_pinned((64, 4096), np.uint8)
+    gpu = cp.empty((64, 4096), cp.uint8)
+    rand_fill(host, rng)
+    poison(gpu)
+    # Compile the kernels first, with a swapper kept alive: a dropped one is
+    # freed by the releaser, whose cudaFree waits for the spin below and
+    # meanwhile holds up the event record of the swap under test.
+    warm = cs.BlockSwapper(max_blocks=4)
+    warm.swap_in(host, gpu, [(0, 0)], mode="kernel")
+    gpu.fill(POISON)
+    cp.cuda.Device().synchronize()
+    s = cp.cuda.Stream(non_blocking=True)
+    m = random_mapping(16, 64, 64, rng)
+    spin(cp.cuda.Stream.null, SPIN_MS)  # the creation stream is busy
+    sw = cs.BlockSwapper(max_blocks=64)
+    sw._launcher.max_inline_pairs = 0  # every swap through the ring
+    sw.swap_in(host, gpu, m, stream=s).synchronize()
+    assert cp.cuda.Stream.null.done is False  # the swap finished while the spin still ran
+    del warm
+    cp.cuda.Device().synchronize()
+    expected = np.full((64, 4096), POISON, np.uint8)
+    expected[m[:, 1]] = host[m[:, 0]]
+    assert np.array_equal(cp.asnumpy(gpu), expected)
+
+
 # ------------------------------------------------- dropping with work queued
 def _ring_range(sw) -> tuple:
     slots = sw._launcher._slots

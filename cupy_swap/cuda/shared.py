@@ -40,9 +40,16 @@ __all__ = ["shared_pinned", "unlink_shared", "SHM_DIR"]
 SHM_DIR = "/dev/shm"
 _PREFIX = "cupy_swap."
 _MAGIC = b"cupy_swap shared pool v1\n"
-# At least one page, so the data starts page-aligned (4 KiB pages on x86-64,
-# 64 KiB on many aarch64 hosts; every process of one host agrees).
-HEADER_BYTES = max(4096, mmap.PAGESIZE)
+
+
+def header_bytes(page_bytes: int) -> int:
+    """Bytes before a pool's data: at least one page, so the data starts
+    page-aligned (4 KiB pages on x86-64, 64 KiB on many aarch64 hosts; every
+    process of one host agrees)."""
+    return max(4096, page_bytes)
+
+
+HEADER_BYTES = header_bytes(mmap.PAGESIZE)
 _READY = 0x5A  # last header byte, written once the header is complete
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 

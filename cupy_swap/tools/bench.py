@@ -9,6 +9,7 @@ byte count between the same two memories, measured in the same run.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -21,8 +22,10 @@ __all__ = [
     "gpu_status",
     "SwapCase",
     "CaseBuffers",
+    "settle",
     "time_blocking",
     "host_time",
+    "host_times",
     "memcpy_ceiling",
     "per_block_memcpy",
     "random_mapping",
@@ -213,6 +216,16 @@ class CaseBuffers:
         return True
 
 
+def settle() -> None:
+    """Release what earlier cases dropped before the next is timed.  The
+    releaser thread frees dropped pinned memory, buffers and swappers in the
+    background; each free waits for the GPU and meanwhile holds up event
+    records on every thread (``benchmarks/NOTES.md``, items 39 and 40), so a
+    release landing inside a timing loop would be counted as swap time."""
+    gc.collect()
+    memory.release_dropped()
+
+
 def time_blocking(fn, stream, reps: int = 30, warmup: int = 3) -> dict:
     """Median host-clock latency of ``fn(); stream.synchronize()``, and the
     median device time between events around ``fn()``.
@@ -224,6 +237,7 @@ def time_blocking(fn, stream, reps: int = 30, warmup: int = 3) -> dict:
     """
     import cupy
 
+    settle()
     for _ in range(warmup):
         fn()
     stream.synchronize()
@@ -243,6 +257,7 @@ def time_blocking(fn, stream, reps: int = 30, warmup: int = 3) -> dict:
 def host_time(fn, stream, reps: int = 200) -> float:
     """Median host time (seconds) spent inside ``fn()`` alone: the stream is
     synchronized after each call, outside the clock."""
+    settle()
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -250,6 +265,27 @@ def host_time(fn, stream, reps: int = 200) -> float:
         samples.append(time.perf_counter() - t0)
         stream.synchronize()
     return statistics.median(samples)
+
+
+def host_times(calls: dict, stream, reps: int = 200, rounds: int = 5) -> dict:
+    """:func:`host_time` of each of ``calls`` (name -> fn), robust to the
+    slow spells of a host CPU: the calls take turns over ``rounds`` rounds
+    of ``reps // rounds`` calls each, and each one's figure is its fastest
+    round median, so calls compared in one table ran in the same spells.
+    (The device's host changes speed between and within processes by up to
+    3x for tens of milliseconds: ``benchmarks/NOTES.md``, items 34 and 40.)
+
+    Returns
+    -------
+    dict
+        name -> seconds.
+    """
+    best = dict.fromkeys(calls, float("inf"))
+    k = max(reps // rounds, 5)
+    for _ in range(rounds):
+        for name, call in calls.items():
+            best[name] = min(best[name], host_time(call, stream, k))
+    return best
 
 
 def memcpy_ceiling(buffers: CaseBuffers, stream, reps: int = 30) -> dict:
@@ -412,6 +448,7 @@ def run_bidir(
         )
 
     def timed(fn, k=1):
+        settle()
         for _ in range(3):
             fn()
         s_in.synchronize()
@@ -529,10 +566,11 @@ HOST_TIME_FORMS = ("array", "list", "torch", "prepared")
 
 def run_host_time(*, counts=(1, 16, 1250), reps: int = 200, seed: int = 0) -> dict:
     """Host time of one call (submit only; the stream is synchronized after
-    each call, outside the clock), median of ``reps``, for one part of
-    32 KiB blocks and 64 parts of 4 KiB blocks (a block-first host pool,
-    32 layers x K/V), every mode and mapping form, swap-in, next to a bare
-    ``cudaMemcpyAsync`` call of one 32 KiB block measured the same way.
+    each call, outside the clock; :func:`host_times` over ``reps`` calls),
+    for one part of 32 KiB blocks and 64 parts of 4 KiB blocks (a
+    block-first host pool, 32 layers x K/V), every mode and mapping form,
+    swap-in, next to a bare ``cudaMemcpyAsync`` call of one 32 KiB block
+    timed in the same rounds.
 
     ``staged`` swaps get a mapping whose host blocks are one run (the only
     kind it takes); the others get random distinct blocks.
@@ -542,7 +580,8 @@ def run_host_time(*, counts=(1, 16, 1250), reps: int = 200, seed: int = 0) -> di
     dict
         ``{"memcpy_us": float, "rows": [{"parts", "block_bytes", "n", "mode",
         "form", "path", "host_us", "ratio"}, ...]}``; ``ratio`` is host time
-        over the bare memcpy call's.
+        over that of the bare memcpy call timed beside it; ``memcpy_us`` is
+        the fastest of those.
     """
     import cupy
     from cupy.cuda import runtime
@@ -564,8 +603,7 @@ def run_host_time(*, counts=(1, 16, 1250), reps: int = 200, seed: int = 0) -> di
         runtime.memcpyAsync(*args)
 
     host_time(bare_memcpy, stream, reps=20)  # warm-up
-    memcpy_s = host_time(bare_memcpy, stream, reps)
-    rows = []
+    rows, memcpy_us = [], []
     for parts, block in ((1, 32768), (64, 4096)):
         for n in counts:
             bufs = CaseBuffers(SwapCase("in", block, n, parts), rng)
@@ -573,6 +611,7 @@ def run_host_time(*, counts=(1, 16, 1250), reps: int = 200, seed: int = 0) -> di
             src, dst = bufs.src, bufs.dst
             op = sw.prepare(src, dst)
             runs = np.column_stack((np.arange(n), rng.choice(bufs.gpu_blocks, n, replace=False)))
+            calls, paths = {"memcpy": bare_memcpy}, {}
             for mode in HOST_TIME_MODES:
                 m = runs.astype(np.int64) if mode == "staged" else bufs.mapping
                 forms = {
@@ -584,22 +623,26 @@ def run_host_time(*, counts=(1, 16, 1250), reps: int = 200, seed: int = 0) -> di
                     if forms.get(form, m) is None:
                         continue
                     call = _host_time_call(sw, op, src, dst, forms.get(form, m), form, mode, stream)
-                    k = reps if n * parts <= 1250 else max(20, reps // 8)
                     host_time(call, stream, reps=3)  # warm-up: compile, allocate, cache the layout
-                    seconds = host_time(call, stream, reps=k)
-                    rows.append(
-                        {
-                            "parts": parts,
-                            "block_bytes": block,
-                            "n": n,
-                            "mode": mode,
-                            "form": form,
-                            "path": sw.last_path,
-                            "host_us": seconds * 1e6,
-                            "ratio": seconds / memcpy_s,
-                        }
-                    )
-    return {"memcpy_us": memcpy_s * 1e6, "rows": rows}
+                    calls[mode, form], paths[mode, form] = call, sw.last_path
+            k = reps if n * parts <= 1250 else max(20, reps // 8)
+            seconds = host_times(calls, stream, reps=k)
+            memcpy_s = seconds.pop("memcpy")
+            memcpy_us.append(memcpy_s * 1e6)
+            for (mode, form), t in seconds.items():
+                rows.append(
+                    {
+                        "parts": parts,
+                        "block_bytes": block,
+                        "n": n,
+                        "mode": mode,
+                        "form": form,
+                        "path": paths[mode, form],
+                        "host_us": t * 1e6,
+                        "ratio": t / memcpy_s,
+                    }
+                )
+    return {"memcpy_us": min(memcpy_us), "rows": rows}
 
 
 def _host_time_call(sw, op, src, dst, mapping, form: str, mode: str, stream):

@@ -731,8 +731,8 @@ def _bench_host_time(args) -> dict:
     counts = args.counts if "counts" in getattr(args, "given", frozenset()) else (1, 16, 1250)
     result = run_host_time(counts=counts, reps=max(args.reps, 200))
     print(
-        f"\nhost time per call (submit only, median; swap-in), against a bare cudaMemcpyAsync call: "
-        f"{result['memcpy_us']:.1f} us"
+        f"\nhost time per call (submit only, fastest of five round medians; swap-in), against a bare "
+        f"cudaMemcpyAsync call timed in the same rounds: {result['memcpy_us']:.1f} us at best"
     )
     print(f"{'parts x block':<16} {'n':>5} {'mode':<7} {'form':<9} {'path':<7} {'us':>8} {'x memcpy':>9}")
     for r in result["rows"]:
