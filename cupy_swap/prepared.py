@@ -18,7 +18,7 @@ from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import checked_pairs
 from .core.route import MODES, route
 from .cuda import abi, memory
-from .cuda.gpu_mapping import GpuChecks, device_mapping
+from .cuda.gpu_mapping import HOST_KINDS, GpuChecks, device_mapping
 from .cuda.streams import stream_is_capturing, stream_on_device, wait_handle
 
 if TYPE_CHECKING:
@@ -112,7 +112,11 @@ class PreparedSwap:
                 f"{method}: expected {DIRECTION_TEXT[want]} arrays, got "
                 f"{DIRECTION_TEXT[layout.direction]}; use swap() for that"
             )
-        on_gpu = device_mapping(block_mapping, sw.device, sw.max_blocks)
+        on_gpu = (
+            None
+            if type(block_mapping) in HOST_KINDS
+            else device_mapping(block_mapping, sw.device, sw.max_blocks)
+        )
         if on_gpu is None:
             pairs = checked_pairs(layout, block_mapping, sw.max_blocks)  # raises before any launch
             n = len(pairs) >> 1 if type(pairs) is list else pairs.shape[0]
@@ -128,7 +132,7 @@ class PreparedSwap:
         path = "none"
         if n and layout.bytes_per_pair:
             # Waiting on a capturing stream makes this one capture too.
-            capturing = stream_is_capturing(handle) or any(w.capturing for w in waits)
+            capturing = stream_is_capturing(handle) or (bool(waits) and any(w.capturing for w in waits))
             if on_gpu is not None:
                 path, plan = self._gpu_checks_ready(mode, capturing), None
             else:

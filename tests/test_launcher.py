@@ -209,3 +209,31 @@ def test_a_swap_that_gets_its_slot_after_close_raises_and_frees_the_slot():
     t.join(10)
     assert outcome and "closed" in outcome[0]
     assert held == [] and not slot.lock.locked()
+
+
+def test_a_kernel_node_launch_sets_the_nodes_parameters_then_launches():
+    """``KernelNode.launch_one`` (the eager inline path) writes grid, CTA
+    size and parameter pointer into the node's struct before the driver
+    reads it, then launches the graph once; a refused update raises before
+    any launch."""
+    from cupy_swap.cuda.driver import KernelNodeParams
+    from cupy_swap.cuda.launcher import KernelNode
+
+    calls, status = [], [0]
+    node = KernelNode.__new__(KernelNode)
+    node.params = [KernelNodeParams(7, 1, 1, 1, 32, 1, 1, 0, None, None)]
+    node.exec = 99
+    node._calls = [(node.params[0], ("exec", "node", "params"))]
+
+    def set_params(exec_, n, ptr):
+        p = node.params[0]
+        calls.append(("set", n, p.gridDimX, p.blockDimX, p.kernelParams))
+        return status[0]
+
+    node._set, node._launch = set_params, lambda e, s: calls.append(("launch", e, s))
+    node.launch_one(8, 1024, 4096, stream=5)
+    assert calls == [("set", "node", 8, 1024, 4096), ("launch", 99, 5)]
+    status[0], calls[:] = 1, []
+    with pytest.raises(RuntimeError, match="cuGraphExecKernelNodeSetParams"):
+        node.launch_one(4, 256, 8192, stream=5)
+    assert calls == [("set", "node", 4, 256, 8192)]  # nothing launched

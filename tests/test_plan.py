@@ -286,6 +286,10 @@ def test_pair_copies_match_numpy_path(fake_gpu):
         assert [x.tolist() for x in copy_list(layout, m)] == list(pair_copies(layout, s, d))
     m = check_mapping_for(layout, [(0, 5), (1, 6), (2, 7), (9, 0)])
     assert copy_count(layout, m) == 2 + 4  # runs of the packed part, blocks of the strided one
+    one = resolve_layout(layout_from_parts(src[1:], dst[1:]), device=0)  # one part: its own branch
+    for s, d in [(0, 5), (9, 0)]:
+        m = check_mapping_for(one, [(s, d)])
+        assert [x.tolist() for x in copy_list(one, m)] == list(pair_copies(one, s, d))
 
 
 def test_interleaved_views_never_meet(fake_gpu):

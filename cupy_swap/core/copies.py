@@ -94,12 +94,22 @@ def _packed(part) -> bool:
 
 
 def pair_copies(layout, s: int, d: int) -> tuple[list, list, list]:
-    """:func:`copy_list` of the one-pair mapping ``[(s, d)]``, in plain Python."""
-    moving = _moving(layout)
+    """:func:`copy_list` of the one-pair mapping ``[(s, d)]``, in plain Python
+    over each moving part's addresses and strides, read from the parts once
+    per layout (a one-block swap is one memcpy per part: little else may
+    stand around it)."""
+    table = layout.pair_table
+    if table is None:
+        table = layout.pair_table = [
+            (dp.ptr, dp.block_stride, sp.ptr, sp.block_stride, sp.block_bytes) for sp, dp in _moving(layout)
+        ]
+    if len(table) == 1:
+        ((d_ptr, d_stride, s_ptr, s_stride, nbytes),) = table
+        return [d_ptr + d * d_stride], [s_ptr + s * s_stride], [nbytes]
     return (
-        [dp.ptr + d * dp.block_stride for _, dp in moving],
-        [sp.ptr + s * sp.block_stride for sp, _ in moving],
-        [sp.block_bytes for sp, _ in moving],
+        [row[0] + d * row[1] for row in table],
+        [row[2] + s * row[3] for row in table],
+        [row[4] for row in table],
     )
 
 

@@ -97,6 +97,7 @@ class Layout:
     host_groups: list | None = None
     staging_layout: Layout | None = None
     copy_groups: tuple | None = field(default=None, repr=False)  # cached by core.copies
+    pair_table: list | None = field(default=None, repr=False)  # cached by core.copies
     # Derived once here: the hot path reads them on every swap.
     bytes_per_pair: int = field(init=False)
     min_block_bytes: int = field(init=False)

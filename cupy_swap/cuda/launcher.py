@@ -116,6 +116,15 @@ class KernelNode:
                 _check(status, "cuGraphExecKernelNodeSetParams")
         self._launch(self.exec, stream)
 
+    def launch_one(self, grid: int, threads: int, args_ptr: int, stream: int) -> None:
+        """:meth:`launch` of a graph of one kernel, without the step tuples."""
+        ((params, args),) = self._calls
+        params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
+        status = self._set(*args)
+        if status:
+            _check(status, "cuGraphExecKernelNodeSetParams")
+        self._launch(self.exec, stream)
+
     def destroy(self) -> None:
         """Destroy the graph (a launch still in flight completes first: CUDA
         frees an executing graph when it finishes)."""
@@ -334,7 +343,11 @@ class Launcher:
         use), or plainly while ``stream`` captures or when the launcher has
         built :data:`MAX_KERNEL_NODES` nodes.  The caller holds
         :attr:`inline_lock`."""
-        self.launch_steps(((fn, grid, threads, params),), (fn, stream), stream, capturing)
+        node = None if capturing else self._nodes.get((fn, stream))
+        if node is not None:
+            node.launch_one(grid, threads, params, stream)
+        else:
+            self.launch_steps(((fn, grid, threads, params),), (fn, stream), stream, capturing)
 
     def launch_steps(self, steps, key: tuple, stream: int, capturing: bool) -> None:
         """:meth:`launch_inline` of kernels run one after the other, through

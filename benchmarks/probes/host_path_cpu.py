@@ -1,0 +1,133 @@
+"""The Python of a prepared call, on any machine: ``PreparedSwap`` over
+stand-in GPU parts (``tests/fakes.py``) with every CUDA call replaced by a
+no-op, so what is timed is the library's own host code.  Development CPUs
+are steadier than the device's host, so changes of a fraction of a
+microsecond show here that the device's noise hides; run the old and new
+trees alternately and compare minima:
+
+    for i in 1 2 3 4; do
+        ROOT=/path/to/old python benchmarks/probes/host_path_cpu.py
+        python benchmarks/probes/host_path_cpu.py
+    done
+
+``ROOT`` (default: this checkout) is the tree whose ``cupy_swap`` is timed.
+"""
+
+import collections
+import os
+import sys
+import threading
+import timeit
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(HERE / "tests"))
+sys.path.insert(0, os.environ.get("ROOT", str(HERE)))
+
+import numpy as np  # noqa: E402
+from fakes import FakeGpu  # noqa: E402
+
+from cupy_swap import prepared  # noqa: E402
+from cupy_swap.core.layout import layout_from_parts  # noqa: E402
+from cupy_swap.core.route import Policy  # noqa: E402
+from cupy_swap.cuda import abi, launcher, streams  # noqa: E402
+from cupy_swap.cuda.copy_engine import DmaCopier  # noqa: E402
+from cupy_swap.cuda.driver import KernelNodeParams  # noqa: E402
+from cupy_swap.cuda.resolve import resolve_layout  # noqa: E402
+
+# (parts, block bytes, pairs): the host-time goal rows, and the copy-engine row.
+CASES = [(1, 32768, 1), (1, 32768, 16), (1, 4096, 1250), (64, 4096, 16), (1, 2 << 20, 16)]
+
+
+def _no_op(*_args):
+    return 0
+
+
+class _Event:
+    __slots__ = ("ptr", "path", "nbytes", "start", "check")
+
+    def __init__(self, disable_timing=True):
+        self.ptr, self.start, self.check = 1, None, None
+
+
+class _Launcher(launcher.Launcher):
+    """The launcher's launch logic, with no ring and graphs that launch nothing."""
+
+    def __init__(self):
+        self.device, self.max_ctas = 0, 8
+        self.max_inline_pairs = max(t.pairs for t in abi.TIERS)
+        self.inline_lock, self._lock = threading.Lock(), threading.Lock()
+        self._nodes, self._tiers, self._graphs_ok = {}, {}, True
+        self._launch = _no_op
+
+    def function(self, name):
+        return 1234
+
+    def inline_tiers(self, width):
+        return list(abi.TIERS)
+
+    def _new_node(self, steps, key):
+        node = launcher.KernelNode.__new__(launcher.KernelNode)
+        node.params = [KernelNodeParams(1, 1, 1, 1, 1, 1, 1, 0, 0, None) for _ in steps]
+        node._set, node._launch, node.exec = _no_op, _no_op, 1
+        node._calls = [(p, (1, 2, 3)) for p in node.params]
+        self._nodes[key] = node
+        return node
+
+
+def _swapper():
+    """What ``PreparedSwap`` reads of its swapper, CUDA calls as no-ops."""
+    events = streams.EventPool.__new__(streams.EventPool)
+    events._cls, events._issued, events._size = _Event, collections.deque(), 64
+    events._refs, events._free_refs = sys.getrefcount, streams._unshared_refcount()
+    dma = DmaCopier()
+    dma._memcpy, dma._batch = _no_op, (_no_op, False)
+    current = types.SimpleNamespace(ptr=7)
+    return types.SimpleNamespace(
+        device=0,
+        _closed=False,
+        max_blocks=4096,
+        mode="auto",
+        timing=False,
+        policy=Policy(),
+        last_path=None,
+        _get_device=lambda: 0,
+        _current_stream=lambda: current,
+        _events=events,
+        _record=_no_op,
+        _launcher=_Launcher(),
+        _dma=dma,
+    )
+
+
+def time_case(parts: int, block: int, n: int, rng) -> tuple[str, float]:
+    """(path, microseconds): the fastest of four timings of the call."""
+    gpu = FakeGpu()
+    blocks = 2 * n + 2
+
+    def side(name):
+        return [
+            gpu.part(np.zeros((blocks, block // 4096, 4096), np.uint8), f"{name}{i}") for i in range(parts)
+        ]
+
+    layout = resolve_layout(layout_from_parts(side("s"), side("d")), 0)
+    layout.serial = 1
+    op = prepared.PreparedSwap(_swapper(), layout, None)
+    m = np.column_stack([rng.choice(blocks, n, replace=False) for _ in range(2)]).astype(np.int64)
+    op(m, stream=7)
+    k = 5000 if n < 100 else 1000
+    best = min(timeit.repeat(lambda: op(m, stream=7), number=k, repeat=4)) / k
+    return op._swapper.last_path, best * 1e6
+
+
+def main() -> None:
+    prepared.stream_is_capturing = lambda handle: False  # a CUDA call
+    rng = np.random.default_rng(0)
+    for parts, block, n in CASES:
+        path, us = time_case(parts, block, n, rng)
+        print(f"{parts} x {block >> 10} KiB x {n} ({path}): {us:.2f} us")
+
+
+if __name__ == "__main__":
+    main()
