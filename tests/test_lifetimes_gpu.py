@@ -113,10 +113,12 @@ def test_a_swapper_made_behind_a_busy_stream_copies_through_its_ring(rng):
     gpu = cp.empty((64, 4096), cp.uint8)
     rand_fill(host, rng)
     poison(gpu)
-    # Compile the kernels first, with a swapper kept alive: a dropped one is
+    # Load the kernels first, with a swapper kept alive: a dropped one is
     # freed by the releaser, whose cudaFree waits for the spin below and
     # meanwhile holds up the event record of the swap under test.
     warm = cs.BlockSwapper(max_blocks=4)
+    warm.swap_in(host, gpu, [(0, 0)], mode="kernel")
+    warm._launcher.max_inline_pairs = 0  # the ring's kernels too: their first load syncs the context
     warm.swap_in(host, gpu, [(0, 0)], mode="kernel")
     gpu.fill(POISON)
     cp.cuda.Device().synchronize()

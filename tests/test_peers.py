@@ -85,3 +85,14 @@ def test_host_times_take_turns_and_keep_each_calls_fastest_round(monkeypatch):
     times = bench.host_times({"a": call("a", 10), "b": call("b", 10)}, Stream(), reps=10, rounds=2)
     assert order == ["a"] * 5 + ["b"] * 5 + ["a"] * 5 + ["b"] * 5
     assert times["a"] < 0.001 and times["b"] < 0.001  # the slow first round does not count
+
+
+def test_settle_warns_instead_of_hanging_when_releases_do_not_finish(monkeypatch):
+    from cupy_swap.cuda import memory
+    from cupy_swap.tools import bench
+
+    waited = []
+    monkeypatch.setattr(memory, "release_dropped", lambda timeout=None: waited.append(timeout) or False)
+    with pytest.warns(RuntimeWarning, match="not released within 60 s"):
+        bench.settle()
+    assert waited == [60]

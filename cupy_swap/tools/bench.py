@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -223,7 +224,13 @@ def settle() -> None:
     records on every thread (``benchmarks/NOTES.md``, items 39 and 40), so a
     release landing inside a timing loop would be counted as swap time."""
     gc.collect()
-    memory.release_dropped()
+    if not memory.release_dropped(timeout=60):
+        warnings.warn(
+            "settle: memory dropped earlier was not released within 60 s (is the GPU stuck?); "
+            "timings may include a release",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def time_blocking(fn, stream, reps: int = 30, warmup: int = 3) -> dict:
@@ -271,7 +278,8 @@ def host_times(calls: dict, stream, reps: int = 200, rounds: int = 5) -> dict:
     """:func:`host_time` of each of ``calls`` (name -> fn), robust to the
     slow spells of a host CPU: the calls take turns over ``rounds`` rounds
     of ``reps // rounds`` calls each, and each one's figure is its fastest
-    round median, so calls compared in one table ran in the same spells.
+    round median, so a spell that slows one round does not decide any
+    call's figure (each call keeps its own best round).
     (The device's host changes speed between and within processes by up to
     3x for tens of milliseconds: ``benchmarks/NOTES.md``, items 34 and 40.)
 
@@ -642,7 +650,7 @@ def run_host_time(*, counts=(1, 16, 1250), reps: int = 200, seed: int = 0) -> di
                         "ratio": t / memcpy_s,
                     }
                 )
-    return {"memcpy_us": min(memcpy_us), "rows": rows}
+    return {"memcpy_us": min(memcpy_us, default=float("nan")), "rows": rows}
 
 
 def _host_time_call(sw, op, src, dst, mapping, form: str, mode: str, stream):
