@@ -237,3 +237,51 @@ def test_a_kernel_node_launch_sets_the_nodes_parameters_then_launches():
     with pytest.raises(RuntimeError, match="cuGraphExecKernelNodeSetParams"):
         node.launch_one(4, 256, 8192, stream=5)
     assert calls == [("set", "node", 4, 256, 8192)]  # nothing launched
+
+
+def test_launch_inline_uses_the_streams_node_and_launches_plainly_while_capturing():
+    """An eager launch goes to its stream's kernel node (built on first use);
+    while the stream captures, or once no node can be built (a closed
+    launcher), the kernel is launched plainly so the capture records it."""
+    from cupy_swap.cuda.launcher import Launcher
+
+    launched = []
+
+    class Node:
+        def __init__(self, key):
+            self.key = key
+
+        def launch_one(self, grid, threads, params, stream):
+            launched.append(("node", self.key, grid, threads, params, stream))
+
+        def launch(self, steps, stream):  # the first launch, through launch_steps
+            ((_fn, grid, threads, params),) = steps
+            self.launch_one(grid, threads, params, stream)
+
+    lau = Launcher.__new__(Launcher)
+    lau._nodes, can_build = {}, [True]
+    lau._launch = lambda fn, g, _y, _z, t, _by, _bz, _sm, stream, params, _extra: launched.append(
+        ("plain", fn, g, t, params, stream)
+    )
+
+    def new_node(steps, key):
+        if not can_build[0]:
+            return None
+        lau._nodes[key] = Node(key)
+        launched.append(("built", key))
+        return lau._nodes[key]
+
+    lau._new_node = new_node
+    lau.launch_inline("fn", 8, 1024, stream=5, params=111, capturing=False)
+    lau.launch_inline("fn", 4, 256, stream=5, params=222, capturing=False)
+    lau.launch_inline("fn", 2, 64, stream=5, params=333, capturing=True)
+    can_build[0] = False
+    lau._nodes.clear()  # what closing the launcher does
+    lau.launch_inline("fn", 1, 32, stream=6, params=444, capturing=False)
+    assert launched == [
+        ("built", ("fn", 5)),
+        ("node", ("fn", 5), 8, 1024, 111, 5),  # the first launch builds the node, then uses it
+        ("node", ("fn", 5), 4, 256, 222, 5),
+        ("plain", "fn", 2, 64, 333, 5),  # capturing: never the node
+        ("plain", "fn", 1, 32, 444, 6),  # no node to be had
+    ]
