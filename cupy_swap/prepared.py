@@ -13,12 +13,14 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import checked_pairs
 from .core.route import MODES, route
 from .cuda import abi, memory
-from .cuda.gpu_mapping import HOST_KINDS, GpuChecks, device_mapping
+from .cuda.gpu_mapping import GpuChecks, device_mapping
 from .cuda.streams import stream_is_capturing, stream_on_device, wait_handle
 
 if TYPE_CHECKING:
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["PreparedSwap"]
 
 _CHECKS_LOCK = threading.Lock()
+# Mappings that are on the host whatever they hold (the common case, told
+# apart without a call; anything else may be a GPU array: device_mapping).
+_HOST_KINDS = (list, tuple, np.ndarray)
 
 
 class PreparedSwap:
@@ -114,7 +119,7 @@ class PreparedSwap:
             )
         on_gpu = (
             None
-            if type(block_mapping) in HOST_KINDS
+            if type(block_mapping) in _HOST_KINDS
             else device_mapping(block_mapping, sw.device, sw.max_blocks)
         )
         if on_gpu is None:

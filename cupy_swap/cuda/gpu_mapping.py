@@ -32,7 +32,6 @@ from . import abi, memory
 __all__ = ["DeviceMapping", "device_mapping", "GpuChecks", "SLOTS"]
 
 SLOTS = 16
-HOST_KINDS = (list, tuple, np.ndarray)
 _INT64 = np.dtype(np.int64)
 
 
@@ -55,8 +54,6 @@ def device_mapping(obj, device: int, max_blocks: int) -> DeviceMapping | None:
         ``device``, or with more than ``max_blocks`` or
         :data:`~.abi.CHECK_MAX_ROWS` rows (checked without reading it).
     """
-    if type(obj) in HOST_KINDS:
-        return None
     cupy = sys.modules.get("cupy")
     if cupy is not None and type(obj) is cupy.ndarray:
         owner, ptr, contiguous = obj.data.device_id, obj.data.ptr, obj.flags.c_contiguous
