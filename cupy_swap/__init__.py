@@ -22,9 +22,16 @@ def __getattr__(name: str):
     # for (importing cupy_swap does not import CuPy); it is left out of
     # __all__ so that `from cupy_swap import *` works without CuPy.
     if name == "SwapEvent":
+        from .cuda.availability import cuda_unavailable_error
         from .cuda.streams import swap_event_class
 
-        return swap_event_class()
+        try:
+            return swap_event_class()
+        except ImportError as e:  # no CuPy: say so and how to install it, as every other entry point
+            err = cuda_unavailable_error(e, "cupy_swap.SwapEvent")
+            if err is None:
+                raise
+            raise err from e
     raise AttributeError(f"module 'cupy_swap' has no attribute {name!r}")
 
 

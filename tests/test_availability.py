@@ -2,6 +2,7 @@
 CuPy exceptions and a stand-in driver probe tell no driver, no device, a driver
 that does not start, a driver too old and a missing CuPy apart."""
 
+import sys
 import uuid
 from pathlib import Path
 
@@ -265,3 +266,31 @@ def test_entry_points_without_a_driver_say_so(name):
     with pytest.raises(CudaUnavailableError, match="no NVIDIA driver found") as e:
         ENTRY_POINTS[name]()
     assert "insufficient" not in str(e.value) and "ulimit" not in str(e.value)
+
+
+def test_zeros_pinned_names_itself_when_cuda_is_unavailable(monkeypatch):
+    """zeros_pinned(10) once reported its failure as ``empty_pinned(): ...``."""
+    from cupy_swap.cuda import memory
+
+    _machine(monkeypatch, NO_DRIVER)
+
+    def no_runtime():
+        raise CUDARuntimeError(35, INSUFFICIENT)
+
+    monkeypatch.setattr(memory, "_runtime", no_runtime)
+    for fn, name in ((cupy_swap.zeros_pinned, "zeros_pinned"), (cupy_swap.empty_pinned, "empty_pinned")):
+        with pytest.raises(CudaUnavailableError, match=rf"^{name}\(\): no NVIDIA driver found"):
+            fn(10)
+
+
+def test_swap_event_without_cupy_says_cupy_is_missing(monkeypatch):
+    """``cupy_swap.SwapEvent`` is built from CuPy on first use; without CuPy
+    it raises the same CudaUnavailableError as every other entry point, not
+    a bare ModuleNotFoundError."""
+    from cupy_swap.cuda import streams
+
+    monkeypatch.setattr(streams, "_cls", [])  # not built yet
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
+    with pytest.raises(CudaUnavailableError, match=r"^cupy_swap\.SwapEvent: CuPy is not installed") as e:
+        cupy_swap.SwapEvent  # noqa: B018
+    assert e.value.reason == "no-cupy" and isinstance(e.value.__cause__, ImportError)

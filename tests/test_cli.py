@@ -111,7 +111,9 @@ def test_without_gpu_says_so_and_exits_3(argv):
 def test_info_without_gpu_exits_3():
     r = _run("info")
     assert r.returncode == EXIT_NO_GPU, r.stderr
-    assert "GPU: none" in r.stdout and "upgrade" not in r.stdout.lower()
+    # The diagnosis goes to stderr, as every other command's; the version line stays on stdout.
+    assert r.stdout.startswith("cupy_swap ") and "GPU" not in r.stdout
+    assert r.stderr.startswith("cupy_swap: GPU: none (") and "upgrade" not in r.stderr.lower()
 
 
 def test_no_gpu_main_exit_code_in_process(monkeypatch, capsys):
@@ -144,6 +146,18 @@ def test_top_level_help_lists_commands_and_exit_codes():
     assert "exit status:" in out and "3  no usable NVIDIA GPU" in out and "2  bad command line" in out
 
 
+def test_the_command_line_says_blocks_and_one_reference():
+    """The README says "blocks"; so does every help text.  The table bench
+    prints by default is its "default table", so that "reference" is left to
+    nothing but the kernel it is compared with."""
+    texts = [_run("--help").stdout] + [_run(name, "--help").stdout for name in cli.COMMANDS]
+    for text in texts:
+        assert not re.search(r"\bpages?\b", text), text
+        assert "reference table" not in text
+    assert "vLLM pull request 11531" in texts[1 + list(cli.COMMANDS).index("bench")]
+    assert cli.BLOCK_TEXT.startswith("block = ")
+
+
 @pytest.mark.parametrize("name", list(cli.COMMANDS))
 def test_command_help_says_exit_codes(name):
     r = _run(name, "--help")
@@ -165,7 +179,7 @@ def test_demo_footprint_is_what_the_demo_allocates(direction, monkeypatch):
     monkeypatch.setattr(bench.memory, "empty_pinned", allocate(host))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(empty=allocate(gpu), uint8=np.uint8))
     monkeypatch.setattr(bench, "fill_random", lambda a, rng: None)
-    bench.CaseBuffers(bench.SwapCase(direction, cli.PAGE_BYTES, cli.DEMO_PAGES), np.random.default_rng(0))
+    bench.CaseBuffers(bench.SwapCase(direction, cli.BLOCK_BYTES, cli.DEMO_BLOCKS), np.random.default_rng(0))
     assert sum(a.nbytes for a in host) == sum(a.nbytes for a in gpu) == cli.demo_footprint()
 
 
@@ -406,5 +420,5 @@ def test_without_cupy_says_so_with_the_install_command(monkeypatch, capsys):
         assert "This command needs CuPy (exit status 3: CuPy missing)." in err
         assert "needs an NVIDIA GPU" not in err and "cupy-swap[" not in err
     assert cli.main(["info"]) == EXIT_NO_GPU
-    out = capsys.readouterr().out
-    assert "CuPy: missing (CuPy is not installed" in out and "GPU: none" not in out
+    err = capsys.readouterr().err
+    assert "cupy_swap: CuPy: missing (CuPy is not installed" in err and "GPU: none" not in err

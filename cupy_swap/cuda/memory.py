@@ -334,7 +334,8 @@ def empty_pinned(shape, dtype="float32") -> np.ndarray:
 @translate_unavailable("zeros_pinned()")
 def zeros_pinned(shape, dtype="float32") -> np.ndarray:
     """Like :func:`empty_pinned`, filled with zeros."""
-    a = empty_pinned(shape, dtype)
+    # Undecorated, so that a failure is named zeros_pinned(), not empty_pinned().
+    a = empty_pinned.__wrapped__(shape, dtype)
     a.fill(0)
     return a
 

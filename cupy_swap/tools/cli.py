@@ -2,7 +2,7 @@
 
 ``demo`` (the default) swaps a demo cache in and out, prints GB/s against the
 contiguous-memcpy ceiling, and checks every byte.  ``bench`` prints the
-reference table (swap in / out of 1 and 1250 pages of 32 KiB) or any sweep you
+default table (swap in / out of 1 and 1250 blocks of 32 KiB) or any sweep you
 ask for, and charts the ``--peers`` comparison (``--plot``, also from a
 stored run: ``--from-json``).  ``info`` says what the library found;
 ``calibrate`` stores per-device thresholds.
@@ -33,12 +33,12 @@ from .node import DRIVERS, select_devices
 from .peers import CONTENDER_COLUMNS, CONTENDER_LABELS, CONTENDERS, PEER_BLOCK_BYTES, PEER_COUNTS
 from .plot import check_plot_file, load_run
 
-PAGE_BYTES = 16 * 8 * 128 * 2  # 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB
-PAGE_TEXT = (
-    "page = one block of one layer's K or V cache: "
+BLOCK_BYTES = 16 * 8 * 128 * 2  # 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB
+BLOCK_TEXT = (
+    "block = one layer's K or V cache for 16 tokens: "
     "16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB (vLLM, Llama-3-8B)"
 )
-DEMO_PAGES = 1250
+DEMO_BLOCKS = 1250
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1  # a swap's bytes did not match (demo, bench)
@@ -47,8 +47,8 @@ EXIT_NO_GPU = 3  # no usable NVIDIA GPU: no driver, no device, driver too old, o
 
 # One line per command: the top-level --help lists them in plain text.
 COMMANDS = {
-    "demo": f"swap {DEMO_PAGES} random 32 KiB pages out and in; print GB/s against memcpy; check every byte",
-    "bench": f"the reference table (1 and {DEMO_PAGES} pages of 32 KiB, in and out), a sweep of your own, "
+    "demo": f"swap {DEMO_BLOCKS} random 32 KiB blocks out and in; print GB/s against memcpy; check every byte",
+    "bench": f"the default table (1 and {DEMO_BLOCKS} blocks of 32 KiB, in and out), a sweep of your own, "
     "or a chart of GB/s by block size against other ways to swap",
     "info": "what the library found: GPUs, host mapping, copy engines, modes, calibration",
     "calibrate": "measure the kernel / copy-engine thresholds of this GPU and store them",
@@ -188,27 +188,27 @@ def _wide_cases(directions=("in", "out")) -> list[SwapCase]:
     return cases
 
 
-def demo_footprint(pages: int = DEMO_PAGES, page_bytes: int = PAGE_BYTES) -> int:
+def demo_footprint(blocks: int = DEMO_BLOCKS, block_bytes: int = BLOCK_BYTES) -> int:
     """Bytes the demo allocates on each side (pinned host memory, and GPU
     memory) for one direction: :class:`cupy_swap.tools.bench.CaseBuffers`' cache of
-    ``max(2 * pages, pages + 1)`` blocks plus one contiguous ``pages``-block
+    ``max(2 * blocks, blocks + 1)`` blocks plus one contiguous ``blocks``-block
     buffer for the memcpy ceiling.  The two directions run one after the
     other."""
-    return (max(2 * pages, pages + 1) + pages) * page_bytes
+    return (max(2 * blocks, blocks + 1) + blocks) * block_bytes
 
 
 def cmd_demo(args) -> int:
     what = _require_gpu()
     print(f"cupy_swap {__version__} demo on {what}")
-    print(PAGE_TEXT)
+    print(BLOCK_TEXT)
     mb = demo_footprint() / 1e6
     print(f"allocates {mb:.0f} MB of pinned host memory and {mb:.0f} MB of GPU memory per direction")
     ok_all = True
     for direction in ("out", "in"):
-        r = run_case(SwapCase(direction, PAGE_BYTES, DEMO_PAGES), reps=args.reps, baseline=False)
+        r = run_case(SwapCase(direction, BLOCK_BYTES, DEMO_BLOCKS), reps=args.reps, baseline=False)
         ok_all &= r["verified"]
         print(
-            f"swap {direction:>3} {DEMO_PAGES} random pages ({r['bytes'] / 1e6:.1f} MB): {r['gbps']:.1f} GB/s, "
+            f"swap {direction:>3} {DEMO_BLOCKS} random blocks ({r['bytes'] / 1e6:.1f} MB): {r['gbps']:.1f} GB/s, "
             f"{r['ratio']:.2f} of a contiguous cudaMemcpyAsync ({r['ceiling_gbps']:.1f} GB/s); "
             f"bit-exact: {'yes' if r['verified'] else 'NO'}"
         )
@@ -459,7 +459,7 @@ def _header(args) -> list[str]:
     head = environment_lines() + [swapper_settings()]  # the thresholds `auto` runs with
     for line in head:
         print(line)
-    print(PAGE_TEXT)
+    print(BLOCK_TEXT)
     print(
         f"figures: blocking latency (submit + synchronize), median of {args.reps}; GB/s = 1e9 B/s; "
         "ratio = cupy_swap / one contiguous cudaMemcpyAsync of the same bytes; dev = device-event ratio"
@@ -552,7 +552,7 @@ def cmd_bench(args) -> int:
         except ValueError as e:
             args.command_parser.error(f"argument --gpus: {e}")
     head = _header(args)
-    report = {"environment": head, "page": PAGE_TEXT, "argv": sys.argv[1:]}
+    report = {"environment": head, "page": BLOCK_TEXT, "argv": sys.argv[1:]}
     ok = True
     if args.bidir:
         report["bidir"] = rows = _bench_bidir(args)
@@ -750,8 +750,10 @@ def cmd_info(args) -> int:
     ok, what = gpu_status()
     print(f"cupy_swap {__version__}")
     if not ok:
-        # Without CuPy nothing is known about the GPUs: say what is missing, not "no GPU".
-        print(f"{'CuPy: missing' if what.startswith('CuPy') else 'GPU: none'} ({no_gpu_message(what)})")
+        # Without CuPy nothing is known about the GPUs: say what is missing, not "no GPU"; on
+        # stderr, as every other command's diagnosis.
+        missing = "CuPy: missing" if what.startswith("CuPy") else "GPU: none"
+        print(f"cupy_swap: {missing} ({no_gpu_message(what)})", file=sys.stderr)
         return EXIT_NO_GPU
     import cupy
     from cupy.cuda import runtime
@@ -852,11 +854,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     d = command("demo")
     d.add_argument("--reps", type=_positive_int, default=30, help="timed repetitions per direction")
     b = command("bench", epilog=_bench_examples(prog))
-    what = b.add_argument_group("what to measure (the reference table when none of these is given)")
+    what = b.add_argument_group("what to measure (the default table when none of these is given)")
     what.add_argument(
         "--peers",
         action=_GivenFlag,
-        help="GB/s against other ways to swap: a reference kernel (mapping uploaded per call, or already "
+        help="GB/s against other ways to swap: the swap kernel of vLLM pull request 11531 (mapping uploaded "
+        "per call, or already "
         "on the GPU), one memcpy per block from a CUDA graph, cuMemcpyBatchAsync, and the memcpy ceiling; "
         "4 KiB to 2 MiB x 1, 16, 1250 blocks, in and out (--block-bytes, --counts, --directions change that)",
     )
@@ -864,7 +867,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--sweep",
         type=_sweep_arg,
         metavar="{wide}",
-        help=f"a fixed sweep instead of the reference table; {WIDE_TEXT}",
+        help=f"a fixed sweep instead of the default table; {WIDE_TEXT}",
     )
     what.add_argument("--bidir", action=_GivenFlag, help="swap-in and swap-out together on two streams")
     what.add_argument(
@@ -885,7 +888,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--block-bytes",
         type=_sizes_arg,
         metavar="SIZES",
-        default=str(PAGE_BYTES),
+        default=str(BLOCK_BYTES),
         action=_Given,
         help="bytes per block, comma list, e.g. 4k,32k,2m (default 32k)",
     )
