@@ -1,6 +1,7 @@
 """The contenders of ``bench --peers``, on the CPU: the seed's kernel
-compiles, the cases are every direction x block size x count, and every
-contender has a column and a label."""
+compiles, the cases are every direction x block size x count, every
+contender has a column and a label, and ``ref+map`` makes the calls the
+pull request's design makes, in its order."""
 
 import pytest
 
@@ -96,3 +97,71 @@ def test_settle_warns_instead_of_hanging_when_releases_do_not_finish(monkeypatch
     with pytest.warns(RuntimeWarning, match="not released within 60 s"):
         bench.settle()
     assert waited == [60]
+
+
+def test_ref_map_allocates_once_and_rewrites_its_pinned_buffer_only_after_the_copy(monkeypatch):
+    """``ref+map`` runs the pull request's design: buffers allocated once; a
+    call waits for the last copy out of the pinned buffer, writes the mapping
+    there, copies it to the device buffer on the stream, records the gate and
+    launches one CTA of 1024 threads per row over the device buffer."""
+    import types
+
+    import cupy
+    import cupyx
+    import numpy as np
+    from cupy.cuda import runtime
+
+    from cupy_swap.tools.peers import upload_contender
+
+    log, pinned, device = [], [], []
+
+    def empty_pinned(shape, dtype):
+        pinned.append(np.zeros(shape, dtype))
+        return pinned[-1]
+
+    def empty(shape, dtype):
+        device.append(types.SimpleNamespace(data=types.SimpleNamespace(ptr=0xD000)))
+        return device[-1]
+
+    class Event:
+        ptr = 0xE000
+        made = 0
+
+        def __init__(self, disable_timing=False):
+            Event.made += 1
+
+    class Stream:
+        ptr = 0x5000
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def memcpy(dst, src, nbytes, kind, stream):
+        (buffer,) = pinned
+        log.append(("copy", dst, src == buffer.ctypes.data, nbytes, kind, stream, buffer.tolist()))
+
+    def kernel(grid, block, args):
+        log.append(("kernel", grid, block, args[2] is device[0]))
+
+    monkeypatch.setattr(cupyx, "empty_pinned", empty_pinned)
+    monkeypatch.setattr(cupy, "empty", empty)
+    monkeypatch.setattr(cupy.cuda, "Event", Event)
+    monkeypatch.setattr(runtime, "eventSynchronize", lambda ev: log.append(("wait", ev)))
+    monkeypatch.setattr(runtime, "eventRecord", lambda ev, s: log.append(("record", ev, s)))
+    monkeypatch.setattr(runtime, "memcpyAsync", memcpy)
+
+    mapping = np.array([[3, 1], [0, 2], [5, 4]], dtype=np.int64)
+    call = upload_contender(kernel, (np.uint64(1), np.uint64(2)), np.int64(512), mapping, Stream())
+    call()
+    call()
+    assert (len(pinned), len(device), Event.made) == (1, 1, 1)  # nothing allocated per call
+    one_call = [
+        ("wait", 0xE000),  # the previous copy has read the pinned buffer
+        ("copy", 0xD000, True, 48, runtime.memcpyHostToDevice, 0x5000, mapping.tolist()),
+        ("record", 0xE000, 0x5000),
+        ("kernel", (3,), (1024,), True),
+    ]
+    assert log == one_call * 2
