@@ -1,17 +1,19 @@
-"""Turn the JSON that ``benchmarks/run_device.sh`` writes into the markdown
-tables of ``benchmarks/results/RESULTS.md``, and the README's tables.
+"""Turn stored device runs into the markdown the project's pages quote.
 
-    python benchmarks/make_tables.py RESULTS_DIR COMMIT > benchmarks/results/RESULTS.md
-    python benchmarks/make_tables.py --readme RESULTS_DIR COMMIT
-    python benchmarks/make_tables.py --peers peers.json   # the README's performance table
-    python benchmarks/make_tables.py --gpus gpus.json     # the two-GPU table (bench --gpus)
+    python benchmarks/make_tables.py --page benchmarks/results COMMIT > benchmarks/results/README.md
+    python benchmarks/make_tables.py --peers peers.json    # the README's performance table
+    python benchmarks/make_tables.py --gpus gpus.json      # the two-GPU table (bench --gpus)
+    python benchmarks/make_tables.py --bench DIR COMMIT    # the tables of `run_device.sh bench`
+    python benchmarks/make_tables.py --readme DIR COMMIT   # the README tables of 0.1.0
 
-The second form prints the three tables the README quotes (headline, full
-duplex, CTA budget), so every README figure is a copy of a stored one.
+``--page`` writes the current results page from the stored run in a
+folder: ``peers.json`` (``bench --peers --json``, measured at COMMIT) and,
+where present, ``peers_chart.png``, ``host_time.log`` and ``pytest.log``.
+Every figure the README quotes is a copy of one on that page.
 """
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 FILES_NOTE = """
@@ -162,23 +164,44 @@ def readme_tables(src: Path, commit: str) -> list:
     return out
 
 
+# The other ways to swap that bench --peers measures, none of which checks
+# the mapping or returns an event; and what each column of the page holds.
+OTHERS = ("seed_upload", "seed_resident", "graph_memcpy", "batch_memcpy")
+ARROWS = {"in": "host -> GPU", "out": "GPU -> host"}
+PAGE_LEGEND = (
+    "- `memcpy`: one contiguous `cudaMemcpyAsync` of the same bytes, the ceiling.",
+    "- `ref+map`, `ref`: the swap kernel proposed in vLLM pull request 11531 (one CTA of 1024 "
+    "threads per block), its mapping uploaded per call or already on the GPU.",
+    "- `graph`: one `cudaMemcpyAsync` per block, replayed from a prebuilt CUDA graph.",
+    "- `batch`: one `cuMemcpyBatchAsync` call with prebuilt address arrays.",
+    "- `swap()`: cupy_swap's one-off call; `prepared`: a call of an op made once by `sw.prepare()`.",
+    "- `of best`: `prepared` divided by the fastest of `ref+map`, `ref`, `graph` and `batch`.",
+    '- `path`: what `mode="auto"` chose: `kernel` (one launch) or `dma` (the copy engines).',
+)
+
+
+def gbps(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+def best_other(row: dict) -> str:
+    """The fastest of the other ways on one ``bench --peers`` row (of those whose copy was exact)."""
+    return max((k for k in OTHERS if row.get(k + "_ok", True)), key=lambda k: row[k])
+
+
 def peers_table(peers_json: Path) -> list:
     """The README's performance table from a stored ``bench --peers --json``:
     per case the memcpy ceiling, the fastest other contender and cupy_swap."""
     from cupy_swap.tools.peers import CONTENDER_COLUMNS
 
-    def gbps(x: float) -> str:
-        return f"{x:.2f}" if x < 10 else f"{x:.1f}"
-
     rows = json.loads(peers_json.read_text())["peers"]
-    others = ("seed_upload", "seed_resident", "graph_memcpy", "batch_memcpy")
     out = [
         "| direction | blocks | memcpy ceiling | best other way | cupy_swap prepared | cupy_swap `swap()` |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        best = max((k for k in others if r.get(k + "_ok", True)), key=lambda k: r[k])
-        arrow = "host -> GPU" if r["direction"] == "in" else "GPU -> host"
+        best = best_other(r)
+        arrow = ARROWS[r["direction"]]
         mark = {k: "**" if r[k] >= r[best] else "" for k in ("cupy_swap", "cupy_swap_prepared")}
         out.append(
             f"| {arrow} | {r['num_blocks']} x {size(r['block_bytes'])} | {gbps(r['ceiling_gbps'])} | "
@@ -217,18 +240,149 @@ def gpus_table(gpus_json: Path) -> list:
     return out
 
 
-def main() -> None:
-    args = sys.argv[1:]
-    if args and args[0] == "--gpus":  # python benchmarks/make_tables.py --gpus FILE.json
-        print("\n".join(gpus_table(Path(args[1]))))
-        return
-    if args and args[0] == "--peers":  # python benchmarks/make_tables.py --peers FILE.json
-        print("\n".join(peers_table(Path(args[1]))))
-        return
-    if args and args[0] == "--readme":
-        print("\n".join(readme_tables(Path(args[1]), args[2])))
-        return
-    src, commit = Path(args[0]), args[1]
+def _span(ratios: list) -> str:
+    low, high = min(ratios), max(ratios)
+    return f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
+
+
+def peers_summary(rows: list) -> str:
+    """What the peers rows say, in sentences: in how many rows cupy_swap
+    leads, and how far a prepared op is from the best other way for many
+    large blocks, many small ones, and few."""
+    ratio = [(r, r["cupy_swap_prepared"] / r[best_other(r)]) for r in rows]
+    leads = sum(max(r["cupy_swap"], r["cupy_swap_prepared"]) >= r[best_other(r)] for r in rows)
+    many = max(r["num_blocks"] for r in rows)
+    big = [x for r, x in ratio if r["num_blocks"] == many and r["block_bytes"] >= 32 << 10]
+    small = [x for r, x in ratio if r["num_blocks"] == many and r["block_bytes"] < 32 << 10]
+    few = [x for r, x in ratio if r["num_blocks"] <= 16]
+    out = [
+        f"cupy_swap is at or above the best other way in {leads} of {len(rows)} rows.",
+        "A prepared op, against the best other way:",
+    ]
+    if big:
+        out.append(f"{_span(big)} with {many} blocks of 32 KiB or more;")
+    if small:
+        out.append(f"{_span(small)} with {many} smaller blocks;")
+    if few:
+        out.append(
+            f"{_span(few)} with 1 to 16 blocks, where the time a call spends on the host "
+            "(Python, microseconds) is most of what the swap takes."
+        )
+    return " ".join(out)
+
+
+def _log_summary(path: Path) -> list:
+    """A pytest log's second line (what ran, on which commit) and its result line."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return [f"`{path.name}`: {lines[1]}", "", f"Result: **{lines[-1]}**"]
+
+
+def results_page(folder: Path, commit: str) -> list:
+    """The current results page (``benchmarks/results/README.md``) from the
+    stored run in ``folder``."""
+    from cupy_swap.tools.peers import CONTENDER_COLUMNS, CONTENDERS
+
+    run = json.loads((folder / "peers.json").read_text())
+    rows = run["peers"]
+    out = [
+        "# Measured results",
+        "",
+        f"<!-- made by: python benchmarks/make_tables.py --page benchmarks/results {commit}; do not edit -->",
+        "",
+        f"The figures the project's README quotes. The speed table is one stored run at commit {commit}, on:",
+        "",
+        "```",
+        *run["environment"],
+        "```",
+        "",
+        "## Speed against other ways to swap",
+        "",
+        f"`python -m cupy_swap {' '.join(Path(a).name if '/' in a else a for a in run['argv'])}`: "
+        "blocking GB/s (1e9 bytes per second, submit and synchronize, median), "
+        "one array per side, random distinct blocks, every copy checked bit for bit.",
+        "",
+        *PAGE_LEGEND,
+        "",
+    ]
+    names = [CONTENDER_COLUMNS[n] for n in CONTENDERS]
+    table_rows = []
+    for r in rows:
+        best = r[best_other(r)]
+        table_rows.append(
+            [ARROWS[r["direction"]], f"{r['num_blocks']} x {size(r['block_bytes'])}", gbps(r["ceiling_gbps"])]
+            + [gbps(r[n]) if n in r else "-" for n in CONTENDERS]
+            + [f"{r['cupy_swap_prepared'] / best:.2f}", r.get("path", "-")]
+        )
+    out += table(["direction", "blocks", "memcpy", *names, "of best", "path"], table_rows)
+    out += ["", peers_summary(rows), ""]
+    if (folder / "peers_chart.png").exists():
+        chart = "python -m cupy_swap bench --from-json peers.json --plot peers_chart.png"
+        out += ["![GB/s against block size](peers_chart.png)", "", f"The chart: `{chart}`.", ""]
+    if (folder / "host_time.log").exists():
+        out += [
+            "## Host time per call",
+            "",
+            "`host_time.log` (its first line names the commit it measured):",
+            "",
+        ]
+        out += ["```", *(folder / "host_time.log").read_text().rstrip().splitlines(), "```", ""]
+    if (folder / "pytest.log").exists():
+        out += ["## The test suite on the GPU", "", *_log_summary(folder / "pytest.log"), ""]
+    out += [
+        "## Earlier runs",
+        "",
+        "[history/](history/README.md) keeps every earlier device run, in folders named by what they "
+        "hold; none of them measures the current code.",
+    ]
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/make_tables.py",
+        description="Print markdown made from stored device runs (no GPU needed).",
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--page",
+        nargs=2,
+        metavar=("DIR", "COMMIT"),
+        help="the current results page from DIR (peers.json measured at COMMIT; peers_chart.png, "
+        "host_time.log, pytest.log where present)",
+    )
+    what.add_argument(
+        "--peers", metavar="FILE", help="the README's performance table from bench --peers --json"
+    )
+    what.add_argument("--gpus", metavar="FILE", help="the two-GPU table from bench --gpus --json")
+    what.add_argument(
+        "--bench",
+        nargs=2,
+        metavar=("DIR", "COMMIT"),
+        help="the tables of the files `benchmarks/run_device.sh bench` writes into DIR, run at COMMIT",
+    )
+    what.add_argument(
+        "--readme", nargs=2, metavar=("DIR", "COMMIT"), help="the README tables of 0.1.0 from the same files"
+    )
+    return p
+
+
+def main(argv=None) -> None:
+    args = _parser().parse_args(argv)
+    if args.gpus:
+        lines = gpus_table(Path(args.gpus))
+    elif args.peers:
+        lines = peers_table(Path(args.peers))
+    elif args.page:
+        lines = results_page(Path(args.page[0]), args.page[1])
+    elif args.readme:
+        lines = readme_tables(Path(args.readme[0]), args.readme[1])
+    else:
+        lines = bench_tables(Path(args.bench[0]), args.bench[1])
+    print("\n".join(lines))
+
+
+def bench_tables(src: Path, commit: str) -> list:
+    """The tables of one ``benchmarks/run_device.sh bench`` folder."""
     seed = json.loads((src / "seed_table.json").read_text())
     goals = json.loads((src / "goals.json").read_text())
     duplex = json.loads((src / "duplex.json").read_text())
@@ -261,7 +415,7 @@ def main() -> None:
         out += ["", "## Staged against kernel, host blocks in one run (blocking latency, us)", ""]
         out += ["`python benchmarks/staged_sweep.py` (its first line: the thresholds `auto` ran with)", ""]
         out += ["```", *sweep.read_text().rstrip().splitlines(), "```"]
-    print("\n".join(out) + "\n" + FILES_NOTE)
+    return out + FILES_NOTE.splitlines()
 
 
 if __name__ == "__main__":
