@@ -1,0 +1,34 @@
+"""cupy_swap.remote: the block mapping of ``swap()``, to another process or
+host, through NIXL (UCX backend).
+
+Optional: needs a NIXL wheel (``pip install --no-deps nixl-cu12``, or
+``nixl-cu13``).  Importing this package does not import NIXL; making a
+:class:`RemoteAgent` does.
+
+Modules, one idea each: ``agent`` (RemoteAgent, Arrival), ``handle``
+(Transfer), ``layout`` (pool layouts and pairing), ``mapping`` (checks and
+descriptor indices), ``staging`` (gather/scatter for the staged path),
+``wire`` (metadata and notification bytes), ``exchange`` (carrying metadata
+on one host), ``errors``.
+"""
+
+from ._nixl import unavailable_reason
+from .agent import Arrival, RemoteAgent
+from .errors import LayoutMismatchError, PoolDroppedError, RemoteError, TransferError
+from .exchange import fetch, publish
+from .handle import Transfer
+from .layout import PoolLayout
+
+__all__ = [
+    "RemoteAgent",
+    "Arrival",
+    "Transfer",
+    "PoolLayout",
+    "RemoteError",
+    "LayoutMismatchError",
+    "PoolDroppedError",
+    "TransferError",
+    "publish",
+    "fetch",
+    "unavailable_reason",
+]

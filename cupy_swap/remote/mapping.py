@@ -1,0 +1,78 @@
+"""A transfer's mapping, checked before anything is posted: the contract of
+``swap()`` (rows ``(src_block, dst_block)``, bounds, distinct destinations),
+turned into NIXL descriptor indices."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cupy_swap.core.mapping import check_mapping, normalize_mapping
+
+__all__ = ["split_mapping", "descriptor_indices"]
+
+
+def split_mapping(mapping, src_blocks: int, dst_blocks: int, src_name: str, dst_name: str):
+    """Check a mapping and return its two columns.
+
+    Parameters
+    ----------
+    mapping : array-like of shape (N, 2), or a tuple ``(src_indices, dst_indices)``
+        Rows ``(src_block, dst_block)`` (a list of pairs, a NumPy array, a CPU
+        tensor), or a tuple of two 1-D index arrays of length N (each with
+        ``ndim == 1``; a tuple of two pairs is read as two rows).
+    src_blocks, dst_blocks : int
+        Block counts of the source and destination pools.
+    src_name, dst_name : str
+        Their names, for messages.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        ``src`` and ``dst``, each of shape (N,), int64.
+
+    Raises
+    ------
+    TypeError, ValueError, IndexError
+        As ``swap()``: not integers, not (N, 2), out of range, a destination
+        block twice.
+    """
+    if _is_index_pair(mapping):
+        s, d = (np.asarray(c) for c in mapping)
+        if s.shape != d.shape:
+            raise ValueError(
+                f"block_mapping: expected two 1-D index arrays of one length, got shapes {s.shape} and {d.shape}"
+            )
+        mapping = np.stack([s, d], axis=1) if s.size else np.empty((0, 2), dtype=np.int64)
+    m = normalize_mapping(mapping)
+    if m.shape[0]:
+        check_mapping(m, src_blocks, dst_blocks, src_name, dst_name)
+    return m[:, 0], m[:, 1]
+
+
+def _is_index_pair(mapping) -> bool:
+    return (
+        isinstance(mapping, tuple)
+        and len(mapping) == 2
+        and all(getattr(c, "ndim", None) == 1 for c in mapping)
+    )
+
+
+def descriptor_indices(blocks: np.ndarray, num_parts: int, num_blocks: int) -> np.ndarray:
+    """NIXL indices of ``blocks`` in every part of a pool whose descriptors are
+    laid out part-major (:meth:`PoolLayout.block_descs`).
+
+    Parameters
+    ----------
+    blocks : numpy.ndarray of shape (N,), int64
+    num_parts, num_blocks : int
+        P and B of the descriptor list.
+
+    Returns
+    -------
+    numpy.ndarray of shape (P * N,), int32
+        ``p * B + blocks[i]`` at ``p * N + i``.
+    """
+    if num_parts == 1:
+        return blocks.astype(np.int32)
+    offsets = np.arange(num_parts, dtype=np.int64)[:, None] * num_blocks
+    return (offsets + blocks[None, :]).astype(np.int32).ravel()

@@ -1,0 +1,142 @@
+"""The staged path's two ends: gather a mapping's source blocks into slots
+``0..n-1`` of a contiguous staging run before NIXL moves it, and scatter
+slots ``0..n-1`` into the destination blocks after it arrived.
+
+Every part is seen as bytes, ``(num_blocks, block_bytes)`` uint8 with the
+part's own axis-0 stride, so staging needs no dtype (bfloat16 included).
+Host pools gather and scatter with NumPy (tested on the CPU).  GPU pools
+gather with a cupy_swap prepared op into pinned staging on the caller's
+stream and scatter with another on the agent's stream (marked below: not
+run on the CPU machine; the GPU tests run them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import cupy_swap as cs
+
+from .layout import PartLayout
+
+__all__ = ["host_bytes", "alloc_staging", "HostStager", "GpuStager"]
+
+
+class _Interface:
+    """Lets NumPy view foreign host bytes while keeping their owner alive."""
+
+    def __init__(self, owner, layout: PartLayout):
+        self.owner = owner
+        self.__array_interface__ = {
+            "data": (layout.address, False),
+            "shape": (layout.num_blocks, layout.block_bytes),
+            "strides": (layout.stride, 1),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+
+def host_bytes(array, layout: PartLayout) -> np.ndarray:
+    """``(num_blocks, block_bytes)`` uint8 view of a host part (the owner is kept alive)."""
+    return np.asarray(_Interface(array, layout))
+
+
+def alloc_staging(count: int, block_bytes: int) -> np.ndarray:
+    """A ``(count, block_bytes)`` uint8 staging run: pinned where CUDA
+    answers (GPU pools need it; host pools do not), plain NumPy otherwise."""
+    try:
+        return cs.empty_pinned((count, block_bytes), "uint8")
+    except cs.CudaUnavailableError:
+        return np.empty((count, block_bytes), dtype=np.uint8)
+
+
+class HostStager:
+    """Gather/scatter between host parts and their staging runs (NumPy).
+
+    Parameters
+    ----------
+    parts : list of numpy.ndarray of shape (B, block_bytes_p), uint8
+        Byte views of the pool's parts (:func:`host_bytes`).
+    staging : list of numpy.ndarray of shape (S, block_bytes_p), uint8
+    """
+
+    def __init__(self, parts, staging):
+        self.parts, self.staging = parts, staging
+
+    def gather(self, src: np.ndarray, stream=None):
+        """Copy blocks ``src`` (shape (n,)) into slots ``0..n-1``; returns None (done)."""
+        n = src.shape[0]
+        for part, run in zip(self.parts, self.staging):
+            np.take(part, src, axis=0, out=run[:n])
+        return None
+
+    def scatter(self, dst: np.ndarray):
+        """Copy slots ``0..n-1`` into blocks ``dst`` (shape (n,)); returns None (done)."""
+        n = dst.shape[0]
+        for part, run in zip(self.parts, self.staging):
+            part[dst] = run[:n]
+        return None
+
+
+class GpuStager:  # pragma: no cover - needs a GPU; tests/test_remote.py runs it on the device
+    """Gather/scatter between GPU parts and pinned staging runs with one
+    cupy_swap prepared op each way (one kernel launch per call).
+
+    Parameters
+    ----------
+    parts : list of cupy.ndarray of shape (B, block_bytes_p), uint8
+        Byte views of the pool's GPU parts.
+    staging : list of numpy.ndarray of shape (S, block_bytes_p), uint8, pinned
+    device : int
+    """
+
+    def __init__(self, parts, staging, device: int):
+        import cupy
+
+        self._cupy = cupy
+        self.swapper = cs.BlockSwapper(max_blocks=staging[0].shape[0], device=device)
+        self.to_staging = self.swapper.prepare(parts, staging)
+        self.from_staging = self.swapper.prepare(staging, parts)
+        with cupy.cuda.Device(device):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    def gather(self, src: np.ndarray, stream=None):
+        """Launch the gather on ``stream`` (after the work queued there);
+        returns a ``ready()`` callable that says whether it finished."""
+        rows = np.stack([src, np.arange(src.shape[0], dtype=np.int64)], axis=1)
+        event = self.to_staging(rows, stream=stream)
+        return lambda: event.done
+
+    def scatter(self, dst: np.ndarray):
+        """Launch the scatter on the stager's stream; returns its event."""
+        rows = np.stack([np.arange(dst.shape[0], dtype=np.int64), dst], axis=1)
+        return self.from_staging(rows, stream=self.stream)
+
+
+def gpu_bytes(array, layout: PartLayout):  # pragma: no cover - needs a GPU
+    """``(num_blocks, block_bytes)`` uint8 CuPy view of a GPU part (CuPy
+    array or CUDA torch tensor; the owner is kept alive)."""
+    import cupy
+
+    span = layout.span()[1]
+    mem = cupy.cuda.UnownedMemory(layout.address, span, array)
+    ptr = cupy.cuda.MemoryPointer(mem, 0)
+    return cupy.ndarray((layout.num_blocks, layout.block_bytes), cupy.uint8, ptr, (layout.stride, 1))
+
+
+def stream_ready(stream, torch_parts: bool):  # pragma: no cover - needs a GPU
+    """A ``ready()`` callable that turns True once the work queued on
+    ``stream`` so far has finished (None: torch's current stream for torch
+    parts, CuPy's current stream otherwise).  The post waits for it; nobody
+    blocks on the GPU."""
+    if torch_parts:
+        import torch
+
+        s = stream if stream is not None else torch.cuda.current_stream()
+        event = s.record_event()
+        return event.query
+    import cupy
+
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    event = cupy.cuda.Event(block=False, disable_timing=True)
+    event.record(s)
+    return lambda: event.done

@@ -1,0 +1,94 @@
+"""The peer process of tests/test_remote.py: a RemoteAgent with pools made
+from a spec, driven by commands over a pipe, polling its notifications
+between commands (so staged writes get scattered and acknowledged).
+
+Spec: ``{name: {"blocks": B, "shape": block_shape, "parts": P, "mem": "host"|"gpu",
+"staging": S, "strided": bool}}``; ``strided`` makes part p a view
+``cache[:, p]`` of one block-first ``(B, P, *block_shape)`` array (an axis-0
+stride of P blocks).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def make_parts(spec: dict, mem: str = "host"):
+    """The parts of one pool spec, filled with a fixed poison byte (0xA5)."""
+    shape = (spec["blocks"], *spec["shape"])
+    parts_n = spec.get("parts", 1)
+    if spec.get("strided"):
+        whole = np.full((shape[0], parts_n, *shape[1:]), 0xA5, dtype=np.uint8)
+        parts = [whole[:, p] for p in range(parts_n)]
+    else:
+        parts = [np.full(shape, 0xA5, dtype=np.uint8) for _ in range(parts_n)]
+    if mem == "gpu":  # pragma: no cover - GPU tests
+        import cupy
+
+        parts = [cupy.asarray(p) for p in parts]
+    return parts
+
+
+def to_host(parts) -> list:
+    out = []
+    for p in parts:
+        out.append(p.get() if hasattr(p, "get") and not isinstance(p, np.ndarray) else np.array(p))
+    return out
+
+
+def serve(conn, name: str, specs: dict, md_dir: str) -> None:
+    """Run the peer: publish metadata to ``md_dir/<name>``, connect the
+    parent's from ``md_dir/parent``, then answer commands until "exit"."""
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    from cupy_swap.remote import RemoteAgent, fetch, publish
+
+    agent = RemoteAgent(name)
+    pools = {}
+    for pool, spec in specs.items():
+        pools[pool] = make_parts(spec, spec.get("mem", "host"))
+        agent.register_pool(pool, pools[pool], staging_blocks=spec.get("staging", 0))
+    publish(os.path.join(md_dir, name), agent.metadata())
+    agent.connect(fetch(os.path.join(md_dir, "parent"), timeout=60))
+    conn.send(("ready", os.getpid()))
+    arrivals = []
+    while True:
+        arrivals += agent.poll()
+        if not conn.poll(0.0005):
+            continue
+        cmd, arg = conn.recv()
+        try:
+            if cmd == "get":
+                conn.send(to_host(pools[arg]))
+            elif cmd == "set":
+                pool, data = arg
+                for p, d in zip(pools[pool], data):
+                    p[...] = to_device(p, d)
+                conn.send(True)
+            elif cmd == "arrivals":
+                deadline = time.monotonic() + arg
+                while len(arrivals) == 0 and time.monotonic() < deadline:
+                    arrivals += agent.poll()
+                    time.sleep(0.0005)
+                out, arrivals = [(a.peer, a.pool, a.kind, a.blocks.tolist(), a.xfer_id) for a in arrivals], []
+                conn.send(out)
+            elif cmd == "drop":
+                agent.drop_pool(arg)
+                conn.send(True)
+            elif cmd == "exit":
+                agent.close()
+                conn.send(True)
+                return
+        except Exception as e:  # the test reads it
+            conn.send(e)
+
+
+def to_device(part, data):
+    """``data`` (NumPy) where ``part`` lives."""
+    if isinstance(part, np.ndarray):
+        return data
+    import cupy  # pragma: no cover - GPU tests
+
+    return cupy.asarray(data)

@@ -1,0 +1,391 @@
+"""cupy_swap.remote on real NIXL, no mocks: two processes over loopback
+(``UCX_NET_DEVICES=lo``), host pools on the CPU, GPU pools on the device
+(marked ``gpu``).  The NIXL tests skip at collection, with the reason, where
+no NIXL wheel imports; the checks of layouts, mappings and wire bytes run
+everywhere."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from cupy_swap.remote import (
+    LayoutMismatchError,
+    PoolDroppedError,
+    RemoteAgent,
+    RemoteError,
+    TransferError,
+    fetch,
+    publish,
+    unavailable_reason,
+    wire,
+)
+from cupy_swap.remote.layout import pool_layout
+from cupy_swap.remote.mapping import descriptor_indices, split_mapping
+
+from .remote_workers import make_parts, serve, to_device, to_host
+
+NIXL_WHY = unavailable_reason()
+needs_nixl = pytest.mark.skipif(NIXL_WHY is not None, reason=f"needs NIXL: {NIXL_WHY}")
+
+POISON = 0xA5
+# The peer's pools: "kv" is two strided parts of 3 x 40 bytes a block (odd on purpose),
+# "big" 1250 blocks of 32 KiB, "gone" is dropped by a test.
+SPECS = {
+    "kv": {"blocks": 97, "shape": (3, 40), "parts": 2, "strided": True, "staging": 32},
+    "big": {"blocks": 1250, "shape": (32768,), "parts": 1, "staging": 1250},
+    "gone": {"blocks": 8, "shape": (16,), "parts": 1},
+}
+LOCAL = {
+    "kv": {"blocks": 61, "shape": (3, 40), "parts": 2, "staging": 64},
+    "big": {"blocks": 1250, "shape": (32768,), "parts": 1, "staging": 1250},
+    "gone": {"blocks": 8, "shape": (16,), "parts": 1},
+}
+
+
+class Peer:
+    """A worker process (tests/remote_workers.py) and the pipe to it."""
+
+    def __init__(self, agent: RemoteAgent, md_dir, specs: dict, name: str):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=serve, args=(child, name, specs, str(md_dir)), daemon=True)
+        self.proc.start()
+        self.name = agent.connect(fetch(os.path.join(md_dir, name), timeout=60))
+        status, self.pid = self.call(None, timeout=60)
+        assert status == "ready"
+
+    def call(self, cmd, arg=None, timeout=20):
+        if cmd is not None:
+            self.conn.send((cmd, arg))
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"peer did not answer {cmd!r} in {timeout} s")
+        out = self.conn.recv()
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def stop(self, agent: RemoteAgent):
+        """Stop the worker, then close ``agent`` (told nothing of a peer already gone)."""
+        agent.disconnect(self.name)
+        if self.proc.is_alive():
+            try:
+                self.call("exit", timeout=10)
+            except (TimeoutError, EOFError, OSError):
+                pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+        agent.close()
+
+
+def loopback_agent(name: str) -> RemoteAgent:
+    """An agent whose UCX uses the loopback device only (read when the agent starts)."""
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    return RemoteAgent(name)
+
+
+def start(md_dir, local_specs: dict, peer_specs: dict, name: str):
+    agent = loopback_agent(f"parent-{name}")
+    pools = {}
+    for pool, spec in local_specs.items():
+        pools[pool] = make_parts(spec, spec.get("mem", "host"))
+        agent.register_pool(pool, pools[pool], staging_blocks=spec.get("staging", 0))
+    publish(os.path.join(md_dir, "parent"), agent.metadata())
+    return agent, pools, Peer(agent, md_dir, peer_specs, name)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    if NIXL_WHY:
+        pytest.skip(NIXL_WHY)
+    md_dir = tmp_path_factory.mktemp("md")
+    agent, pools, peer = start(md_dir, LOCAL, SPECS, "peer")
+    yield agent, pools, peer
+    peer.stop(agent)
+
+
+def random_fill(rng, parts):
+    for p in parts:
+        p[...] = rng.integers(0, 256, p.shape, dtype=np.uint8)
+
+
+def random_rows(rng, n, src_blocks, dst_blocks):
+    return np.stack([rng.choice(src_blocks, n, replace=False), rng.choice(dst_blocks, n, replace=False)], 1)
+
+
+def reset(peer, pool):
+    peer.call("set", (pool, [np.full(p.shape, POISON, np.uint8) for p in make_parts(SPECS[pool])]))
+    peer.call("arrivals", 0)  # forget earlier notifications
+
+
+# --- NIXL, two processes -------------------------------------------------------------------------------
+
+
+@needs_nixl
+@pytest.mark.parametrize(
+    "pool,n,path",
+    [
+        ("kv", 1, "direct"),
+        ("kv", 17, "direct"),
+        ("kv", 32, "staged"),
+        ("big", 1250, "direct"),
+        ("big", 1250, "staged"),
+    ],
+)
+def test_write_is_byte_exact(pair, rng, pool, n, path):
+    agent, pools, peer = pair
+    reset(peer, pool)
+    random_fill(rng, pools[pool])
+    rows = random_rows(rng, n, LOCAL[pool]["blocks"], SPECS[pool]["blocks"])
+    t = agent.write(pool, (peer.name, pool), rows, path=path)
+    t.wait(timeout=15)
+    assert t.done() and t.nbytes == n * sum(p[0].nbytes for p in pools[pool])
+    arrivals = peer.call("arrivals", 10)
+    assert [(a[1], a[2], a[3]) for a in arrivals] == [
+        (pool, "staged" if path == "staged" else "write", rows[:, 1].tolist())
+    ]
+    got = peer.call("get", pool)
+    for local, remote in zip(pools[pool], got):
+        want = np.full(remote.shape, POISON, np.uint8)
+        want[rows[:, 1]] = local[rows[:, 0]]
+        np.testing.assert_array_equal(remote, want)
+
+
+@needs_nixl
+@pytest.mark.parametrize("pool,n", [("kv", 3), ("big", 1250)])
+def test_read_is_byte_exact(pair, rng, pool, n):
+    agent, pools, peer = pair
+    remote = [rng.integers(0, 256, p.shape, dtype=np.uint8) for p in make_parts(SPECS[pool])]
+    peer.call("set", (pool, remote))
+    peer.call("arrivals", 0)
+    for p in pools[pool]:
+        p[...] = POISON
+    rows = random_rows(rng, n, SPECS[pool]["blocks"], LOCAL[pool]["blocks"])
+    agent.read(pool, (peer.name, pool), rows).wait(timeout=15)
+    for local, data in zip(pools[pool], remote):
+        want = np.full(local.shape, POISON, np.uint8)
+        want[rows[:, 1]] = data[rows[:, 0]]
+        np.testing.assert_array_equal(local, want)
+    assert [(a[2], a[3]) for a in peer.call("arrivals", 10)] == [("read", rows[:, 0].tolist())]
+
+
+@needs_nixl
+def test_index_pair_mapping_and_empty_mapping(pair, rng):
+    agent, pools, peer = pair
+    reset(peer, "kv")
+    random_fill(rng, pools["kv"])
+    src, dst = np.array([5, 0, 60]), np.array([96, 3, 0])
+    agent.write("kv", (peer.name, "kv"), (src, dst)).wait(timeout=10)
+    got = peer.call("get", "kv")
+    np.testing.assert_array_equal(got[1][dst], pools["kv"][1][src])
+    empty = agent.write("kv", (peer.name, "kv"), [])
+    assert empty.done() and empty.nbytes == 0
+
+
+@needs_nixl
+@pytest.mark.parametrize(
+    "rows,error",
+    [
+        ([(0, 97)], IndexError),  # destination past the peer's 97 blocks
+        ([(61, 0)], IndexError),  # source past the local 61 blocks
+        ([(0, -1)], IndexError),
+        ([(0, 4), (1, 4)], ValueError),  # one destination twice
+        ([(0, 1, 2)], ValueError),  # not (N, 2)
+        ([(0.0, 1.0)], TypeError),
+    ],
+)
+@pytest.mark.parametrize("path", ["direct", "staged"])
+def test_bad_mappings_write_nothing(pair, rng, rows, error, path):
+    agent, pools, peer = pair
+    reset(peer, "kv")
+    random_fill(rng, pools["kv"])
+    good = [(i, i) for i in range(10)]
+    with pytest.raises(error):
+        agent.write("kv", (peer.name, "kv"), good + rows, path=path)
+    with pytest.raises(error):
+        agent.read("kv", (peer.name, "kv"), good + [(r[1], r[0]) if len(r) == 2 else r for r in rows])
+    assert peer.call("arrivals", 0.2) == []
+    for part in peer.call("get", "kv"):
+        assert (part == POISON).all()
+
+
+@needs_nixl
+def test_staged_beyond_staging_refused(pair):
+    agent, pools, peer = pair
+    with pytest.raises(ValueError, match=r"33 blocks exceed the staging runs \(32 slots\)"):
+        agent.write("kv", (peer.name, "kv"), [(i, i) for i in range(33)], path="staged")
+    with pytest.raises(RemoteError, match="has no staging run"):
+        agent.write("gone", (peer.name, "gone"), [(0, 0)], path="staged")
+
+
+@needs_nixl
+def test_dropped_and_unknown_pools_are_refused(pair):
+    agent, pools, peer = pair
+    agent.write("gone", (peer.name, "gone"), [(0, 1)]).wait(timeout=10)
+    peer.call("drop", "gone")
+    deadline = time.monotonic() + 10
+    while "gone" in agent.remote_pools(peer.name):
+        assert time.monotonic() < deadline, "the drop notification did not arrive"
+        time.sleep(0.001)
+    with pytest.raises(PoolDroppedError, match="dropped pool 'gone'"):
+        agent.write("gone", (peer.name, "gone"), [(0, 1)])
+    with pytest.raises(PoolDroppedError, match="does not have pool 'nope'"):
+        agent.read("gone", (peer.name, "nope"), [(0, 1)])
+
+
+@needs_nixl
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_peer_killed_mid_transfer_raises_in_bounded_time(tmp_path, op):
+    spec = {"big": {"blocks": 2500, "shape": (32768,), "parts": 1}}
+    agent, pools, peer = start(tmp_path, spec, spec, f"victim-{op}")
+    try:
+        rows = np.stack([np.arange(2500), np.arange(2500)], 1)
+        getattr(agent, op)("big", (peer.name, "big"), rows).wait(timeout=15)  # connected and warm
+        # The kill comes from another process, so it lands whether or not a post holds the GIL.
+        subprocess.Popen(["sh", "-c", f"sleep 0.05; kill -9 {peer.pid}"])
+        killed_by = time.monotonic() + 0.05
+        with pytest.raises(TransferError, match="peer may have died"):
+            while True:
+                getattr(agent, op)("big", (peer.name, "big"), rows).wait(timeout=15)
+                assert time.monotonic() < killed_by + 15, "no error 15 s after the kill"
+        assert time.monotonic() < killed_by + 15
+    finally:
+        peer.stop(agent)
+
+
+@needs_nixl
+def test_connect_refuses_mismatched_layouts():
+    a, b = loopback_agent("layout-a"), loopback_agent("layout-b")
+    try:
+        a.register_pool("kv", make_parts({"blocks": 4, "shape": (32,), "parts": 2}))
+        b.register_pool("kv", make_parts({"blocks": 4, "shape": (48,), "parts": 2}))
+        with pytest.raises(LayoutMismatchError, match="part 0 has 32-byte blocks here, 48-byte blocks there"):
+            a.connect(b.metadata())
+        b.drop_pool("kv")
+        b.register_pool("kv", make_parts({"blocks": 4, "shape": (32,), "parts": 3}))
+        with pytest.raises(LayoutMismatchError, match="2 parts here, 3 there"):
+            a.connect(b.metadata())
+        b.drop_pool("kv")
+        b.register_pool("other", make_parts({"blocks": 9, "shape": (16,), "parts": 2}))
+        peer = a.connect(b.metadata())  # differently named pools are checked when first paired
+        with pytest.raises(LayoutMismatchError, match="part 0 has 32-byte blocks here, 16-byte"):
+            a.write("kv", (peer, "other"), [(0, 0)])
+    finally:
+        a.close()
+        b.close()
+
+
+# --- no NIXL needed ------------------------------------------------------------------------------------
+
+
+def test_layout_of_strided_parts():
+    parts = make_parts({"blocks": 5, "shape": (3, 8), "parts": 2, "strided": True})
+    layout = pool_layout("kv", parts)
+    assert layout.mem == "DRAM" and layout.num_blocks == 5 and layout.block_bytes == (24, 24)
+    assert layout.parts[1].stride == 48 and layout.parts[1].address == parts[0].ctypes.data + 24
+    descs = layout.block_descs()
+    assert descs.shape == (10, 3) and int(descs[6, 0]) == parts[1].ctypes.data + 48
+    with pytest.raises(ValueError, match="C-contiguous"):
+        pool_layout("t", np.zeros((4, 3, 8))[:, :, ::2])
+    with pytest.raises(ValueError, match="one memory"):
+        pool_layout("t", [np.zeros((4, 8)), FakeGpuPart()])
+
+
+class FakeGpuPart:
+    """Only what describe_part reads of a CuPy array."""
+
+    __cuda_array_interface__ = {"data": (1 << 40, False), "shape": (4, 8), "typestr": "<f8", "version": 3}
+
+    class device:
+        id = 0
+
+
+def test_split_mapping_forms_and_errors():
+    s, d = split_mapping([(1, 2), (3, 0)], 4, 3, "a", "b")
+    assert s.tolist() == [1, 3] and d.tolist() == [2, 0]
+    s, d = split_mapping((np.array([1, 3]), np.array([2, 0])), 4, 3, "a", "b")
+    assert s.tolist() == [1, 3] and d.tolist() == [2, 0]
+    s, d = split_mapping(((0, 1), (2, 0)), 4, 3, "a", "b")  # a tuple of pairs is rows
+    assert s.tolist() == [0, 2]
+    with pytest.raises(ValueError, match="one length"):
+        split_mapping((np.array([1]), np.array([2, 0])), 4, 3, "a", "b")
+    with pytest.raises(ValueError, match="distinct destination"):
+        split_mapping([(0, 1), (1, 1)], 4, 3, "a", "b")
+    with pytest.raises(IndexError):
+        split_mapping([(4, 0)], 4, 3, "a", "b")
+    assert descriptor_indices(np.array([2, 0]), 3, 10).tolist() == [2, 0, 12, 10, 22, 20]
+
+
+def test_wire_round_trip():
+    layout = pool_layout("kv", make_parts({"blocks": 3, "shape": (8,), "parts": 2}))
+    name, pools, md = wire.unpack_metadata(wire.pack_metadata("a", {"kv": layout}, b"\x00nixl"))
+    assert (name, pools, md) == ("a", {"kv": layout}, b"\x00nixl")
+    note = wire.unpack_note(wire.pack_note(wire.STAGED, 7, "kv", [3, 1]))
+    assert (note.kind, note.xfer_id, note.pool, note.blocks.tolist()) == (wire.STAGED, 7, "kv", [3, 1])
+    assert wire.unpack_note(b"someone else's message") is None
+    with pytest.raises(ValueError, match="metadata exported by cupy_swap.remote"):
+        wire.unpack_metadata(b"raw nixl metadata")
+
+
+def test_exchange_file(tmp_path):
+    publish(tmp_path / "md", b"blob")
+    assert fetch(tmp_path / "md") == b"blob"
+    assert oct((tmp_path / "md").stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(TimeoutError):
+        fetch(tmp_path / "none", timeout=0.05)
+
+
+# --- GPU (run on the device) ---------------------------------------------------------------------------
+
+GPU_CASES = [("gpu", "host"), ("host", "gpu"), ("gpu", "gpu")]
+
+
+@needs_nixl
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["direct", "staged"])
+@pytest.mark.parametrize("mine,theirs", GPU_CASES)
+def test_gpu_write_is_byte_exact(tmp_path, rng, mine, theirs, path):  # pragma: no cover - device
+    n, blocks = 1250, 1300
+    local = {"kv": {"blocks": blocks, "shape": (16, 8, 128, 2), "parts": 2, "mem": mine, "staging": n}}
+    remote = {"kv": dict(local["kv"], mem=theirs, strided=True)}
+    agent, pools, peer = start(tmp_path, local, remote, f"gpu-{mine}-{theirs}-{path}")
+    try:
+        data = [rng.integers(0, 256, p.shape, dtype=np.uint8) for p in to_host(pools["kv"])]
+        for p, d in zip(pools["kv"], data):
+            p[...] = to_device(p, d)
+        rows = random_rows(rng, n, blocks, blocks)
+        agent.write("kv", (peer.name, "kv"), rows, path=path).wait(timeout=30)
+        assert len(peer.call("arrivals", 10)) == 1
+        for d, got in zip(data, peer.call("get", "kv")):
+            want = np.full(got.shape, POISON, np.uint8)
+            want[rows[:, 1]] = d[rows[:, 0]]
+            np.testing.assert_array_equal(got, want)
+    finally:
+        peer.stop(agent)
+
+
+@needs_nixl
+@pytest.mark.gpu
+@pytest.mark.parametrize("mine,theirs", GPU_CASES)
+def test_gpu_read_is_byte_exact(tmp_path, rng, mine, theirs):  # pragma: no cover - device
+    n, blocks = 300, 400
+    local = {"kv": {"blocks": blocks, "shape": (32768,), "parts": 1, "mem": mine}}
+    remote = {"kv": dict(local["kv"], mem=theirs)}
+    agent, pools, peer = start(tmp_path, local, remote, f"gpu-read-{mine}-{theirs}")
+    try:
+        data = [rng.integers(0, 256, (blocks, 32768), dtype=np.uint8)]
+        peer.call("set", ("kv", data))
+        rows = random_rows(rng, n, blocks, blocks)
+        agent.read("kv", (peer.name, "kv"), rows).wait(timeout=30)
+        got = to_host(pools["kv"])[0]
+        want = np.full(got.shape, POISON, np.uint8)
+        want[rows[:, 1]] = data[0][rows[:, 0]]
+        np.testing.assert_array_equal(got, want)
+    finally:
+        peer.stop(agent)
