@@ -1,53 +1,41 @@
-"""cupy_swap from a torch KV cache, the way vLLM uses swap_blocks.
+"""cupy_swap behind a torch KV cache, the way vLLM calls it: ``swap_blocks(src, dst,
+block_mapping)`` per layer, and ``AllLayerSwap``: every layer's K and V in one launch,
+between per-layer GPU caches ``[2, gpu_blocks, block_size, heads, head_dim]`` and one
+block-first pinned host cache ``[cpu_blocks, layers, 2, block_size, heads, head_dim]``.
 
-1. ``swap_blocks(src, dst, block_mapping)``: vLLM's per-layer signature
-   (``block_mapping`` an ``(N, 2)`` int64 CPU tensor), one call per layer.
-2. ``AllLayerSwap``: every layer's K and V in one launch, between
-   per-layer GPU tensors and one block-first pinned host tensor
-   ``[num_blocks, layers, 2, block_size, heads, head_dim]``; its parts are
-   built once and prepared, so a call checks only the mapping.
-
-Run on a CUDA machine: ``python examples/vllm_swap_blocks.py``.
+    python examples/vllm_swap_blocks.py [--layers 8] [--blocks 300]
 """
 
+import argparse
+import functools
+
+import numpy as np
 import torch
 
 import cupy_swap
 
-LAYERS, BLOCK, HEADS, DIM = 8, 16, 8, 128
-GPU_BLOCKS, CPU_BLOCKS = 512, 1024
-
-_swapper = None
+BLOCK, HEADS, DIM, GPU_BLOCKS, CPU_BLOCKS = 16, 8, 128, 512, 1024
 
 
+@functools.cache
 def swapper() -> cupy_swap.BlockSwapper:
-    global _swapper
-    if _swapper is None:
-        _swapper = cupy_swap.BlockSwapper(max_blocks=4096)
-    return _swapper
+    return cupy_swap.BlockSwapper(max_blocks=4096)  # one per GPU, made on first use
 
 
 def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:
-    """vLLM's ``swap_blocks``: copy ``src[s]`` to ``dst[d]`` for each row
-    ``(s, d)``; one side on the GPU, the other pinned on the CPU.  Ordered on
-    torch's current stream, like vLLM's CUDA op."""
+    """vLLM's ``swap_blocks``: ``dst[d] = src[s]`` for each row ``(s, d)``, on torch's current stream."""
     swapper().swap(src, dst, block_mapping, stream=torch.cuda.current_stream())
 
 
 class AllLayerSwap:
-    """Every layer's K and V in one launch, between per-layer GPU tensors
-    ``gpu_caches[l]`` of shape ``[2, GPU_BLOCKS, BLOCK, HEADS, DIM]`` and one
-    block-first pinned host tensor ``[CPU_BLOCKS, LAYERS, 2, BLOCK, HEADS, DIM]``.
+    """Every layer's K and V between ``gpu_caches`` (one tensor per layer) and ``host_cache``."""
 
-    The parts (one view per layer and K/V) are built and checked once, here,
-    as a server builds them when it allocates its caches, and prepared: a
-    call then checks only the mapping.  (``swap()`` with fresh views built
-    per call also finds the checked layout, but pays about a microsecond per
-    view to recognise the memory.)"""
-
-    def __init__(self, gpu_caches, host_cache):
-        gpu_parts = [gpu_caches[layer][kv] for layer in range(LAYERS) for kv in range(2)]
-        host_parts = [host_cache[:, layer, kv] for layer in range(LAYERS) for kv in range(2)]
+    def __init__(self, gpu_caches: list, host_cache: torch.Tensor):  # parts built and checked once
+        layers = len(gpu_caches)  # from the arguments: any model, any layer count
+        if host_cache.shape[1] != layers:
+            raise ValueError(f"host_cache holds {host_cache.shape[1]} layers, gpu_caches {layers}")
+        gpu_parts = [cache[kv] for cache in gpu_caches for kv in range(2)]
+        host_parts = [host_cache[:, layer, kv] for layer in range(layers) for kv in range(2)]
         self._out = swapper().prepare(gpu_parts, host_parts)
         self._in = swapper().prepare(host_parts, gpu_parts)
 
@@ -58,35 +46,43 @@ class AllLayerSwap:
         return self._in(block_mapping, stream=torch.cuda.current_stream())
 
 
-def main() -> None:
-    torch.manual_seed(0)
-    gpu = [
-        torch.randn(2, GPU_BLOCKS, BLOCK, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
-        for _ in range(LAYERS)
-    ]
-    host = torch.zeros(CPU_BLOCKS, LAYERS, 2, BLOCK, HEADS, DIM, dtype=torch.bfloat16).pin_memory()
-    host_layer = torch.zeros(CPU_BLOCKS, BLOCK, HEADS, DIM, dtype=torch.bfloat16).pin_memory()
+def bits(t: torch.Tensor) -> np.ndarray:
+    return t.view(torch.int16).cpu().numpy()  # bfloat16 as raw bits, for bit-exact checks
 
-    # Per layer, as vLLM's swap_blocks: GPU blocks 0..99 -> CPU blocks 500..599.
-    mapping = torch.stack([torch.arange(100), torch.arange(500, 600)], dim=1)
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="vLLM-style swaps: per layer, and all layers in one launch.")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--blocks", type=int, default=300, help="blocks each all-layer swap moves")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    shape = (BLOCK, HEADS, DIM)
+    gpu = [torch.randn(2, GPU_BLOCKS, *shape, device="cuda").bfloat16() for _ in range(args.layers)]
+    host = torch.zeros(CPU_BLOCKS, args.layers, 2, *shape, dtype=torch.bfloat16).pin_memory()
+    host_layer = torch.zeros(CPU_BLOCKS, *shape, dtype=torch.bfloat16).pin_memory()
+
+    mapping = torch.stack([torch.arange(100), torch.arange(500, 600)], dim=1)  # GPU 0..99 -> CPU 500..599
     swap_blocks(gpu[0][0], host_layer, mapping)
     torch.cuda.synchronize()
-    assert torch.equal(host_layer[500:600], gpu[0][0][:100].cpu())
+    assert (
+        np.array_equal(bits(host_layer)[500:600], bits(gpu[0][0])[:100]) and not bits(host_layer)[:500].any()
+    )
+    print("ok: swap_blocks, one layer's K, 100 blocks out: bit-exact")
 
-    # Every layer at once, out and back in, at random blocks.
-    out_map = torch.stack([torch.randperm(GPU_BLOCKS)[:300], torch.randperm(CPU_BLOCKS)[:300]], dim=1)
-    ev = AllLayerSwap(gpu, host).swap_out(out_map)
-    ev.synchronize()
-    for layer in range(LAYERS):
-        for kv in range(2):
-            assert torch.equal(host[out_map[:, 1], layer, kv], gpu[layer][kv][out_map[:, 0]].cpu())
-    fresh = [torch.zeros_like(g) for g in gpu]
-    in_map = torch.stack([out_map[:, 1], out_map[:, 0]], dim=1)
-    AllLayerSwap(fresh, host).swap_in(in_map).synchronize()
-    for layer in range(LAYERS):
-        assert torch.equal(fresh[layer][:, out_map[:, 0]], gpu[layer][:, out_map[:, 0]])
-    moved = 2 * 300 * LAYERS * 2 * BLOCK * HEADS * DIM * 2
-    print(f"ok: per-layer swap and all-layer swaps ({moved / 1e6:.0f} MB) match bit for bit")
+    g, c = torch.randperm(GPU_BLOCKS)[: args.blocks], torch.randperm(CPU_BLOCKS)[: args.blocks]
+    AllLayerSwap(gpu, host).swap_out(torch.stack([g, c], dim=1)).synchronize()
+    expected = np.zeros_like(bits(host))
+    expected[c.numpy()] = np.moveaxis(np.stack([bits(layer)[:, g.numpy()] for layer in gpu]), 2, 0)
+    assert np.array_equal(bits(host), expected)
+    fresh = [torch.zeros_like(layer) for layer in gpu]
+    AllLayerSwap(fresh, host).swap_in(torch.stack([c, g], dim=1)).synchronize()
+    for new, old in zip(fresh, gpu):
+        expected = np.zeros_like(bits(old))
+        expected[:, g.numpy()] = bits(old)[:, g.numpy()]
+        assert np.array_equal(bits(new), expected)
+    print(
+        f"ok: {args.layers} layers x K/V x {args.blocks} blocks out and back in, one launch each: bit-exact"
+    )
 
 
 if __name__ == "__main__":
