@@ -120,25 +120,63 @@ def test_wheel_is_typed(wheel):
     assert "cupy_swap/py.typed" in zipfile.ZipFile(wheel).namelist()
 
 
-def test_sdist_carries_the_sources_but_not_the_result_logs(tmp_path):
-    """The source distribution has what a build and the tests need, and none
-    of the stored device logs under benchmarks/results/."""
+@pytest.fixture(scope="module")
+def sdist_names(tmp_path_factory) -> list[str]:
+    """The paths inside a freshly built sdist, without its top folder."""
     problem = _backend_problem()
     if problem:
         pytest.skip(problem)
     if importlib.util.find_spec("build") is None:
         pytest.skip("needs the build package (the test extra has it) to make an sdist offline")
+    out = tmp_path_factory.mktemp("sdist")
     _run(
-        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(out), str(ROOT)],
         "sdist",
     )
     import tarfile
 
-    (sdist,) = tmp_path.glob("*.tar.gz")
-    names = [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
+    (sdist,) = out.glob("*.tar.gz")
+    return [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
+
+
+def test_sdist_carries_the_sources_and_the_current_results_only(sdist_names):
+    """The source distribution has what a build and the tests need, and the
+    current results page with its files, but not the earlier runs."""
+    names = sdist_names
     assert "kernels_cu/block_swap.cu" in names and "cupy_swap/py.typed" in names and "CHANGELOG.md" in names
     assert "benchmarks/lean_goals.py" in names
-    assert not [n for n in names if n.startswith("benchmarks/results")]
+    assert "benchmarks/results/README.md" in names and "benchmarks/results/peers.json" in names
+    assert not [n for n in names if n.startswith(("benchmarks/results/history", "benchmarks/wip"))]
+
+
+def readme_links() -> list[str]:
+    """The targets of the README's markdown links and images."""
+    return re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
+
+
+def test_readme_links_resolve_inside_the_sdist(sdist_names):
+    """Every local link of the README (also the package's long description)
+    points at a file the sdist carries; the rest are web addresses."""
+    local = [link.split("#")[0] for link in readme_links() if "://" not in link and not link.startswith("#")]
+    assert local, "the README links to nothing local: check readme_links()"
+    missing = [link for link in local if link.rstrip("/") not in sdist_names]
+    assert not missing, f"README links that the sdist lacks: {missing}"
+
+
+def test_metadata_names_authors_platforms_and_every_extra():
+    project = _pyproject()["project"]
+    assert project["authors"]
+    classifiers = set(project["classifiers"])
+    for minor in range(10, 14):
+        assert f"Programming Language :: Python :: 3.{minor}" in classifiers
+    assert {"Operating System :: POSIX :: Linux", "Environment :: GPU :: NVIDIA CUDA"} <= classifiers
+    assert project["requires-python"] == ">=3.10"
+    readme = (ROOT / "README.md").read_text()
+    for extra in project["optional-dependencies"]:
+        assert f"[{extra}" in readme or f",{extra}]" in readme, (
+            f"the README does not document the {extra} extra"
+        )
+    assert any(r.startswith("ml_dtypes") for r in project["optional-dependencies"]["test"])
 
 
 def test_wheel_carries_the_licence(wheel):
