@@ -31,7 +31,7 @@ from .layout import PoolLayout, check_pairable, pool_layout
 from .mapping import descriptor_indices, split_mapping
 from .staging import GpuStager, HostStager, alloc_staging, gpu_bytes, host_bytes, stream_ready
 
-__all__ = ["RemoteAgent", "Arrival"]
+__all__ = ["RemoteAgent", "Arrival", "default_path"]
 
 DIRECT, STAGED = "direct", "staged"
 
@@ -82,6 +82,22 @@ class _Peer:
     in_flight: dict = field(default_factory=dict)  # remote pool -> last staged transfer id
 
 
+def default_path(local: PoolLayout, remote: PoolLayout) -> str:
+    """The path a ``write`` takes when none is given: ``"staged"`` for a GPU
+    pool when both pools have staging runs, ``"direct"`` otherwise.
+
+    Why: host pools gain nothing from staging (two extra host copies; on the
+    2-core CPU machine 32 KiB x 1250 moved at 1.1 GB/s staged against 4-7
+    direct), while a GPU pool without GPUDirect RDMA moved 0.33-0.52 GB/s
+    one descriptor per block on the H200 host (DESIGN.md) where one large
+    host run moves at 3.0-3.2.  The GPU half of this choice waits on the
+    device sweep (``bench --remote --from gpu``); pass ``path=`` to override.
+    """
+    if local.mem == "VRAM" and local.staging and remote.staging:
+        return STAGED
+    return DIRECT
+
+
 class RemoteAgent:
     """A NIXL agent with the UCX backend and cupy_swap's block contract.
 
@@ -95,10 +111,14 @@ class RemoteAgent:
         own TCP transport listens on an ephemeral port of each device in
         ``UCX_NET_DEVICES`` whatever this says (README: what a listener exposes).
     progress_thread : bool
-        NIXL's progress thread (default on: transfers advance without polls).
+        NIXL's progress thread.  Off by default: NIXL 1.5's Python API starts
+        it with no delay between polls, so it keeps one core busy even when
+        idle (measured: 1.87 s of CPU in 2 s idle), and on the 2-core CI
+        machine two of them slowed every transfer to milliseconds.  Without
+        it, :meth:`Transfer.done`/``wait`` and :meth:`poll` drive progress.
     """
 
-    def __init__(self, name: str, *, listen_port: int | None = None, progress_thread: bool = True):
+    def __init__(self, name: str, *, listen_port: int | None = None, progress_thread: bool = False):
         api = _nixl.api()
         config = api.nixl_agent_config(
             enable_prog_thread=progress_thread,
@@ -232,6 +252,7 @@ class RemoteAgent:
         if added != name:
             raise RemoteError(f"connect: metadata names agent {name!r} but NIXL loaded {added!r}")
         self._peers[name] = _Peer(name, pools)
+        self.nixl.make_connection(name)  # UCX wire-up now, not inside the first transfer
         return name
 
     def disconnect(self, peer: str) -> None:
@@ -283,6 +304,20 @@ class RemoteAgent:
         check_pairable(pool.layout, rpool, peer_name)
         return pool, peer, rpool
 
+    def prepared(self, local: str, remote, staging: bool = False) -> tuple:
+        """The prepared NIXL descriptor lists a transfer between ``local`` and
+        ``remote`` uses, for callers (benchmarks) that time NIXL's own calls on them.
+
+        Returns
+        -------
+        tuple
+            ``(local_dlist, remote_dlist, local PoolLayout, remote PoolLayout)``;
+            descriptor ``p * B + b`` is block (or staging slot) ``b`` of part ``p``.
+        """
+        pool, peer, rpool = self._pair(local, remote)
+        ldl = pool.staging_dlist if staging else pool.dlist
+        return ldl, self._remote_dlist(peer, rpool, staging), pool.layout, rpool
+
     # --- transfers -------------------------------------------------------------------------------------
 
     def write(
@@ -291,7 +326,7 @@ class RemoteAgent:
         remote,
         mapping,
         *,
-        path: str = DIRECT,
+        path: str | None = None,
         stream=None,
         notify: bool = True,
         staged_timeout: float = 30.0,
@@ -307,8 +342,8 @@ class RemoteAgent:
         mapping : (N, 2) rows ``(local_block, remote_block)``, or ``(src_indices, dst_indices)``
             Checked before anything is posted (bounds, distinct destinations,
             shape); a refused call moves no byte.
-        path : {"direct", "staged"}
-            ``direct``: one descriptor per block and part.  ``staged``: gather
+        path : {None, "direct", "staged"}
+            None: :func:`default_path`.  ``direct``: one descriptor per block and part.  ``staged``: gather
             into the local staging run, move ``P`` contiguous runs into the
             peer's staging run, the peer scatters when it :meth:`poll`s; one
             staged write per remote pool in flight (the next waits up to
@@ -324,9 +359,11 @@ class RemoteAgent:
         -------
         Transfer
         """
-        if path not in (DIRECT, STAGED):
-            raise ValueError(f"write: path must be 'direct' or 'staged', got {path!r}")
+        if path not in (None, DIRECT, STAGED):
+            raise ValueError(f"write: path must be None, 'direct' or 'staged', got {path!r}")
         pool, peer, rpool = self._pair(local, remote)
+        if path is None:
+            path = default_path(pool.layout, rpool)
         src, dst = split_mapping(mapping, pool.layout.num_blocks, rpool.num_blocks, local, rpool.name)
         if path == STAGED:
             return self._write_staged(pool, peer, rpool, src, dst, stream, staged_timeout)

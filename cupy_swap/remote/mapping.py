@@ -18,8 +18,8 @@ def split_mapping(mapping, src_blocks: int, dst_blocks: int, src_name: str, dst_
     ----------
     mapping : array-like of shape (N, 2), or a tuple ``(src_indices, dst_indices)``
         Rows ``(src_block, dst_block)`` (a list of pairs, a NumPy array, a CPU
-        tensor), or a tuple of two 1-D index arrays of length N (each with
-        ``ndim == 1``; a tuple of two pairs is read as two rows).
+        tensor), or a tuple or list of two 1-D index arrays of length N (each
+        with ``ndim == 1``; two pairs of ints are read as two rows).
     src_blocks, dst_blocks : int
         Block counts of the source and destination pools.
     src_name, dst_name : str
@@ -51,7 +51,7 @@ def split_mapping(mapping, src_blocks: int, dst_blocks: int, src_name: str, dst_
 
 def _is_index_pair(mapping) -> bool:
     return (
-        isinstance(mapping, tuple)
+        type(mapping) in (tuple, list)
         and len(mapping) == 2
         and all(getattr(c, "ndim", None) == 1 for c in mapping)
     )

@@ -1,0 +1,219 @@
+"""``bench --remote``: GB/s of cupy_swap.remote between two processes on one
+host, direct and staged, beside NIXL's own prepared transfer on the same
+buffers (per-block descriptors, and the same bytes in one descriptor), and
+the local swap where the pool is on a GPU.
+
+Usage::
+
+    UCX_NET_DEVICES=lo python -m cupy_swap.tools.remote_bench [--from host|gpu] [--to host|gpu]
+        [--sizes 32K,2M] [--counts 16,1250] [--reps 30] [--json FILE]
+
+Each row: one process (this one) writes ``n`` random distinct blocks of its
+pool into random distinct blocks of the peer's pool (a spawned process that
+polls for notifications and scatters staged arrivals).  Times are blocking
+(submit + wait, host clock), median of ``reps`` after two warm-up calls; a
+staged write counts until the peer acknowledged its scatter.  After timing,
+every contender's copy is checked bit-exactly against the peer's blocks.
+
+Contenders:
+- ``direct``: ``RemoteAgent.write(path="direct")``, one descriptor per block;
+- ``staged``: ``RemoteAgent.write(path="staged")``, gather, one run, scatter;
+- ``raw``: NIXL ``make_prepped_xfer`` + ``transfer`` + ``check_xfer_state``
+  on the same prepared per-block descriptors and indices (no checks, same
+  notification bytes): the wrapper-overhead reference;
+- ``raw-nonote``: the same without the notification (on loopback TCP a
+  notified transfer completes only after the receiver's next poll);
+- ``raw-1desc``: NIXL moving the same bytes as one descriptor per part
+  between the two staging runs (the ceiling the staged path aims at);
+- ``local``: ``BlockSwapper.swap_out`` of the same blocks into local pinned
+  memory (GPU pools only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["main", "run"]
+
+SIZES = {"4K": 4096, "32K": 32768, "256K": 262144, "2M": 2 << 20}
+
+
+def _parts(blocks: int, block_bytes: int, mem: str, fill: int | None, rng=None):
+    a = np.full((blocks, block_bytes), 0 if fill is None else fill, dtype=np.uint8)
+    if rng is not None:
+        a[...] = rng.integers(0, 256, a.shape, dtype=np.uint8)
+    if mem == "gpu":  # pragma: no cover - device
+        import cupy
+
+        return [cupy.asarray(a)]
+    return [a]
+
+
+def _peer(conn, mem: str, blocks: int, block_bytes: int, staging: int, md_in: bytes) -> None:
+    """The receiving process: one pool "kv", polls notifications between commands."""
+    from cupy_swap.remote import RemoteAgent
+
+    agent = RemoteAgent("bench-peer")
+    parts = _parts(blocks, block_bytes, mem, 0xA5)
+    agent.register_pool("kv", parts, staging_blocks=staging)
+    conn.send(agent.metadata())
+    agent.connect(md_in)
+    while True:
+        agent.poll()  # a receiver's loop: it drives its notifications (and staged scatters)
+        if not conn.poll(0.0001):
+            continue
+        cmd, arg = conn.recv()
+        if cmd == "take":
+            p = parts[0][np.asarray(arg)]
+            conn.send(p.get() if mem == "gpu" else p)
+        elif cmd == "poison":
+            parts[0][...] = 0xA5
+            conn.send(True)
+        elif cmd == "exit":
+            agent.close()
+            conn.send(True)
+            return
+
+
+def _median_time(call, reps: int) -> tuple[float, float]:
+    for _ in range(2):
+        call()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+def run(src_mem: str, dst_mem: str, block_bytes: int, n: int, reps: int, seed: int = 0) -> list[dict]:
+    """Time every contender for one (block size, n) row; returns one dict per contender."""
+    from cupy_swap.remote import RemoteAgent, wire
+
+    rng = np.random.default_rng(seed)
+    blocks = n + max(8, n // 8)  # random distinct blocks of a pool a little larger than n
+    agent = RemoteAgent("bench-main")
+    local = _parts(blocks, block_bytes, src_mem, None, rng)
+    agent.register_pool("kv", local, staging_blocks=n)
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(
+        target=_peer, args=(child, dst_mem, blocks, block_bytes, n, agent.metadata()), daemon=True
+    )
+    proc.start()
+    rows = []
+    peer = agent.connect(conn.recv())
+    try:
+        remote = (peer, "kv")
+        m = np.stack([rng.choice(blocks, n, replace=False), rng.choice(blocks, n, replace=False)], 1)
+        nbytes = n * block_bytes
+        nixl = agent.nixl
+        ldl, rdl, layout, rlayout = agent.prepared("kv", remote)  # the descriptors write() posts
+        lidx, ridx = m[:, 0].astype(np.int32), m[:, 1].astype(np.int32)
+        note = wire.pack_note(wire.WRITE, 0, "kv", m[:, 1])
+        lrun, rrun = layout.staging[0], rlayout.staging[0]
+        one_l = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", [(lrun.address, nbytes, 0)], "DRAM")
+        one_r = nixl.prep_xfer_dlist(peer, [(rrun.address, nbytes, 0)], "DRAM")
+
+        def raw(ld, li, rd, ri, msg=b""):
+            x = nixl.make_prepped_xfer("WRITE", ld, li, rd, ri, msg)
+            state = nixl.transfer(x)
+            while state == "PROC":
+                state = nixl.check_xfer_state(x)
+            x.release()
+            if state != "DONE":
+                raise RuntimeError(f"raw NIXL transfer: {state}")
+
+        contenders = {
+            "direct": lambda: agent.write("kv", remote, m).wait(60),
+            "staged": lambda: agent.write("kv", remote, m, path="staged").wait(60),
+            "raw": lambda: raw(ldl, lidx, rdl, ridx, note),
+            "raw-nonote": lambda: raw(ldl, lidx, rdl, ridx),
+            "raw-1desc": lambda: raw(one_l, [0], one_r, [0]),
+        }
+        if src_mem == "gpu":  # pragma: no cover - device
+            import cupy_swap as cs
+
+            host = cs.empty_pinned((blocks, block_bytes), "uint8")
+            sw = cs.BlockSwapper(max_blocks=n)
+            contenders["local"] = lambda: sw.swap_out(local[0], host, m).synchronize()
+        for name, call in contenders.items():
+            med, best = _median_time(call, reps)
+            exact = None
+            if name in ("direct", "staged", "raw"):
+                conn.send(("poison", None))
+                conn.recv()
+                call()
+                conn.send(("take", m[:, 1]))
+                got = conn.recv()
+                want = local[0][m[:, 0]]
+                exact = bool(np.array_equal(got, want.get() if hasattr(want, "get") else want))
+            rows.append(
+                {
+                    "from": src_mem,
+                    "to": dst_mem,
+                    "block_bytes": block_bytes,
+                    "n": n,
+                    "contender": name,
+                    "median_s": med,
+                    "gbps": nbytes / med / 1e9,
+                    "best_gbps": nbytes / best / 1e9,
+                    "reps": reps,
+                    "exact": exact,
+                }
+            )
+        one_l.release()
+        one_r.release()
+    finally:
+        agent.disconnect(peer)
+        conn.send(("exit", None))
+        if conn.poll(30):
+            conn.recv()
+        proc.join(10)
+        agent.close()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="cupy_swap bench --remote", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--from", dest="src", choices=("host", "gpu"), default="host")
+    ap.add_argument("--to", dest="dst", choices=("host", "gpu"), default="host")
+    ap.add_argument("--sizes", default="32K,2M", help=f"block sizes, of {sorted(SIZES)}")
+    ap.add_argument("--counts", default="16,1250")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--json", help="write the rows to this file")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    from cupy_swap.remote import unavailable_reason
+
+    why = unavailable_reason()
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    rows = []
+    print(f"{'from':>4} {'to':>4} {'block':>6} {'n':>5} {'contender':>10} {'GB/s':>7} {'best':>7} exact")
+    for size in args.sizes.split(","):
+        for n in (int(c) for c in args.counts.split(",")):
+            for r in run(args.src, args.dst, SIZES[size], n, args.reps):
+                rows.append(r)
+                print(
+                    f"{r['from']:>4} {r['to']:>4} {size:>6} {n:>5} {r['contender']:>10} "
+                    f"{r['gbps']:7.2f} {r['best_gbps']:7.2f} {'' if r['exact'] is None else r['exact']}",
+                    flush=True,
+                )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all(r["exact"] in (None, True) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
