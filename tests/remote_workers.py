@@ -20,16 +20,13 @@ def make_parts(spec: dict, mem: str = "host"):
     """The parts of one pool spec, filled with a fixed poison byte (0xA5)."""
     shape = (spec["blocks"], *spec["shape"])
     parts_n = spec.get("parts", 1)
-    if spec.get("strided"):
-        whole = np.full((shape[0], parts_n, *shape[1:]), 0xA5, dtype=np.uint8)
-        parts = [whole[:, p] for p in range(parts_n)]
-    else:
-        parts = [np.full(shape, 0xA5, dtype=np.uint8) for _ in range(parts_n)]
+    xp = np
     if mem == "gpu":  # pragma: no cover - GPU tests
-        import cupy
-
-        parts = [cupy.asarray(p) for p in parts]
-    return parts
+        import cupy as xp
+    if spec.get("strided"):
+        whole = xp.full((shape[0], parts_n, *shape[1:]), 0xA5, dtype=np.uint8)
+        return [whole[:, p] for p in range(parts_n)]
+    return [xp.full(shape, 0xA5, dtype=np.uint8) for _ in range(parts_n)]
 
 
 def to_host(parts) -> list:

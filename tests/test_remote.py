@@ -216,6 +216,26 @@ def test_bad_mappings_write_nothing(pair, rng, rows, error, path):
 
 
 @needs_nixl
+def test_staged_writes_back_to_back(pair, rng):
+    """The second staged write waits (bounded) for the first to be scattered
+    before it reuses the staging runs; both land byte-exact."""
+    agent, pools, peer = pair
+    reset(peer, "kv")
+    random_fill(rng, pools["kv"])
+    first, second = np.arange(0, 32), np.arange(32, 61)
+    dst = rng.choice(97, 61, replace=False)
+    t1 = agent.write("kv", (peer.name, "kv"), (first, dst[:32]), path="staged")
+    t2 = agent.write("kv", (peer.name, "kv"), (second, dst[32:]), path="staged")
+    assert agent.write("kv", (peer.name, "kv"), [], path="staged").done()
+    t2.wait(timeout=10)
+    assert t1.done()
+    assert sorted(len(a[3]) for a in peer.call("arrivals", 10)) == [29, 32]
+    got = peer.call("get", "kv")
+    for local, remote in zip(pools["kv"], got):
+        np.testing.assert_array_equal(remote[dst], local[:61])
+
+
+@needs_nixl
 def test_staged_beyond_staging_refused(pair):
     agent, pools, peer = pair
     with pytest.raises(ValueError, match=r"33 blocks exceed the staging runs \(32 slots\)"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,6 +70,7 @@ class _Pool:
     staging_dlist: object = None
     stager: object = None
     keep: list = field(default_factory=list)  # arrays whose memory is registered
+    last_staged: Transfer | None = None  # the staging run is free once it is done
     torch: bool = False
 
 
@@ -78,8 +80,7 @@ class _Peer:
     pools: dict
     dlists: dict = field(default_factory=dict)  # (pool, staging?) -> prepared remote dlist
     dropped: set = field(default_factory=set)
-    acked: set = field(default_factory=set)  # staged transfer ids the peer scattered
-    in_flight: dict = field(default_factory=dict)  # remote pool -> last staged transfer id
+    unacked: dict = field(default_factory=dict)  # remote pool -> staged transfer id not yet scattered
 
 
 def default_path(local: PoolLayout, remote: PoolLayout) -> str:
@@ -434,14 +435,20 @@ class RemoteAgent:
             raise ValueError(
                 f"write(path='staged'): {n} blocks exceed the staging runs ({room} slots); split the mapping"
             )
-        self._wait_acknowledged(peer, rpool.name, timeout)
+        if not n:
+            return Transfer(self.nixl, "staged write of no blocks", 0, 0, None)
+        self._wait_staging_free(pool, peer, rpool.name, timeout)
         xfer_id = next(self._ids)
-        ready = pool.stager.gather(src, stream) if n else None
+        ready = pool.stager.gather(src, stream)
         slots = np.arange(n, dtype=np.int64)
         note = wire.pack_note(wire.STAGED, xfer_id, rpool.name, dst)
-        if n:
-            peer.in_flight[rpool.name] = xfer_id
-        return self._post(
+        peer.unacked[rpool.name] = xfer_id
+
+        def forget():  # a failed transfer will not be acknowledged
+            if peer.unacked.get(rpool.name) == xfer_id:
+                del peer.unacked[rpool.name]
+
+        pool.last_staged = self._post(
             "WRITE",
             pool,
             pool.staging_dlist,
@@ -453,9 +460,11 @@ class RemoteAgent:
             rpool.staging_blocks,
             note,
             ready,
-            lambda: self._acknowledged(peer, xfer_id),
+            lambda: self._acknowledged(peer, rpool.name, xfer_id),
             f"write {pool.layout.name} -> {peer.name}/{rpool.name} ({n} blocks, staged)",
+            forget,
         )
+        return pool.last_staged
 
     def _post(
         self,
@@ -472,6 +481,7 @@ class RemoteAgent:
         ready,
         settled,
         what,
+        on_error=None,
     ) -> Transfer:
         parts = len(pool.layout.parts)
         nbytes = int(lblocks.size) * sum(pool.layout.block_bytes)
@@ -485,24 +495,35 @@ class RemoteAgent:
             xfer = nixl.make_prepped_xfer(op, local_dlist, lidx, remote_dlist, ridx, note)
             return xfer, nixl.transfer(xfer)
 
-        return Transfer(nixl, what, nbytes, int(lblocks.size), post, ready, settled)
+        return Transfer(nixl, what, nbytes, int(lblocks.size), post, ready, settled, on_error)
 
-    def _acknowledged(self, peer: _Peer, xfer_id: int) -> bool:
-        if xfer_id not in peer.acked:
+    def _acknowledged(self, peer: _Peer, pool: str, xfer_id: int) -> bool:
+        """Whether the peer scattered staged transfer ``xfer_id`` into ``pool``
+        (one is in flight per remote pool: it is done once no longer pending)."""
+        if peer.unacked.get(pool) == xfer_id:
             self.poll()
-        return xfer_id in peer.acked
+        return peer.unacked.get(pool) != xfer_id
 
-    def _wait_acknowledged(self, peer: _Peer, pool: str, timeout: float) -> None:
-        last = peer.in_flight.get(pool)
+    def _wait_staging_free(self, pool: _Pool, peer: _Peer, rpool: str, timeout: float) -> None:
+        """Wait (sleeping, bounded) until this pool's staging run is free (its
+        last staged write is done) and the peer scattered our last staged
+        write into ``rpool``."""
         end = time.monotonic() + timeout
-        while last is not None and not self._acknowledged(peer, last):
+        while True:
+            last = pool.last_staged
+            try:
+                free = last is None or last.done()
+            except TransferError:  # that one failed; its run is free
+                free = True
+            if free and (rpool not in peer.unacked or self._acknowledged(peer, rpool, peer.unacked[rpool])):
+                pool.last_staged = None
+                return
             if time.monotonic() > end:
                 raise TransferError(
-                    f"write(path='staged'): peer {peer.name!r} has not scattered staged transfer {last} into "
-                    f"{pool!r} after {timeout} s (is it calling poll()? is it alive?)"
+                    f"write(path='staged'): the previous staged write to {peer.name}/{rpool} (or from "
+                    f"{pool.layout.name!r}) is not done after {timeout} s: is the peer alive and calling poll()?"
                 )
             time.sleep(1e-4)
-        peer.acked.discard(last)
 
     # --- the target's side -----------------------------------------------------------------------------
 
@@ -533,16 +554,24 @@ class RemoteAgent:
                 peer.dropped.add(note.pool)
             return
         if note.kind == wire.SCATTERED:
-            if peer is not None:
-                peer.acked.add(note.xfer_id)
+            if peer is not None and peer.unacked.get(note.pool) == note.xfer_id:
+                del peer.unacked[note.pool]
             return
         arrival = Arrival(peer_name, note.pool, wire.KIND_NAMES[note.kind], note.blocks, note.xfer_id)
         if note.kind != wire.STAGED:
             self._arrivals.append(arrival)
             return
-        pool = self._pools[note.pool]
+        pool = self._pools.get(note.pool)
         dst = note.blocks.astype(np.int64)
-        split_mapping((dst, dst), pool.layout.num_blocks, pool.layout.num_blocks, note.pool, note.pool)
+        try:
+            if pool is None or pool.stager is None:
+                raise RemoteError(f"no pool {note.pool!r} with a staging run here")
+            split_mapping((dst, dst), pool.layout.num_blocks, pool.layout.num_blocks, note.pool, note.pool)
+        except (RemoteError, ValueError, IndexError) as e:  # not acknowledged: the sender times out
+            warnings.warn(
+                f"cupy_swap.remote: staged arrival from {peer_name!r} not scattered: {e}", stacklevel=2
+            )
+            return
         event = pool.stager.scatter(dst)
         if event is None:
             self._ack(arrival)

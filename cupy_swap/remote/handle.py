@@ -29,8 +29,11 @@ class Transfer:
         Rows of the mapping.
     """
 
-    def __init__(self, nixl, what: str, nbytes: int, num_blocks: int, post, ready=None, settled=None):
+    def __init__(
+        self, nixl, what: str, nbytes: int, num_blocks: int, post, ready=None, settled=None, on_error=None
+    ):
         self._nixl, self._post, self._ready, self._settled = nixl, post, ready, settled
+        self._on_error = on_error
         self.what, self.nbytes, self.num_blocks = what, nbytes, num_blocks
         self._xfer = None
         self._moved = post is None  # nothing to post (empty mapping)
@@ -128,4 +131,6 @@ class Transfer:
                 xfer.release()
             except Exception:  # an active request may refuse; NIXL frees it with the agent
                 pass
+        if self._on_error is not None:
+            self._on_error()
         raise self._error from cause
