@@ -192,7 +192,7 @@ def time_one_row(bufs: CaseBuffers, mapping, mode: str, stream, reps: int, memcp
         from cupy_swap.core.copies import copy_list
         from cupy_swap.cuda.copy_engine import DmaCopier
 
-        copies, copier = copy_list(op._layout, bufs.mapping), DmaCopier()
+        copies, copier = copy_list(op._decided.layout, bufs.mapping), DmaCopier()
         calls["batch"] = lambda: copier.issue(*copies, stream.ptr, 1)
     calls["memcpy"] = memcpy
     path = None

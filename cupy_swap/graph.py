@@ -24,8 +24,8 @@ Lifetime: the descriptor buffer is ``cudaMalloc``'d (never from CuPy's
 pool) and zeroed before the constructor returns.  When the GraphSwap is
 closed or dropped, the buffer is freed once the uploads and eager launches
 queued on it have completed; once :meth:`launch` was captured into a graph,
-it is kept for the life of the process instead, since the graph may be
-replayed at any time.
+it is kept for the life of the process instead, and so are the ``src`` and
+``dst`` arrays, since the graph may be replayed at any time.
 """
 
 from __future__ import annotations
@@ -82,9 +82,10 @@ class GraphSwap:
         self.device = launcher.device
         self.layout = layout
         self.max_blocks = max_blocks
-        self._held = held  # the caller's arrays live as long as the graph swap
         nbytes = descriptor_words(len(layout.src), max_blocks) * 8
-        self._state = _DescriptorState(release.device_malloc(nbytes, self.device), self.device)
+        # The caller's arrays live as long as the descriptor: once a launch was
+        # captured, a replay may write them at any time, so both are kept.
+        self._state = _DescriptorState(release.device_malloc(nbytes, self.device), self.device, held)
         self._finalizer = release.finalizer(self, _drop_descriptor, self._state)
         # Launches, mapping uploads and close() one at a time: close() then
         # sees every event (or the capture) of the work queued on the buffer.
@@ -138,9 +139,7 @@ class GraphSwap:
                     "replaying the graph, and capture only launch()"
                 )
             layout = self.layout
-            event = self._launcher.stage_descriptor(
-                layout.table, layout.units_per_pair, mapping, state.ptr, handle
-            )
+            event = self._launcher.stage_descriptor(layout, mapping, state.ptr, handle)
             state.note(event)
         self.num_pairs = int(mapping.shape[0])
         return event
@@ -173,12 +172,13 @@ class _DescriptorState:
     """A GraphSwap's descriptor buffer and what gates its release: the
     events of the uploads and launches that may not have completed (not one
     per stream: a destroyed stream's handle can come back as another's), and
-    whether a launch was captured (then it is never released)."""
+    whether a launch was captured (then it is never released, nor are the
+    caller's arrays ``held``, which a replay writes)."""
 
-    __slots__ = ("ptr", "device", "events", "captured")
+    __slots__ = ("ptr", "device", "events", "captured", "held")
 
-    def __init__(self, ptr: int, device: int):
-        self.ptr, self.device = ptr, device
+    def __init__(self, ptr: int, device: int, held: tuple):
+        self.ptr, self.device, self.held = ptr, device, held
         self.events: list = []
         self.captured = False
 

@@ -1,48 +1,72 @@
-"""The hot path: one swap of a checked layout, the one path every call
+"""The hot path: one swap of a layout prepared once, the one path every call
 takes (``BlockSwapper.swap()`` looks the op up and lands here too).
 
-A call does, in order: check the mapping (vectorized; short ones without
-NumPy), take the stream, route, enqueue the waits, launch (inline
-parameters through a kernel node, the descriptor ring for large swaps, or
-the copy engines), record the returned event.  Python work is O(1) in the
-number of pairs and parts: no loop over either.
+Everything the layout decides was decided when the op was made
+(:class:`_Decided`: the path, the kernel launches, whether the launch can
+check the rows).  A call reads the mapping's form, takes the stream,
+enqueues the waits, asks whether the stream captures, launches once and
+records one event.  The copy launch checks the rows itself (bounds,
+duplicate destinations) before any byte is written and reports through the
+swapper's status board (:mod:`.cuda.status`); the host checks them instead
+where the launch cannot: copy engines, staged swaps, captures, layouts whose
+parts may meet, and ``check="host"``.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
-from .core.mapping import checked_pairs
-from .core.route import MODES, route
+from .core.mapping import check_rows_for, host_rows
+from .core.route import MODES, prepared_route, staged_plan
 from .cuda import abi, memory
-from .cuda.gpu_mapping import GpuChecks, device_mapping
-from .cuda.streams import stream_is_capturing, stream_on_device, wait_handle
+from .cuda.gpu_mapping import device_rows
+from .cuda.status import Verdicts
+from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 
 if TYPE_CHECKING:
     from .cuda.streams import SwapEvent
 
-__all__ = ["PreparedSwap"]
+__all__ = ["PreparedSwap", "CHECKS"]
 
-_CHECKS_LOCK = threading.Lock()
-# Mappings that are on the host whatever they hold (the common case, told
-# apart without a call; anything else may be a GPU array: device_mapping).
-_HOST_KINDS = (list, tuple, np.ndarray)
+CHECKS = ("launch", "host")
+
+
+class _Decided:
+    """What an op decided from its layout, never changed afterwards (a new
+    one replaces it when pinned memory was registered or unregistered)."""
+
+    __slots__ = ("layout", "kernel", "route", "launch_checks", "generation", "default_stream")
+
+    def __init__(self, swapper, layout: Layout, torch_parts: bool):
+        self.layout = layout
+        self.kernel = swapper._launcher.bind(layout)
+        self.route = prepared_route(layout, swapper.mode, swapper.policy)
+        # The launch can check: status records mapped, no parts that may
+        # share bytes (only the host checks those), blocks its table holds.
+        self.launch_checks = bool(
+            swapper._status.base
+            and layout.kernel_ok
+            and not layout.meeting
+            and layout.dst_limit < abi.CHECK_KEY_LIMIT
+        )
+        self.generation = memory.generation()
+        # Torch callers are ordered on torch's current stream by default.
+        self.default_stream = torch_stream_getter(swapper.device) if torch_parts else None
 
 
 class PreparedSwap:
-    """A swap between fixed ``src`` and ``dst``, checked once; call it with
-    a mapping.  Made by :meth:`BlockSwapper.prepare`.
+    """A swap between fixed ``src`` and ``dst``, checked and decided once;
+    call it with a mapping.  Made by :meth:`BlockSwapper.prepare`.
 
     Parameters of a call
     --------------------
-    block_mapping : array-like of shape (N, 2)
+    block_mapping : array-like of shape (N, 2), or a pair of 1-D arrays
         ``(src_block, dst_block)`` rows, ``N <= max_blocks``.
-    stream, mode, wait_for, timing
+    stream, mode, wait_for, timing, check
         As for :meth:`BlockSwapper.swap`.
 
     Returns a ``SwapEvent``, as :meth:`BlockSwapper.swap` does.
@@ -53,34 +77,35 @@ class PreparedSwap:
         ``"in"``, ``"out"`` or ``"gpu->gpu"``.
     bytes_per_pair : int
         Bytes one mapping row moves, all parts together.
+    route : str
+        The path its swaps take: ``"kernel"``, ``"dma"`` or ``"staged"``.
     """
 
     __slots__ = (
         "__weakref__",
         "_swapper",
-        "_layout",
-        "_kernel",
-        "_generation",
-        "_gpu_checks",
+        "_decided",
+        "_verdicts",
         "_held",
+        "_torch",
         "direction",
         "bytes_per_pair",
     )
 
-    def __init__(self, swapper, layout: Layout, held: tuple | None):
+    def __init__(self, swapper, layout: Layout, held: tuple | None, torch_parts: bool = False):
         self._swapper = swapper
-        self._bind(layout)
+        self._torch = torch_parts
+        self._decided = _Decided(swapper, layout, torch_parts)
+        self._verdicts = Verdicts(swapper._status, layout)
         # The caller's arrays, kept alive as long as the op (None for the
         # ops swap() caches: the cache holds its arrays weakly and re-checks).
         self._held = held
-
-    def _bind(self, layout: Layout) -> None:
-        self._layout = layout
-        self._kernel = self._swapper._launcher.bind(layout)
-        self._gpu_checks = None  # built by the first swap with a mapping on the GPU
-        self._generation = memory.generation()
         self.direction = layout.direction
         self.bytes_per_pair = layout.bytes_per_pair
+
+    @property
+    def route(self) -> str:
+        return self._decided.route
 
     def __call__(
         self,
@@ -90,63 +115,91 @@ class PreparedSwap:
         mode: str | None = None,
         wait_for: WaitFor = (),
         timing: bool | None = None,
+        check: str = "launch",
     ) -> SwapEvent:
         sw = self._swapper
         caller = sw._get_device()
         if caller != sw.device:
-            return sw._on_own_device(self._run, caller, block_mapping, stream, None, mode, wait_for, timing)
-        return self._run(caller, block_mapping, stream, None, mode, wait_for, timing)
+            return sw._on_own_device(
+                self._run, caller, block_mapping, stream, None, mode, wait_for, timing, check
+            )
+        return self._run(caller, block_mapping, stream, None, mode, wait_for, timing, check)
 
-    def _run(self, caller: int, block_mapping, stream, want, mode, wait_for, timing):
+    def _rebind(self) -> _Decided:
+        """Resolve the host aliases again after a registration changed
+        (raises if this op's host memory is no longer pinned).  Threads
+        inside a call keep the state they read: nothing is torn down."""
+        sw = self._swapper
+        decided = _Decided(sw, sw._layout(*self._held), self._torch)
+        self._decided = decided
+        return decided
+
+    def _run(self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check):
         """The swap, with the swapper's GPU current (``caller`` was current
         when the caller called: default-stream ``wait_for`` entries are
         its); ``want``: the direction ``swap_in``/``swap_out`` ask for."""
         sw = self._swapper
         if sw._closed:
             raise RuntimeError("swap: this BlockSwapper is closed; make a new one")
-        if self._generation != memory.generation() and self._held is not None:
-            # A registered range went away: resolve the host aliases again
-            # (raises if this op's host memory is no longer pinned).
-            self._bind(sw._layout(*self._held))
-        layout = self._layout
-        if self._gpu_checks is not None:  # a mapping on the GPU failed its check: say so now
-            self._gpu_checks.raise_earlier_failure()
+        op = self._decided
+        if op.generation != memory.generation() and self._held is not None:
+            op = self._rebind()
+        layout = op.layout
+        verdicts = self._verdicts
+        if verdicts.unread:
+            verdicts.read()  # an earlier swap's launch found a bad row: say so now
         if want is not None and layout.direction != want:
             method = "swap_in" if want == IN else "swap_out"
             raise ValueError(
                 f"{method}: expected {DIRECTION_TEXT[want]} arrays, got "
                 f"{DIRECTION_TEXT[layout.direction]}; use swap() for that"
             )
+        if check != "launch" and check != "host":
+            raise ValueError(f"check: expected 'launch' or 'host', got {check!r}")
         on_gpu = (
             None
-            if type(block_mapping) in _HOST_KINDS
-            else device_mapping(block_mapping, sw.device, sw.max_blocks)
+            if type(block_mapping) is np.ndarray  # on the host whatever it holds: no look for GPU arrays
+            else device_rows(block_mapping, sw.device, sw.max_blocks)
         )
         if on_gpu is None:
-            pairs = checked_pairs(layout, block_mapping, sw.max_blocks)  # raises before any launch
+            pairs = host_rows(block_mapping, sw.max_blocks)
             n = len(pairs) >> 1 if type(pairs) is list else pairs.shape[0]
         else:
-            pairs, n = on_gpu, on_gpu.n
-        handle = sw._current_stream().ptr if stream is None else stream_on_device(stream, sw.device)
-        if mode is None:
-            mode = sw.mode
-        elif mode not in MODES:
-            raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+            pairs, n = None, on_gpu.n
+        if stream is not None:
+            handle = stream_on_device(stream, sw.device)
+        elif op.default_stream is not None:
+            handle = op.default_stream()
+        else:
+            handle = sw._current_stream().ptr
+        route = op.route if mode is None else self._route_for(mode)
         no_waits = wait_for is None or (type(wait_for) is tuple and not wait_for)  # 0 is a stream
-        waits = () if no_waits else [wait_handle(w, sw.device, caller) for w in _as_sequence(wait_for)]
-        path = "none"
-        if n and layout.bytes_per_pair:
-            # Waiting on a capturing stream makes this one capture too.
-            capturing = stream_is_capturing(handle) or (bool(waits) and any(w.capturing for w in waits))
+        if not no_waits:
+            for w in [wait_handle(w, sw.device, caller) for w in _as_sequence(wait_for)]:
+                if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
+                    sw._wait_event(handle, w.event_ptr, 0)
+        path, status, seq = "none", 0, 0
+        if n and not layout.bytes_per_pair and on_gpu is None:  # nothing to copy; the indices still checked
+            check_rows_for(layout, pairs, sw.max_blocks)
+        elif n and layout.bytes_per_pair:
+            # Asked after the waits: waiting on a capturing stream joins its capture.
+            capturing = stream_is_capturing(handle)
+            path = route
             if on_gpu is not None:
-                path, plan = self._gpu_checks_ready(mode, capturing), None
-            else:
-                path, plan = route(layout, pairs, mode, sw.policy, capturing)
+                self._refuse_on_gpu(op, mode, capturing, n)
+            elif (
+                route == "kernel"
+                and mode in (None, "auto")
+                and n * len(layout.src) <= sw.policy.dma_max_copies
+            ):
+                path = "dma"  # one copy: the copy engines start sooner
+            in_launch = path == "kernel" and op.launch_checks and check == "launch" and not capturing
+            if on_gpu is not None or (in_launch and n <= sw._launcher.check_rows_max):
+                status, seq = sw._status.take()
+            else:  # raises before any launch
+                pairs = check_rows_for(layout, pairs, sw.max_blocks)
             if path == "staged":
-                path, plan = self._staging_ready(path, plan, mode)
-        for w in waits:  # after routing: a refusal enqueues nothing
-            if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
-                sw._wait_event(handle, w.event_ptr, 0)
+                plan = self._staged_ready(_rows_array(pairs), capturing)
         timed = sw.timing if timing is None else timing
         event = sw._events.take(timed)
         event.path, event.nbytes = path, n * layout.bytes_per_pair
@@ -156,32 +209,39 @@ class PreparedSwap:
             if timed:
                 event.start = sw._new_event()
                 sw._record(event.start.ptr, handle)
-            if path == "kernel" and on_gpu is not None:
-                event.check = self._gpu_checks.launch(on_gpu, handle, event, sw._record)  # records the event
-                recorded = True
-            elif path == "kernel":
-                if not self._kernel.launch(pairs, n, handle, capturing):  # too large to pass inline
-                    sw._launcher.launch_descriptor(layout, pairs, handle, capturing, held)
+            if path == "kernel":
+                if on_gpu is not None:
+                    op.kernel.launch_rows(on_gpu, handle, capturing, status, seq)
+                elif not op.kernel.launch(pairs, n, handle, capturing, status, seq):  # too many for inline
+                    sw._launcher.launch_descriptor(layout, pairs, handle, capturing, held, status, seq)
             elif path == "dma":
                 sw._dma.copy(layout, pairs, handle, capturing)
             elif path == "staged":
                 sw._stagers[layout.direction].enqueue(
                     layout, plan, handle, held, sw._launcher, sw._dma, sw._serial
                 )
-            if not recorded:
-                sw._record(event.ptr, handle)
-                recorded = True
+            sw._record(event.ptr, handle)
+            recorded = True
         finally:
             if held:
                 sw._launcher.release(held, event if recorded else None, handle)
+        if seq:
+            verdicts.unread.append(seq)
+            event.check, event.seq = verdicts, seq
         sw.last_path = path
         return event
 
-    def _gpu_checks_ready(self, mode: str, capturing: bool) -> str:
+    def _route_for(self, mode) -> str:
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+        sw = self._swapper
+        return prepared_route(self._decided.layout, mode, sw.policy)
+
+    def _refuse_on_gpu(self, op: _Decided, mode, capturing: bool, n: int) -> None:
         """Refuse what a mapping on the GPU cannot do, before anything is
-        enqueued, and build the op's check state on first use."""
-        layout = self._layout
-        if mode not in ("auto", "kernel"):
+        launched: the kernel reads it and checks it in the launch."""
+        layout = op.layout
+        if mode not in (None, "auto", "kernel"):
             raise ValueError(
                 f"mode: a mapping on the GPU is swapped by the kernel ('auto' or 'kernel'), got {mode!r}"
             )
@@ -190,50 +250,57 @@ class PreparedSwap:
                 f"block_mapping: a mapping on the GPU needs the kernel, which needs host memory mapped into the "
                 f"GPU's address space, but {layout.unmapped_reason}; pass the rows on the host"
             )
-        if layout.meeting:
+        if not op.launch_checks:
             raise ValueError(
-                "block_mapping: these parts may share bytes, which only a mapping on the host can be checked "
-                "against; pass the rows on the host"
+                "block_mapping: a mapping on the GPU is checked by the copy launch, which cannot check this swap "
+                "(parts that may share bytes, more than 2**32 - 1 destination blocks, or status records that "
+                "cannot be mapped); pass the rows on the host"
             )
         if capturing:
             raise RuntimeError(
                 "swap: a mapping on the GPU cannot be captured into a CUDA graph (its check reports through the "
                 "returned event); pass the rows on the host, or use graph_swap()"
             )
-        if self._gpu_checks is None:
-            with _CHECKS_LOCK:  # two threads' first GPU mappings build one
-                if self._gpu_checks is None:
-                    sw = self._swapper
-                    self._gpu_checks = GpuChecks(sw._launcher, layout, min(sw.max_blocks, abi.CHECK_MAX_ROWS))
-        return "kernel"
+        limit = self._swapper._launcher.check_rows_max
+        if n > limit:
+            raise ValueError(
+                f"block_mapping: a mapping on the GPU holds at most {limit} rows (the launch's check table); "
+                f"got {n}; split the swap or pass the rows on the host"
+            )
 
-    def _staging_ready(self, path: str, plan, mode: str):
-        """Allocate the direction's staging arena (first staged swap), before
-        anything is enqueued.  If GPU memory is short, ``auto`` falls back to
-        the kernel (or the copy engines where host memory is not mapped) and
-        ``mode="staged"`` raises."""
+    def _staged_ready(self, pairs: np.ndarray, capturing: bool):
+        """The staged swap's chunk plan, its arena allocated (first staged
+        swap of the direction), before anything is enqueued."""
         from cupy.cuda.memory import OutOfMemoryError
 
-        layout = self._layout
-        stager = self._swapper._stagers[layout.direction]
+        sw = self._swapper
+        layout = self._decided.layout
+        if capturing:
+            raise ValueError(
+                "mode: 'staged' cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()"
+            )
+        stager = sw._stagers[layout.direction]
         try:
             with stager.lock:
                 stager.ensure()
         except OutOfMemoryError as e:
-            if mode == "staged":
-                raise ValueError(
-                    f"mode: 'staged' could not allocate its staging arena of {stager.staging_bytes} "
-                    f"bytes ({e}); lower staging_bytes or use mode='kernel'"
-                ) from None
-            return ("kernel" if layout.kernel_ok else "dma"), None
-        return path, plan
+            raise ValueError(
+                f"mode: 'staged' could not allocate its staging arena of {stager.staging_bytes} "
+                f"bytes ({e}); lower staging_bytes or use mode='kernel'"
+            ) from None
+        return staged_plan(layout, pairs, sw.policy)
 
     def __repr__(self) -> str:
-        parts = len(self._layout.src)
+        parts = len(self._decided.layout.src)
         return (
             f"PreparedSwap({DIRECTION_TEXT[self.direction]}, {parts} part{'s' * (parts != 1)}, "
-            f"{self.bytes_per_pair} bytes per pair, GPU {self._swapper.device})"
+            f"{self.bytes_per_pair} bytes per pair, {self.route}, GPU {self._swapper.device})"
         )
+
+
+def _rows_array(pairs) -> np.ndarray:
+    """Rows as an ``(N, 2)`` array (short ones come flattened)."""
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2) if type(pairs) is list else pairs
 
 
 def _as_sequence(items) -> tuple:

@@ -21,7 +21,7 @@ from .api_types import Mapping, Parts, Stream, WaitFor
 from .core.layout import IN, OUT, Layout, SwapPlan, check_layout
 from .core.mapping import check_mapping_for
 from .core.route import MODES, Policy
-from .cuda import abi
+from .cuda import abi, release
 from .cuda.arrays import convert_array
 from .cuda.availability import translate_unavailable
 from .cuda.copy_engine import DmaCopier
@@ -29,6 +29,7 @@ from .cuda.launcher import Launcher
 from .cuda.resolve import resolve_layout
 from .cuda.settings import load_calibration
 from .cuda.stager import Stager
+from .cuda.status import StatusBoard
 from .cuda.streams import EventPool, on_device
 from .op_cache import OpCache
 from .prepared import PreparedSwap
@@ -164,6 +165,8 @@ class BlockSwapper:
         with cupy.cuda.Device(self.device):
             self._launcher = Launcher(self.device, self.max_parts, self.max_blocks, ring_size, max_ctas)
             self._events = EventPool()
+            with release.relaxed_capture_mode():  # legal while another thread captures
+                self._status = StatusBoard(self.device)
         if max_inline_pairs is not None:
             self._launcher.max_inline_pairs = _positive_int(max_inline_pairs, "max_inline_pairs", minimum=0)
         self._ops = OpCache(_OP_CACHE_SIZE)
@@ -210,16 +213,16 @@ class BlockSwapper:
             import dataclasses
 
             self.policy = dataclasses.replace(self.policy, **{name: _positive_int(value, name, minimum=0)})
+            self._ops.clear()  # swap()'s ops decide again; prepared ops keep their route
 
         return property(get, set_, doc=doc)
 
     dma_min_copy_bytes = _policy_field(
-        "dma_min_copy_bytes", "auto: copies this large go to the copy engines."
+        "dma_min_copy_bytes", "auto: layouts whose every block is this large go to the copy engines."
     )
     dma_max_copies = _policy_field(
-        "dma_max_copies", "auto: swaps of at most this many copies go to the copy engines."
+        "dma_max_copies", "auto: swaps of at most this many copies (rows x parts) go to the copy engines."
     )
-    staged_min_bytes = _policy_field("staged_min_bytes", "auto: host-run swaps this large are staged.")
     del _policy_field
 
     # ------------------------------------------------------------------ API
@@ -233,6 +236,7 @@ class BlockSwapper:
         mode: str | None = None,
         wait_for: WaitFor = (),
         timing: bool | None = None,
+        check: str = "launch",
     ) -> SwapEvent:
         """Copy block ``s`` of each ``src`` part to block ``d`` of the matching
         ``dst`` part for every row ``(s, d)`` of ``block_mapping``, on
@@ -245,17 +249,24 @@ class BlockSwapper:
             this swapper's device, or NumPy arrays in pinned host memory (torch
             tensors are viewed without copies).  Part ``i`` of ``src`` goes to
             part ``i`` of ``dst``; block shape and dtype match per part.
-        block_mapping : array-like of shape (N, 2)
-            Integer rows ``(src_block, dst_block)``; ``N <= max_blocks``.
+        block_mapping : array-like of shape (N, 2), or a pair of 1-D arrays
+            Integer rows ``(src_block, dst_block)``; ``N <= max_blocks``: a
+            list of pairs, a NumPy array, a CPU or CUDA torch tensor, a CuPy
+            array; or ``(src_indices, dst_indices)``, two 1-D arrays of one
+            length (as SGLang keeps them).  Rows on the GPU must be int64.
         stream : cupy.cuda.Stream, torch.cuda.Stream or int, optional
-            Stream to launch on; CuPy's current stream by default.
+            Stream to launch on.  Default: torch's current stream when the
+            parts are torch tensors, else CuPy's current stream.
         mode : {"auto", "kernel", "dma", "staged"}, optional
             ``"kernel"``: one kernel launch; ``"dma"``: copy engines, one copy
             per run of consecutive blocks; ``"staged"`` (host <-> GPU): copy
             engines move runs of consecutive host blocks between the host
             and a GPU staging arena, and a kernel scatters (swap-in) or
             gathers (swap-out) the GPU blocks; ``"auto"`` (the swapper's
-            default) picks per call.  ``last_path`` tells which one served.
+            default) takes the copy engines for layouts of blocks of at
+            least ``dma_min_copy_bytes`` and for one copy, else the kernel
+            (decided when the op is made, from the layout alone).
+            ``last_path`` tells which one served.
         wait_for : event, stream, or sequence of them, optional
             CuPy or torch events and streams (or raw stream handles) whose
             work must finish before the copy starts, e.g. the compute stream
@@ -264,6 +275,16 @@ class BlockSwapper:
         timing : bool, optional
             Record a start event too, so ``device_time()`` works; defaults to
             the swapper's ``timing``.
+        check : {"launch", "host"}, optional
+            Where the mapping's indices are checked (in range, no
+            destination block twice).  ``"launch"`` (default): by the copy
+            kernel itself, before any CTA writes, so a bad mapping writes
+            nothing; its error is raised by the returned event's
+            ``synchronize()`` and by the next call of the same op.  Costs no
+            host time (the host check costs 4-12 us a call).  ``"host"``:
+            on the host, raised before anything is launched (for
+            debugging).  Copy-engine and staged swaps, captured swaps and
+            parts that may share bytes are always checked on the host.
 
         Returns
         -------
@@ -285,9 +306,10 @@ class BlockSwapper:
         Raises
         ------
         TypeError, ValueError, IndexError
-            For any bad input, before anything is launched.
+            For bad arguments, before anything is launched; for bad mapping
+            indices, see ``check``.
         """
-        return self._swap(src, dst, block_mapping, stream, None, mode, wait_for, timing)
+        return self._swap(src, dst, block_mapping, stream, None, mode, wait_for, timing, check)
 
     def swap_in(
         self,
@@ -299,9 +321,10 @@ class BlockSwapper:
         mode: str | None = None,
         wait_for: WaitFor = (),
         timing: bool | None = None,
+        check: str = "launch",
     ) -> SwapEvent:
         """:meth:`swap` that only accepts host -> GPU."""
-        return self._swap(host_src, gpu_dst, block_mapping, stream, IN, mode, wait_for, timing)
+        return self._swap(host_src, gpu_dst, block_mapping, stream, IN, mode, wait_for, timing, check)
 
     def swap_out(
         self,
@@ -313,9 +336,10 @@ class BlockSwapper:
         mode: str | None = None,
         wait_for: WaitFor = (),
         timing: bool | None = None,
+        check: str = "launch",
     ) -> SwapEvent:
         """:meth:`swap` that only accepts GPU -> host."""
-        return self._swap(gpu_src, host_dst, block_mapping, stream, OUT, mode, wait_for, timing)
+        return self._swap(gpu_src, host_dst, block_mapping, stream, OUT, mode, wait_for, timing, check)
 
     def prepare(self, src: Parts, dst: Parts) -> PreparedSwap:
         """Check ``src`` and ``dst`` once and return a :class:`PreparedSwap`
@@ -329,9 +353,8 @@ class BlockSwapper:
         not reshape, restride or re-point them in place afterwards
         (``swap()`` re-checks that on every call; a prepared op does not).
         """
-        with on_device(self.device):
-            layout = self._layout(src, dst)
-        return PreparedSwap(self, layout, (src, dst))
+        with on_device(self.device), release.relaxed_capture_mode():
+            return PreparedSwap(self, self._layout(src, dst), (src, dst), _any_torch(src, dst))
 
     def graph_swap(self, src: Parts, dst: Parts) -> GraphSwap:
         """A swap of fixed parts whose mapping changes between CUDA-graph
@@ -350,17 +373,17 @@ class BlockSwapper:
         return SwapPlan(layout, check_mapping_for(layout, block_mapping, self.max_blocks))
 
     # ------------------------------------------------------------ internals
-    def _swap(self, src, dst, block_mapping, stream, want, mode, wait_for, timing):
+    def _swap(self, src, dst, block_mapping, stream, want, mode, wait_for, timing, check):
         """``swap()``: the cached op of ``(src, dst)``, then its hot path."""
         caller = self._get_device()
         if caller != self.device:
             return self._on_own_device(
-                self._swap_here, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing
+                self._swap_here, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing, check
             )
-        return self._swap_here(caller, src, dst, block_mapping, stream, want, mode, wait_for, timing)
+        return self._swap_here(caller, src, dst, block_mapping, stream, want, mode, wait_for, timing, check)
 
-    def _swap_here(self, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing):
-        return self._op(src, dst)._run(caller, block_mapping, stream, want, mode, wait_for, timing)
+    def _swap_here(self, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing, check):
+        return self._op(src, dst)._run(caller, block_mapping, stream, want, mode, wait_for, timing, check)
 
     def _on_own_device(self, fn, caller: int, *args):
         """``fn(caller, *args)`` with this swapper's GPU current: DLPack
@@ -380,7 +403,10 @@ class BlockSwapper:
             # The cache holds the op and the op only a proxy of the swapper: no
             # swapper -> cache -> op -> swapper cycle, so dropping the swapper
             # frees it (and hands its memory to the releaser) at once.
-            op = PreparedSwap(weakref.proxy(self), self._layout(src, dst), None)
+            # Made in relaxed capture mode: a first swap inside a capture may
+            # load kernels and create events without breaking it.
+            with release.relaxed_capture_mode():
+                op = PreparedSwap(weakref.proxy(self), self._layout(src, dst), None, _any_torch(src, dst))
             self._ops.put(key, op, src, dst)
         return op
 
@@ -397,14 +423,14 @@ class BlockSwapper:
         layout.serial = next(self._serial)
         return layout
 
-    def choose_path(self, layout: Layout, mapping, mode: str, capturing: bool = False) -> str:
-        """``"kernel"``, ``"dma"`` or ``"staged"`` for a checked ``(N, 2)``
-        mapping under ``mode`` (see :func:`cupy_swap.core.route.route`)."""
-        from .core.route import route
 
-        if isinstance(mapping, list):  # a short list of (s, d) pairs
-            mapping = np.asarray(mapping, dtype=np.int64).reshape(-1, 2)
-        return route(layout, mapping, _check_mode(mode), self.policy, capturing)[0]
+def _any_torch(src, dst) -> bool:
+    """True when a part is a torch tensor (its swaps default to torch's stream)."""
+    items = [
+        *(src if isinstance(src, (list, tuple)) else (src,)),
+        *(dst if isinstance(dst, (list, tuple)) else (dst,)),
+    ]
+    return any(type(x).__module__.startswith("torch") for x in items)
 
 
 _warned: list = []

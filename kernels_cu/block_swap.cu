@@ -23,12 +23,82 @@ __device__ __forceinline__ int find_part(const SwapPart* parts, int n_parts, u64
     return lo;
 }
 
+// Check every row of a swap before any CTA writes (see swap_abi.cuh):
+// bounds, then destinations through an open-addressing table of
+// (block, lowest row) in dynamic shared memory, 2 x 32-bit words a slot,
+// at least 2 n slots (the host sizes the launch's dynamic shared memory
+// with table_slots()).  The first bad row wins: a destination seen before
+// reports the later of the two rows, so the lowest report is the first row
+// that repeats an earlier one.  Returns the verdict, the same in every CTA.
+#define CUPY_SWAP_EMPTY 0xffffffffu
+
+__device__ __forceinline__ unsigned table_slots(u64 n_pairs) {
+    unsigned slots = 2;
+    while (slots < 2 * n_pairs) slots <<= 1;
+    return slots;
+}
+
+__device__ bool check_rows(const SwapHeader& h, const i64* __restrict__ src_index,
+                           const i64* __restrict__ dst_index, int step) {
+    extern __shared__ unsigned table[];
+    __shared__ unsigned long long bad;  // (row << 2) | kind; the lowest wins
+    const u64 n = (u64)h.n_pairs;
+    const unsigned slots = table_slots(n);
+    unsigned* keys = table;
+    unsigned* rows = table + slots;
+    if (threadIdx.x == 0) bad = ~0ull;
+    for (unsigned i = threadIdx.x; i < slots; i += blockDim.x) {
+        keys[i] = CUPY_SWAP_EMPTY;
+        rows[i] = CUPY_SWAP_EMPTY;
+    }
+    __syncthreads();
+    const int shift = 32 - __ffs(slots) + 1;  // slots == 1 << (32 - shift)
+    for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
+        const i64 s = src_index[i * step], d = dst_index[i * step];
+        if (s < 0 || s >= h.src_limit) {
+            atomicMin(&bad, (i << 2) | 1);
+        } else if (d < 0 || d >= h.dst_limit) {
+            atomicMin(&bad, (i << 2) | 2);
+        } else {
+            const unsigned key = (unsigned)d;  // dst_limit < 2^32 - 1: the host checks on the host otherwise
+            unsigned at = (key * 0x9E3779B1u) >> shift;
+            for (;;) {
+                const unsigned seen = atomicCAS(&keys[at], CUPY_SWAP_EMPTY, key);
+                if (seen == CUPY_SWAP_EMPTY || seen == key) {
+                    const unsigned earlier = atomicMin(&rows[at], (unsigned)i);
+                    if (earlier != CUPY_SWAP_EMPTY) {
+                        const u64 later = earlier > i ? earlier : i;
+                        atomicMin(&bad, (later << 2) | 3);
+                    }
+                    break;
+                }
+                at = (at + 1) & (slots - 1);
+            }
+        }
+    }
+    __syncthreads();
+    const unsigned long long verdict = bad;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        volatile SwapStatus* out = reinterpret_cast<SwapStatus*>(h.status);
+        const i64 kind = verdict == ~0ull ? 0 : (i64)(verdict & 3);
+        const u64 row = verdict >> 2;
+        out->kind = kind;
+        out->row = kind ? (i64)row : 0;
+        out->value = kind == 1 ? src_index[row * step] : kind ? dst_index[row * step] : 0;
+        __threadfence_system();
+        out->seq = h.seq;  // last: a reader that sees this swap's seq sees its verdict
+    }
+    return verdict == ~0ull;
+}
+
 // Copy units [0, n_pairs * units_per_pair): `parts` in shared memory,
-// `pairs` anywhere the SM can read (kernel parameters, device memory, or a
-// pinned buffer's device alias).
+// block indices anywhere the SM can read (kernel parameters, device memory,
+// or a pinned buffer's device alias), row i at src_index[i * step] and
+// dst_index[i * step].
 template <typename T>
 __device__ __forceinline__ void copy_units(const SwapPart* parts, int n_parts, u64 units_per_pair,
-                                           const i64* __restrict__ pairs, u64 n_pairs) {
+                                           const i64* __restrict__ src_index, const i64* __restrict__ dst_index,
+                                           int step, u64 n_pairs) {
     const u64 total = n_pairs * units_per_pair;
     // 32-bit division is several times cheaper than 64-bit; use it whenever
     // the whole range fits (every realistic swap below 64 GiB of 16 B units).
@@ -58,8 +128,8 @@ __device__ __forceinline__ void copy_units(const SwapPart* parts, int n_parts, u
                 }
                 const SwapPart& part = parts[find_part(parts, n_parts, rest)];
                 const u64 in_block = rest - part.first_unit;
-                src[k] = reinterpret_cast<const T*>(part.src + pairs[2 * pair] * part.src_stride) + in_block;
-                dst[k] = reinterpret_cast<T*>(part.dst + pairs[2 * pair + 1] * part.dst_stride) + in_block;
+                src[k] = reinterpret_cast<const T*>(part.src + src_index[pair * step] * part.src_stride) + in_block;
+                dst[k] = reinterpret_cast<T*>(part.dst + dst_index[pair * step] * part.dst_stride) + in_block;
             }
         }
 #pragma unroll
@@ -73,27 +143,33 @@ __device__ __forceinline__ void copy_units(const SwapPart* parts, int n_parts, u
     }
 }
 
+// Part table into shared memory.
+__device__ __forceinline__ void load_parts(SwapPart* parts, const SwapPart* from, int n_parts) {
+    for (int w = threadIdx.x; w < n_parts * CUPY_SWAP_PART_WORDS; w += blockDim.x) {
+        reinterpret_cast<u64*>(parts)[w] = reinterpret_cast<const u64*>(from)[w];
+    }
+}
+
 // Descriptor form.  n_parts and units_per_pair come as arguments (fixed per
 // layout, also across graph replays) so the part table, the pairs and the
 // data can be fetched without first waiting for the header; n_pairs too,
 // except in graph replays, which pass -1 and read the current count from
 // word 0.  first_pair skips that many pairs, so one descriptor can serve
 // several launches over consecutive pair ranges (staged swaps scatter chunk
-// by chunk as the copy engines deliver them).
+// by chunk as the copy engines deliver them); such launches carry no check
+// (status 0).
 template <typename T>
 __device__ __forceinline__ void swap_descriptor(const u64* __restrict__ desc, int n_parts, u64 units_per_pair,
                                                 i64 n_pairs_arg, i64 first_pair) {
     __shared__ SwapPart parts[CUPY_SWAP_MAX_PARTS];
-    __shared__ u64 header_pairs;
-    if (n_pairs_arg < 0 && threadIdx.x == 0) header_pairs = desc[0];
-    const u64* part_words = desc + CUPY_SWAP_HEADER_WORDS;
-    for (int w = threadIdx.x; w < n_parts * CUPY_SWAP_PART_WORDS; w += blockDim.x) {
-        reinterpret_cast<u64*>(parts)[w] = part_words[w];
-    }
+    __shared__ SwapHeader header;
+    if (threadIdx.x < CUPY_SWAP_HEADER_WORDS) reinterpret_cast<u64*>(&header)[threadIdx.x] = desc[threadIdx.x];
+    load_parts(parts, reinterpret_cast<const SwapPart*>(desc + CUPY_SWAP_HEADER_WORDS), n_parts);
     __syncthreads();
-    const u64 n_pairs = n_pairs_arg < 0 ? header_pairs : (u64)n_pairs_arg;
-    const i64* pairs = reinterpret_cast<const i64*>(part_words + (u64)n_parts * CUPY_SWAP_PART_WORDS);
-    copy_units<T>(parts, n_parts, units_per_pair, pairs + 2 * first_pair, n_pairs);
+    const u64 n_pairs = n_pairs_arg < 0 ? (u64)header.n_pairs : (u64)n_pairs_arg;
+    const i64* pairs = reinterpret_cast<const i64*>(desc + CUPY_SWAP_HEADER_WORDS + (u64)n_parts * CUPY_SWAP_PART_WORDS);
+    if (header.status && !check_rows(header, pairs, pairs + 1, 2)) return;
+    copy_units<T>(parts, n_parts, units_per_pair, pairs + 2 * first_pair, pairs + 2 * first_pair + 1, 2, n_pairs);
 }
 
 // Inline form: everything arrives in the parameter (a __grid_constant__
@@ -102,30 +178,23 @@ template <typename T, int P, int N>
 __device__ __forceinline__ void swap_inline(const SwapInline<P, N>& a) {
     __shared__ SwapPart parts[P];
     const int n_parts = (int)a.header.n_parts;
-    for (int w = threadIdx.x; w < n_parts * CUPY_SWAP_PART_WORDS; w += blockDim.x) {
-        reinterpret_cast<u64*>(parts)[w] = reinterpret_cast<const u64*>(a.parts)[w];
-    }
+    load_parts(parts, a.parts, n_parts);
     __syncthreads();
-    copy_units<T>(parts, n_parts, a.header.units_per_pair, a.pairs, (u64)a.header.n_pairs);
+    if (a.header.status && !check_rows(a.header, a.pairs, a.pairs + 1, 2)) return;
+    copy_units<T>(parts, n_parts, a.header.units_per_pair, a.pairs, a.pairs + 1, 2, (u64)a.header.n_pairs);
 }
 
-// A GPU-resident mapping: header and part table in the parameter, pairs by
-// address; copies only if this swap's check passed (see swap_abi.cuh).
+// A mapping on the GPU: header and part table in the parameter, block
+// indices by address, always checked in the launch.
 template <typename T, int P>
 __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
     __shared__ SwapPart parts[P];
-    __shared__ int passed;
-    if (threadIdx.x == 0) {
-        const volatile SwapStatus* status = a.status;
-        passed = status->seq == a.seq && status->kind == 0;
-    }
     const int n_parts = (int)a.header.n_parts;
-    for (int w = threadIdx.x; w < n_parts * CUPY_SWAP_PART_WORDS; w += blockDim.x) {
-        reinterpret_cast<u64*>(parts)[w] = reinterpret_cast<const u64*>(a.parts)[w];
-    }
+    load_parts(parts, a.parts, n_parts);
     __syncthreads();
-    if (!passed) return;
-    copy_units<T>(parts, n_parts, a.header.units_per_pair, a.pairs, (u64)a.header.n_pairs);
+    const int step = (int)a.index_step;
+    if (a.header.status && !check_rows(a.header, a.src_index, a.dst_index, step)) return;
+    copy_units<T>(parts, n_parts, a.header.units_per_pair, a.src_index, a.dst_index, step, (u64)a.header.n_pairs);
 }
 
 // Plain C names so the host can look kernels up without name mangling:
@@ -218,75 +287,5 @@ extern "C" __global__ void __launch_bounds__(256) cupy_swap_fetch(const uint4* _
                                                                   uint4* __restrict__ dst, u64 n16) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {
         dst[i] = src[i];
-    }
-}
-
-// Check a GPU-resident mapping (one CTA, n <= CHECK_MAX_ROWS): every index
-// in range, no destination block twice; the verdict goes to `status`, its
-// `seq` word last, so a reader that sees this swap's seq sees the rest.  The
-// rows it read go to `rows` (library memory), which the copy kernel reads:
-// the caller's array may change after the check without reaching the copy.
-// Duplicates: the rows' (block, row) keys are sorted in shared memory
-// (bitonic), and equal blocks end up next to each other, lowest rows first.
-extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS)
-    cupy_swap_check(const i64* __restrict__ pairs, i64 n, i64 src_limit, i64 dst_limit, SwapStatus* status, i64 seq,
-                    i64* __restrict__ rows) {
-    __shared__ u64 keys[CUPY_SWAP_CHECK_MAX_ROWS];
-    __shared__ unsigned long long bad;  // (kind << 32) | position; the lowest wins
-    const u64 row_mask = (1ull << CUPY_SWAP_CHECK_ROW_BITS) - 1;
-    if (threadIdx.x == 0) bad = ~0ull;
-    __syncthreads();
-    int m = 1;
-    while (m < n) m <<= 1;
-    for (int i = threadIdx.x; i < m; i += blockDim.x) {
-        u64 key = ~0ull;  // padding sorts last
-        if (i < n) {
-            const i64 s = pairs[2 * i], d = pairs[2 * i + 1];
-            rows[2 * i] = s;
-            rows[2 * i + 1] = d;
-            if (s < 0 || s >= src_limit) {
-                atomicMin(&bad, (1ull << 32) | (u64)i);
-            } else if (d < 0 || d >= dst_limit) {
-                atomicMin(&bad, (2ull << 32) | (u64)i);
-            } else {
-                key = ((u64)d << CUPY_SWAP_CHECK_ROW_BITS) | (u64)i;
-            }
-        }
-        keys[i] = key;
-    }
-    __syncthreads();
-    if (bad == ~0ull) {
-        for (int k = 2; k <= m; k <<= 1) {
-            for (int j = k >> 1; j > 0; j >>= 1) {
-                for (int i = threadIdx.x; i < m; i += blockDim.x) {
-                    const int partner = i ^ j;
-                    if (partner > i) {
-                        const u64 a = keys[i], b = keys[partner];
-                        if ((a > b) == ((i & k) == 0)) {
-                            keys[i] = b;
-                            keys[partner] = a;
-                        }
-                    }
-                }
-                __syncthreads();
-            }
-        }
-        for (int i = threadIdx.x; i + 1 < n; i += blockDim.x) {
-            if ((keys[i] >> CUPY_SWAP_CHECK_ROW_BITS) == (keys[i + 1] >> CUPY_SWAP_CHECK_ROW_BITS)) {
-                atomicMin(&bad, (3ull << 32) | (u64)i);
-            }
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        const i64 kind = bad == ~0ull ? 0 : (i64)(bad >> 32);
-        const u64 at = bad & 0xffffffffull;
-        volatile SwapStatus* out = status;
-        out->kind = kind;
-        out->row = kind == 3 ? (i64)(keys[at] & row_mask) : (i64)at;
-        out->other = kind == 3 ? (i64)(keys[at + 1] & row_mask) : 0;
-        out->value = kind == 3 ? (i64)(keys[at] >> CUPY_SWAP_CHECK_ROW_BITS) : kind ? rows[2 * at + kind - 1] : 0;
-        __threadfence_system();
-        out->seq = seq;
     }
 }

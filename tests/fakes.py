@@ -4,7 +4,9 @@
 * :class:`FakeGpu`: NumPy arrays described as parts that claim to be GPU
   memory, so layouts, routes and launches are checked without a driver.
 * :class:`FakeCudaRuntime`: CUDA's runtime as ``cupy_swap.cuda.memory``
-  calls it (pinned allocations, registrations, pointer attributes)."""
+  calls it (pinned allocations, registrations, pointer attributes).
+* :class:`FakeSwapper`: what a ``PreparedSwap`` reads of its swapper, with
+  a kernel, a copier and a status board that record what a call enqueues."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import types
 import numpy as np
 
 from cupy_swap.core.parts import DEVICE, Part, as_parts
+from cupy_swap.core.route import Policy
 from cupy_swap.cuda import memory
 
 
@@ -104,3 +107,66 @@ def case_row(case, mode: str) -> dict:
         "latency_s": 1e-3,
         "verified": True,
     }
+
+
+class FakeEvent:
+    def __init__(self):
+        self.ptr, self.start, self.check, self.seq = 0xE0, None, None, None
+
+
+class FakeKernel:
+    """A bound kernel that records its launches (inline up to ``inline`` pairs)."""
+
+    def __init__(self, calls: list, inline: int = 16):
+        self.calls, self.inline = calls, inline
+
+    def launch(self, pairs, n, stream, capturing, status=0, seq=0):
+        if n > self.inline:
+            return False
+        flat = list(pairs) if type(pairs) is list else pairs.reshape(-1).tolist()
+        self.calls.append(("kernel", flat, stream, capturing, status, seq))
+        return True
+
+    def launch_rows(self, rows, stream, capturing, status, seq):
+        self.calls.append(("rows", rows.n, stream, capturing, status, seq))
+
+
+class FakeBoard:
+    """A status board: ``verdicts[seq]`` is what the launch of ``seq`` wrote."""
+
+    def __init__(self, base: int = 0x5000):
+        self.base, self.next, self.verdicts = base, 1, {}
+
+    def take(self):
+        seq, self.next = self.next, self.next + 1
+        return self.base + 32 * seq, seq
+
+    def verdict(self, seq):
+        return self.verdicts.get(seq)
+
+
+class FakeSwapper:
+    """What ``PreparedSwap`` reads of a swapper; ``calls`` records the waits,
+    capture queries, launches, copies and event records of each call."""
+
+    def __init__(self, calls: list, inline: int = 16, board: FakeBoard | None = None):
+        self.calls = calls
+        self.device, self.max_blocks, self.mode, self.timing = 0, 64, "auto", False
+        self.policy, self.last_path, self._closed = Policy(), None, False
+        self._status = board or FakeBoard()
+        kernel = FakeKernel(calls, inline)
+        self._launcher = types.SimpleNamespace(
+            bind=lambda layout: kernel,
+            check_rows_max=8192,
+            launch_descriptor=lambda layout, pairs, stream, capturing, held, status=0, seq=0: calls.append(
+                ("descriptor", pairs.reshape(-1).tolist(), stream, capturing, status, seq)
+            ),
+        )
+        self._dma = types.SimpleNamespace(
+            copy=lambda layout, pairs, stream, capturing: calls.append(("dma", stream))
+        )
+        self._events = types.SimpleNamespace(take=lambda timed: FakeEvent())
+        self._current_stream = lambda: types.SimpleNamespace(ptr=77)
+        self._get_device = lambda: 0
+        self._record = lambda ptr, stream: calls.append(("record", ptr, stream))
+        self._wait_event = lambda stream, event, flags: calls.append(("wait", stream, event))

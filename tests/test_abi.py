@@ -4,11 +4,19 @@ CUDA side agrees: constants, struct fields, tiers, argument lists."""
 
 import ctypes
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from cupy_swap.cuda import abi, kernels
+
+
+def _layout(table, units_per_pair, src_limit=10, dst_limit=20):
+    """What the ABI reads of a resolved layout."""
+    return SimpleNamespace(
+        table=table, units_per_pair=units_per_pair, src_limit=src_limit, dst_limit=dst_limit
+    )
 
 
 def _header() -> str:
@@ -36,7 +44,8 @@ def test_constants_match():
 
 def test_structs_are_64_bit_words_in_the_documented_order():
     header = _struct_fields("SwapHeader")
-    assert [n for _, n in header] == ["n_pairs", "n_parts", "units_per_pair", "unused"]
+    names = ["n_pairs", "n_parts", "units_per_pair", "src_limit", "dst_limit", "status", "seq", "unused"]
+    assert [n for _, n in header] == names
     part = _struct_fields("SwapPart")
     assert [n for _, n in part] == ["src", "dst", "src_stride", "dst_stride", "units", "first_unit"]
     for ctype, _ in header + part:
@@ -58,27 +67,29 @@ def test_tiers_match_and_fit_the_parameter_limit():
 
 
 def test_gpu_mapping_structs_match():
-    assert int(_define("CUPY_SWAP_CHECK_MAX_ROWS")) == abi.CHECK_MAX_ROWS
-    assert 1 << int(_define("CUPY_SWAP_CHECK_ROW_BITS")) == abi.CHECK_MAX_ROWS  # sort keys hold any row
     assert int(_define("CUPY_SWAP_STATUS_WORDS")) == abi.STATUS_WORDS
     status = _struct_fields("SwapStatus")
-    assert [n for _, n in status] == ["seq", "kind", "row", "other", "value", "unused[3]"]
+    assert [n for _, n in status] == ["seq", "kind", "row", "value"]
     tiers = re.findall(r"X\((\d+)\)", _define("CUPY_SWAP_BYREF_TIERS\\(X\\)"))
     assert tuple(int(p) for p in tiers) == abi.BYREF_PARTS
     body = re.search(r"struct SwapByRef \{(.*?)\};", _header(), re.DOTALL).group(1)
     names = re.findall(r"(\w+(?:\[\w+\])?);", body)  # pointers too: the name before each ';'
-    assert names == ["header", "pairs", "status", "seq", "unused", "parts[P]"]
+    assert names == ["header", "src_index", "dst_index", "index_step", "unused", "parts[P]"]
     table = np.arange(2 * abi.PART_WORDS, dtype=np.int64)
-    args = abi.ByRefArgs(16, table, units_per_pair=5, fn=0)
-    args.set(7, 0x1000, 0x2000, 42)
+    args = abi.ByRefArgs(16, _layout(table, 5), fn=0)
+    args.set(7, 0x2000, 42, 0x1000, 0x1008, 2)
     words = args.words
-    assert words[:3].tolist() == [7, 2, 5] and words[4:7].tolist() == [0x1000, 0x2000, 42]
-    assert words[8 : 8 + table.size].tolist() == table.tolist() and words.size == 8 + 16 * abi.PART_WORDS
+    assert words[:7].tolist() == [7, 2, 5, 10, 20, 0x2000, 42]
+    assert words[8:11].tolist() == [0x1000, 0x1008, 2]
+    assert words[12 : 12 + table.size].tolist() == table.tolist() and words.size == 12 + 16 * abi.PART_WORDS
     (struct_ptr,) = (ctypes.c_void_p * 1).from_address(args.ptr)
     assert struct_ptr == words.ctypes.data
-    check = abi.CheckArgs(src_limit=10, dst_limit=20)
-    ptrs = (ctypes.c_void_p * 7).from_address(check.set(0x3000, 9, 0x4000, 43, 0x5000))
-    assert [ctypes.c_int64.from_address(p).value for p in ptrs] == [0x3000, 9, 10, 20, 0x4000, 43, 0x5000]
+
+
+def test_check_table_has_two_slots_a_row():
+    for n in (1, 2, 3, 16, 1250, 1792, 4096):
+        slots = abi.check_shared_bytes(n) // 8
+        assert slots >= 2 * n and slots & (slots - 1) == 0 and slots < 4 * max(n, 2)
 
 
 def test_descriptor_kernel_arguments_match():
@@ -92,9 +103,10 @@ def test_descriptor_kernel_arguments_match():
 
 def test_inline_args_layout():
     table = np.arange(2 * abi.PART_WORDS, dtype=np.int64) + 100
-    args = abi.InlineArgs(abi.TIERS[0], table, units_per_pair=7)
+    args = abi.InlineArgs(abi.TIERS[0], _layout(table, 7))
     assert args.words.shape == (abi.TIERS[0].words,)
-    assert args.words[:3].tolist() == [0, 2, 7]  # n_pairs set per launch, n_parts, units_per_pair
+    # n_pairs set per launch, n_parts, units_per_pair, the bounds; status and seq per launch
+    assert args.words[:7].tolist() == [0, 2, 7, 10, 20, 0, 0]
     parts_at = abi.HEADER_WORDS
     assert args.words[parts_at : parts_at + table.size].tolist() == table.tolist()
     pairs_at = abi.HEADER_WORDS + abi.TIERS[0].parts * abi.PART_WORDS
@@ -118,15 +130,15 @@ def test_descriptor_args_pack_as_void_pointer_array():
 def test_descriptor_words_and_write():
     table = np.arange(abi.PART_WORDS, dtype=np.int64)
     out = np.full(abi.descriptor_words(1, 4), -7, dtype=np.int64)
-    n = abi.write_descriptor(out, table, 3, np.array([[5, 6], [7, 8]], np.int64))
+    n = abi.write_descriptor(out, _layout(table, 3), np.array([[5, 6], [7, 8]], np.int64), status=0x40, seq=9)
     assert n == abi.descriptor_words(1, 2)
-    assert out[:3].tolist() == [2, 1, 3]
+    assert out[:7].tolist() == [2, 1, 3, 10, 20, 0x40, 9]
     assert out[abi.HEADER_WORDS : abi.HEADER_WORDS + abi.PART_WORDS].tolist() == table.tolist()
     assert out[n - 4 : n].tolist() == [5, 6, 7, 8] and out[n] == -7
     # A slot that already holds the table: only the count and pairs change.
     out[1:3] = -1
-    abi.write_descriptor(out, table, 3, np.array([[9, 9]], np.int64), include_table=False)
-    assert out[:3].tolist() == [1, -1, -1]
+    abi.write_descriptor(out, _layout(table, 3), np.array([[9, 9]], np.int64), include_table=False)
+    assert out[:3].tolist() == [1, -1, -1] and out[5:7].tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("tier", abi.TIERS)
@@ -145,6 +157,6 @@ def test_descriptor_takes_flat_short_mappings():
     table = np.arange(abi.PART_WORDS, dtype=np.int64)
     a = np.zeros(abi.descriptor_words(1, 4), np.int64)
     b = a.copy()
-    n = abi.write_descriptor(a, table, 3, np.array([[5, 6], [7, 8]], np.int64))
-    assert abi.write_descriptor(b, table, 3, [5, 6, 7, 8]) == n
+    n = abi.write_descriptor(a, _layout(table, 3), np.array([[5, 6], [7, 8]], np.int64))
+    assert abi.write_descriptor(b, _layout(table, 3), [5, 6, 7, 8]) == n
     assert np.array_equal(a, b)

@@ -1,7 +1,7 @@
-"""Mappings that live on the GPU (CuPy arrays, torch CUDA int64 tensors):
-swapped with no host synchronization, checked on the GPU; a bad one writes
-no byte and its error comes from the event's synchronize() and from the
-op's next call."""
+"""Mappings that live on the GPU (CuPy arrays, torch CUDA int64 tensors,
+as (N, 2) rows or two 1-D index arrays): swapped with no host
+synchronization, checked by the copy launch; a bad one writes no byte and
+its error comes from the event's synchronize() and from the op's next call."""
 
 import numpy as np
 import pytest
@@ -61,7 +61,7 @@ def test_gpu_mapping_part_counts(rng, parts):
         (
             (12, 1, None),
             ValueError,
-            r"expected distinct destination blocks, got block \d+ twice \(rows 3 and 12",
+            r"expected distinct destination blocks, got block \d+ again in row 12",
         ),
     ],
     ids=["source", "destination", "duplicate"],
@@ -94,25 +94,32 @@ def test_bad_gpu_mapping_writes_nothing_and_reports_its_row(rng, bad, error, mes
         ev.synchronize()  # and the event still tells its own failure
 
 
-def test_the_copy_reads_the_rows_the_check_validated(rng):
-    """The copy kernel's pairs are the library's copy written by the check,
-    not the caller's array: rows rewritten (on any stream) between the two
-    kernels cannot reach the copy unchecked."""
-    from cupy_swap.cuda import abi
-    from cupy_swap.cuda.gpu_mapping import SLOTS
-
-    sw = cs.BlockSwapper(max_blocks=16)
-    host = cs.empty_pinned((16, 256), np.uint8)
-    gpu = cp.empty((16, 256), cp.uint8)
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+def test_gpu_index_pairs(rng, kind):
+    """Two 1-D int64 index arrays on the GPU, as SGLang keeps them."""
+    sw = cs.BlockSwapper(max_blocks=64)
+    host = cs.empty_pinned((64, 256), np.uint8)
+    gpu = cp.empty((64, 256), cp.uint8)
     rand_fill(host, rng)
-    m = cp.asarray([[1, 2], [3, 4]])
-    op = sw.prepare(host, gpu)
-    op(m).synchronize()
-    checks = op._gpu_checks
-    pairs_ptr = int(checks._copy.words[abi.HEADER_WORDS])
-    assert pairs_ptr != m.data.ptr
-    assert checks._rows <= pairs_ptr < checks._rows + SLOTS * checks._row_bytes
-    assert np.array_equal(cp.asnumpy(gpu)[[2, 4]], host[[1, 3]])
+    poison(gpu)
+    m = random_mapping(40, 64, 64, rng)
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("needs torch with CUDA")
+        pair = (torch.from_numpy(m[:, 0].copy()).cuda(), torch.from_numpy(m[:, 1].copy()).cuda())
+    else:
+        pair = (cp.asarray(m[:, 0]), cp.asarray(m[:, 1]))
+    before = cp.asnumpy(gpu)
+    sw.swap_in(host, gpu, pair).synchronize()
+    assert np.array_equal(cp.asnumpy(gpu), _expect(host, before, m))
+    bad = (cp.asarray(m[:, 0]), cp.asarray(np.r_[m[:-1, 1], m[0, 1]]))  # the last row repeats the first
+    poison(gpu)
+    with pytest.raises(ValueError, match=f"block {m[0, 1]} again in row 39"):
+        sw.swap_in(host, gpu, bad).synchronize()
+    assert (cp.asnumpy(gpu) == 0xA5).all()
+    with pytest.raises(ValueError, match="two 1-D GPU arrays of one length"):
+        sw.swap_in(host, gpu, (cp.asarray(m[:, 0]), cp.asarray(m[:-1, 1])))
 
 
 def test_gpu_mapping_needs_no_host_synchronization(rng):
@@ -136,12 +143,13 @@ def test_gpu_mapping_needs_no_host_synchronization(rng):
     assert np.array_equal(cp.asnumpy(gpu)[mm[:, 1]], host[mm[:, 0]])
 
 
-def test_gpu_mapping_slots_wrap_and_keep_each_verdict(rng):
-    """More swaps than status slots: every one lands, and an event read
-    after its slot was reused still reports its own (failed) check."""
-    from cupy_swap.cuda.gpu_mapping import SLOTS
+def test_status_records_wrap(rng):
+    """More swaps than status records: every one lands, failures before and
+    after the wrap are reported by their events and by the next call."""
+    from cupy_swap.cuda.status import StatusBoard
 
     sw = cs.BlockSwapper(max_blocks=8)
+    sw._status = StatusBoard(sw.device, slots=8)
     host = cs.empty_pinned((64, 128), np.uint8)
     gpu = cp.empty((64, 128), cp.uint8)
     rand_fill(host, rng)
@@ -149,13 +157,16 @@ def test_gpu_mapping_slots_wrap_and_keep_each_verdict(rng):
     bad = cp.asarray([[0, 1], [2, 1]])  # block 1 twice
     failed = op(bad)
     cp.cuda.Device().synchronize()  # the check has run
-    with pytest.raises(ValueError, match="twice"):  # the next call reports the failure
+    with pytest.raises(ValueError, match="again in row 1"):  # the next call reports the failure
         op(cp.asarray([[0, 0]]))
-    for i in range(SLOTS + 3):
-        m = cp.asarray([[i % 64, (i * 7) % 64]])
+    with pytest.raises(ValueError, match="again in row 1"):
+        failed.synchronize()  # and so does its event, while its record stands
+    for i in range(8 + 3):
+        m = cp.asarray([[i % 64, (i * 7) % 64], [(i + 1) % 64, (i * 7 + 1) % 64]])
         op(m).synchronize()
         assert np.array_equal(cp.asnumpy(gpu)[(i * 7) % 64], host[i % 64])
-    with pytest.raises(ValueError, match="rows 0 and 1"):
+    failed = op(bad)
+    with pytest.raises(ValueError, match="again in row 1"):
         failed.synchronize()
 
 
@@ -163,13 +174,13 @@ def test_gpu_mapping_refusals(rng):
     sw = cs.BlockSwapper(max_blocks=8)
     host = cs.empty_pinned((16, 64), np.uint8)
     gpu = cp.empty((16, 64), cp.uint8)
-    with pytest.raises(TypeError, match="expected int64 rows on the GPU, got int32"):
+    with pytest.raises(TypeError, match="expected int64 block indices on the GPU"):
         sw.swap(host, gpu, cp.zeros((2, 2), cp.int32))
     with pytest.raises(ValueError, match=r"expected shape \(N, 2\)"):
         sw.swap(host, gpu, cp.zeros((2, 3), cp.int64))
     with pytest.raises(ValueError, match="C-contiguous"):
-        sw.swap(host, gpu, cp.zeros((2, 4), cp.int64)[:, ::2])
-    with pytest.raises(ValueError, match="at most 8 rows"):
+        sw.swap(host, gpu, cp.zeros((4, 2), cp.int64)[::2])
+    with pytest.raises(ValueError, match="at most max_blocks=8 rows"):
         sw.swap(host, gpu, cp.zeros((9, 2), cp.int64))
     with pytest.raises(ValueError, match="mode: a mapping on the GPU is swapped by the kernel"):
         sw.swap(host, gpu, cp.zeros((1, 2), cp.int64), mode="dma")

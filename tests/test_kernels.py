@@ -12,7 +12,7 @@ nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy with N
 ALL_NAMES = [abi.descriptor_kernel(w) for w in abi.WIDTHS]
 ALL_NAMES += [abi.inline_kernel(w, t) for w in abi.WIDTHS for t in abi.TIERS]
 ALL_NAMES += [abi.byref_kernel(w, p) for w in abi.WIDTHS for p in abi.BYREF_PARTS]
-ALL_NAMES += [abi.FETCH_KERNEL, abi.CHECK_KERNEL]
+ALL_NAMES += [abi.FETCH_KERNEL]
 
 
 def test_sources_are_found_and_includes_inlined():

@@ -28,7 +28,7 @@ class _Launcher:
     def function(self, name):
         return name  # stands for the CUfunction handle
 
-    def launch_inline(self, fn, grid, threads, stream, params, capturing):
+    def launch_inline(self, fn, grid, threads, stream, params, capturing, smem=0):
         assert self.inline_lock.locked()  # the parameter buffer is written and read under it
         (struct_ptr,) = (ctypes.c_void_p * 1).from_address(params)
         tier = next(
@@ -36,6 +36,7 @@ class _Launcher:
         )
         words = np.ctypeslib.as_array((ctypes.c_int64 * tier.words).from_address(struct_ptr)).copy()
         self.launches.append((fn, grid, threads, stream, words, tier))
+        self.smem = smem
 
 
 def _layout(fake_gpu, parts: int, block: int = 4096):
@@ -64,6 +65,17 @@ def test_struct_at_launch_holds_header_table_and_pairs(fake_gpu):
         at = abi.HEADER_WORDS + tier.parts * abi.PART_WORDS
         assert words[at : at + 2 * n].tolist() == pairs
         assert (grid, threads) == launch_shape(n * layout.units_per_pair, 8)
+        assert words[3:7].tolist() == [64, 64, 0, 0]  # the check's bounds; status 0: no check
+        assert lau.smem == 0
+
+
+def test_a_checked_launch_carries_its_status_record_and_number(fake_gpu):
+    layout = _layout(fake_gpu, 1)
+    lau = _Launcher()
+    assert BoundKernel(lau, layout).launch([1, 2, 3, 4, 5, 6], 3, 9, False, status=0x7000, seq=42)
+    words = lau.launches[-1][4]
+    assert words[:7].tolist() == [3, 1, layout.units_per_pair, 64, 64, 0x7000, 42]
+    assert lau.smem == abi.check_shared_bytes(3) == 64  # 8 slots of 8 bytes: at least 2 per row
 
 
 @pytest.mark.parametrize(
@@ -172,7 +184,7 @@ def test_an_interrupted_descriptor_write_leaves_no_table_marked_current(monkeypa
     held.pop().lock.release()
     real = abi.write_descriptor
 
-    def interrupted(out, table, units, mapping, include_table):
+    def interrupted(out, layout, mapping, include_table, status, seq):
         out[abi.HEADER_WORDS] = -1  # the first word of B's table went in, then the interrupt
         raise KeyboardInterrupt
 
@@ -251,12 +263,8 @@ def test_launch_inline_uses_the_streams_node_and_launches_plainly_while_capturin
         def __init__(self, key):
             self.key = key
 
-        def launch_one(self, grid, threads, params, stream):
+        def launch_one(self, grid, threads, params, stream, smem):
             launched.append(("node", self.key, grid, threads, params, stream))
-
-        def launch(self, steps, stream):  # the first launch, through launch_steps
-            ((_fn, grid, threads, params),) = steps
-            self.launch_one(grid, threads, params, stream)
 
     lau = Launcher.__new__(Launcher)
     lau._nodes, can_build = {}, [True]

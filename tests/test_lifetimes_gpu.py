@@ -358,9 +358,8 @@ def test_a_staging_arena_that_does_not_fit_falls_back_or_is_refused(rng):
     host = cs.empty_pinned((256, 32768), np.uint8)
     gpu = cp.empty((256, 32768), cp.uint8)
     rand_fill(host, rng)
-    m = np.column_stack((np.arange(200), rng.permutation(256)[:200]))  # host runs: auto would stage
+    m = np.column_stack((np.arange(200), rng.permutation(256)[:200]))  # host runs
     sw = cs.BlockSwapper(max_blocks=256, staging_bytes=4 * free)
-    sw.staged_min_bytes = 1
     with pytest.raises(ValueError, match="'staged' could not allocate its staging arena"):
         sw.swap_in(host, gpu, m, mode="staged")
     poison(gpu)

@@ -95,22 +95,36 @@ def test_duplicate_sources_are_fine():
     check_mapping(normalize_mapping([(0, 5), (0, 6)]), 10, 10, "src", "dst")
 
 
-def test_small_pairs_fast_path():
-    from cupy_swap.core.mapping import small_pairs
+def test_host_rows_check_the_form_not_the_indices():
+    from cupy_swap.core.mapping import host_rows
 
-    assert small_pairs([(1, 2), (3, 4)], 10, 10, 100) == [1, 2, 3, 4]  # flattened
-    assert small_pairs(np.array([[1, 2]], dtype=np.int32), 10, 10, 100) == [1, 2]
-    assert small_pairs([[1, 2], (3, 4)], 10, 10, 100) == [1, 2, 3, 4]
-    assert small_pairs([(True, 2)], 10, 10, 100) is None  # bools are not block indices
-    # Anything unusual falls back to the NumPy path (which raises precisely).
-    assert small_pairs([(1, 2), (3, 2)], 10, 10, 100) is None  # duplicate destination
-    assert small_pairs([(1, 10)], 10, 10, 100) is None  # out of range
-    assert small_pairs([(-1, 0)], 10, 10, 100) is None
-    assert small_pairs([(1.0, 2)], 10, 10, 100) is None
-    assert small_pairs([(1, 2, 3)], 10, 10, 100) is None
-    assert small_pairs([(1, 2), (3, 4)], 10, 10, 1) is None  # over max_blocks
-    assert small_pairs([(i, i) for i in range(17)], 99, 99, 100) is None  # long: NumPy path
-    assert small_pairs(np.array([[1.0, 2.0]]), 10, 10, 100) is None
+    assert host_rows([(1, 2), (3, 4)], 100) == [1, 2, 3, 4]  # short lists: flattened, no NumPy
+    assert host_rows([[1, 2], (3, 2)], 100) == [1, 2, 3, 2]  # a repeated destination: the launch checks it
+    assert host_rows([(-1, 10**6)], 100) == [-1, 10**6]  # out of range: likewise
+    assert isinstance(host_rows([(i, i) for i in range(17)], 100), np.ndarray)  # long: NumPy
+    for odd in ([(1.0, 2)], [("1", 2)]):  # not ints: the NumPy path says what is wrong
+        with pytest.raises(TypeError, match="integer block indices"):
+            host_rows(odd, 100)
+    with pytest.raises(ValueError, match="shape"):
+        host_rows([(1, 2, 3)], 100)
+    with pytest.raises(ValueError, match="max_blocks=1"):
+        host_rows([(1, 2), (3, 4)], 1)
+    m = host_rows(np.array([[1, 2]], dtype=np.int32), 100)
+    assert m.dtype == np.int64 and m.tolist() == [[1, 2]]
+
+
+def test_index_pairs_become_rows():
+    from cupy_swap.core.mapping import host_rows, index_pair
+
+    src, dst = np.array([3, 7, 9]), np.array([0, 1, 2], dtype=np.int32)
+    assert index_pair((src, dst)) and index_pair([src, dst])
+    assert not index_pair([(3, 0), (7, 1)])  # two rows, not two index arrays
+    assert normalize_mapping((src, dst)).tolist() == [[3, 0], [7, 1], [9, 2]]
+    assert host_rows([src, dst], 100).tolist() == [[3, 0], [7, 1], [9, 2]]
+    with pytest.raises(ValueError, match="one length, got 3 and 2"):
+        normalize_mapping((src, dst[:2]))
+    with pytest.raises(TypeError, match="integer destination block indices, got dtype float64"):
+        normalize_mapping((src, dst.astype(float)))
 
 
 def test_five_by_zero_is_not_an_empty_mapping():

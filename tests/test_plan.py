@@ -222,11 +222,11 @@ def test_descriptor_layout(fake_gpu):
     mapping = check_mapping_for(layout, [(1, 2), (3, 0)])
     out = np.full(descriptor_words(2, 5), 0xDEAD, dtype=np.int64)
     out[:HEADER_WORDS] = 0
-    n = write_descriptor(out, layout.table, layout.units_per_pair, mapping)
+    n = write_descriptor(out, layout, mapping)
     assert n == descriptor_words(2, 2) == HEADER_WORDS + 2 * PART_WORDS + 4
     width = layout.width
     assert width == vector_width([p.ptr for p in src + dst] + [32, 64])
-    assert out[:HEADER_WORDS].tolist() == [2, 2, (32 + 64) // width, 0]
+    assert out[:HEADER_WORDS].tolist() == [2, 2, (32 + 64) // width, 4, 6, 0, 0, 0]
     t = out[HEADER_WORDS : HEADER_WORDS + 2 * PART_WORDS].reshape(2, PART_WORDS)
     assert t[0].tolist() == [src[0].ptr, dst[0].ptr, 32, 32, 32 // width, 0]
     assert t[1].tolist() == [src[1].ptr, dst[1].ptr, 64, 64, 64 // width, 32 // width]
@@ -303,38 +303,3 @@ def test_interleaved_views_never_meet(fake_gpu):
     assert layout_from_parts(gpu, views).meeting == []
     # The same view twice is a real write/write conflict.
     assert layout_from_parts(gpu[:2], [views[0], views[0]]).meeting == [(0, 3)]
-
-
-def test_may_have_runs():
-    from cupy_swap.core.mapping import may_have_runs
-
-    rng = np.random.default_rng(0)
-    random = np.column_stack((rng.permutation(1000), rng.permutation(1000)))
-    assert not may_have_runs(random)
-    run = np.column_stack((np.arange(100, 1100), np.arange(1000)))
-    assert may_have_runs(run)
-    assert not may_have_runs(run[:1])
-
-
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 7])
-@pytest.mark.parametrize("column", [None, 0, 1])
-def test_may_have_runs_short_mappings(n, column):
-    """Every sampled row pair lies inside the mapping (2 or 3 rows used to
-    read row n)."""
-    from cupy_swap.core.mapping import may_have_runs
-
-    run = np.column_stack((np.arange(n) + 5, np.arange(n)))
-    assert may_have_runs(run, column=column)
-    scattered = np.column_stack((np.arange(n) * 3, np.arange(n) * 5))
-    assert not may_have_runs(scattered, column=column)
-
-
-def test_may_have_runs_in_one_column():
-    from cupy_swap.core.mapping import may_have_runs
-
-    rng = np.random.default_rng(0)
-    host_run = np.column_stack((np.arange(100, 1100), rng.permutation(1000)))
-    assert may_have_runs(host_run, column=0)
-    assert not may_have_runs(host_run)  # not in both columns
-    assert not may_have_runs(host_run, column=1)
-    assert may_have_runs(host_run[:, ::-1], column=1)

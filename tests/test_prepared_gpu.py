@@ -68,9 +68,11 @@ def test_prepared_swap_checks_mappings_and_holds_its_arrays(rng):
     gc.collect()
     assert ref() is not None  # the op keeps its arrays alive
     with pytest.raises(IndexError, match="out of range"):
-        op([(0, 4)])
+        op([(0, 4)])  # one copy: the copy engines, checked on the host
     with pytest.raises(ValueError, match="distinct destination"):
-        op([(0, 1), (2, 1)])
+        op([(0, 1), (2, 1)]).synchronize()  # checked by the launch
+    with pytest.raises(ValueError, match="distinct destination"):
+        op([(0, 1), (2, 1)], check="host")
     with pytest.raises(ValueError, match="dst: expected an array on GPU|host memory on both sides"):
         sw.prepare(np.zeros((4, 8), np.uint8), np.zeros((4, 8), np.uint8))
     assert "host -> GPU" in repr(op)

@@ -1,4 +1,4 @@
-"""The routing policy (cupy_swap/core/route.py) decided on the CPU: host
+"""The routing policy (cupy_swap/core/route.py), decided once per layout, on the CPU: host
 parts are NumPy arrays described as parts, GPU parts are NumPy arrays that
 claim to be GPU memory (the ``fake_gpu`` fixture); no driver is asked."""
 
@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from cupy_swap.core.layout import layout_from_parts
-from cupy_swap.core.mapping import check_mapping_for
 from cupy_swap.core.parts import as_parts
-from cupy_swap.core.route import Policy, route
+from cupy_swap.core.route import Policy, prepared_route, staged_plan
 
 POLICY = Policy()
 
@@ -27,9 +26,8 @@ def _layout(fake_gpu, direction: str, block: int, blocks: int = 4096, kernel_ok:
     return layout
 
 
-def _route(layout, m, mode="auto", capturing=False, policy=POLICY):
-    mapping = check_mapping_for(layout, m)
-    return route(layout, mapping, mode, policy, capturing)
+def _route(layout, mode="auto", policy=POLICY):
+    return prepared_route(layout, mode, policy)
 
 
 def _random(n, blocks=4096, seed=0):
@@ -37,64 +35,38 @@ def _random(n, blocks=4096, seed=0):
     return np.column_stack((rng.choice(blocks, n, replace=False), rng.choice(blocks, n, replace=False)))
 
 
-def _runs(n, start=0):
-    return np.column_stack((np.arange(start, start + n), np.arange(n)))
-
-
 @pytest.mark.parametrize("direction", ["in", "out"])
-def test_auto_paths(direction, fake_gpu):
+def test_auto_paths_depend_on_the_layout_only(direction, fake_gpu):
     kb = 1 << 10
-    assert _route(_layout(fake_gpu, direction, 32 * kb), _random(1))[0] == "dma"  # one copy
-    assert _route(_layout(fake_gpu, direction, 32 * kb), _random(16))[0] == "kernel"  # few scattered blocks
-    assert _route(_layout(fake_gpu, direction, 32 * kb), _random(1250))[0] == "kernel"
-    assert _route(_layout(fake_gpu, direction, 2048 * kb, 64), _random(16, 64))[0] == "dma"  # large copies
-    # One run both sides: a few large copies beat the kernel.
-    assert _route(_layout(fake_gpu, direction, 32 * kb), _runs(1250))[0] == "dma"
-    # Host blocks in one run, GPU blocks scattered: staged once it is large.
-    m = np.column_stack((np.arange(1250), _random(1250)[:, 1]))
-    if direction == "out":
-        m = m[:, ::-1].copy()
-    path, plan = _route(_layout(fake_gpu, direction, 32 * kb), m)
-    assert path == "staged" and plan.num_chunks >= 2
-    # 3 MiB: below staged_min_bytes.
-    assert _route(_layout(fake_gpu, direction, 32 * kb), m[:100])[0] == "kernel"
-
-
-def test_short_lists_route_like_arrays(fake_gpu):
-    layout = _layout(fake_gpu, "in", 32 << 10)
-    for m in (_random(1), _random(16), _runs(16)):
-        flat = m.reshape(-1).tolist()
-        assert route(layout, flat, "auto", POLICY, False)[0] == _route(layout, m)[0]
+    assert _route(_layout(fake_gpu, direction, 32 * kb)) == "kernel"
+    assert _route(_layout(fake_gpu, direction, 256 * kb)) == "kernel"
+    assert _route(_layout(fake_gpu, direction, 2048 * kb, 64)) == "dma"  # large copies
 
 
 def test_explicit_modes_and_refusals(fake_gpu):
     layout = _layout(fake_gpu, "in", 4096)
-    assert _route(layout, _random(10), "kernel")[0] == "kernel"
-    assert _route(layout, _random(10), "dma")[0] == "dma"
-    assert _route(layout, _runs(10), "staged")[0] == "staged"
-    with pytest.raises(ValueError, match="cannot be captured"):
-        _route(layout, _runs(10), "staged", capturing=True)
+    assert _route(layout, "kernel") == "kernel"
+    assert _route(layout, "dma") == "dma"
+    assert _route(layout, "staged") == "staged"
     with pytest.raises(ValueError, match="staging_bytes=0"):
-        _route(layout, _runs(10), "staged", policy=Policy(staging_bytes=0))
+        _route(layout, "staged", policy=Policy(staging_bytes=0))
     unmapped = _layout(fake_gpu, "in", 4096, kernel_ok=False)
     with pytest.raises(ValueError, match="mode: 'kernel' needs host memory mapped.*UVA is off"):
-        _route(unmapped, _random(10), "kernel")
-    assert _route(unmapped, _random(10))[0] == "dma"
+        _route(unmapped, "kernel")
+    assert _route(unmapped) == "dma"
 
 
 def test_gpu_to_gpu_never_staged(fake_gpu):
     gpu = _parts(fake_gpu, (64, 4096), True)
     layout = layout_from_parts(gpu, _parts(fake_gpu, (64, 4096), True))
     with pytest.raises(ValueError, match="GPU -> GPU"):
-        _route(layout, _runs(10), "staged")
+        _route(layout, "staged")
 
 
 def test_thresholds_come_from_the_policy(fake_gpu):
     layout = _layout(fake_gpu, "in", 256 << 10, 256)
-    m = _random(16, 256)
-    assert _route(layout, m)[0] == "kernel"
-    assert _route(layout, m, policy=Policy(dma_min_copy_bytes=256 << 10))[0] == "dma"
-    assert _route(layout, _random(2, 256), policy=Policy(dma_max_copies=4))[0] == "dma"
+    assert _route(layout) == "kernel"
+    assert _route(layout, policy=Policy(dma_min_copy_bytes=256 << 10)) == "dma"
 
 
 def _mixed_layout(fake_gpu, direction: str, large: int, small: int, small_parts: int, blocks: int = 1300):
@@ -112,17 +84,18 @@ def _mixed_layout(fake_gpu, direction: str, large: int, small: int, small_parts:
 
 
 @pytest.mark.parametrize("direction", ["in", "out"])
-@pytest.mark.parametrize("as_list", [False, True])
-def test_one_large_part_does_not_send_small_parts_to_the_copy_engines(direction, as_list, fake_gpu):
+def test_one_large_part_does_not_send_small_parts_to_the_copy_engines(direction, fake_gpu):
     """auto once routed by the largest block: one 2 MiB part beside 63 parts
     of 4 KiB sent 1250 random pairs to the copy engines, one copy per block
     (267.6 ms on an H200, against 57.6 ms for the kernel)."""
-    layout = _mixed_layout(fake_gpu, direction, 2 << 20, 4096, 63)
-    m = _random(1250, blocks=1300)
-    mapping = m.tolist() if as_list else m
-    assert _route(layout, mapping)[0] == "kernel"
-    # Every part large: still the copy engines.
-    assert _route(_mixed_layout(fake_gpu, direction, 2 << 20, 2 << 20, 3), m)[0] == "dma"
-    # Long runs of mixed blocks: copies large on average, so the copy engines.
-    runs = np.column_stack((np.arange(1250), np.arange(1250)))
-    assert _route(layout, runs)[0] == "dma"
+    assert _route(_mixed_layout(fake_gpu, direction, 2 << 20, 4096, 63)) == "kernel"
+    # Every part large: the copy engines.
+    assert _route(_mixed_layout(fake_gpu, direction, 2 << 20, 2 << 20, 3)) == "dma"
+
+
+@pytest.mark.parametrize("direction", ["in", "out"])
+def test_staged_plan_covers_every_row(direction, fake_gpu):
+    layout = _layout(fake_gpu, direction, 32 << 10)
+    m = np.column_stack((np.arange(1250), _random(1250)[:, 1]))
+    plan = staged_plan(layout, m if direction == "in" else m[:, ::-1].copy(), Policy(staging_bytes=8 << 20))
+    assert plan.num_chunks >= 2 and sum(plan.sizes) == 1250

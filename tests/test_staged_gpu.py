@@ -64,7 +64,9 @@ def test_staged_swap_bit_exact(rng, direction, layout, order, staging_bytes):
         assert sw.last_path == "staged" and ev.path == "staged"
 
 
-def test_auto_stages_long_host_runs_only(rng):
+def test_auto_decides_from_the_layout_not_the_rows(rng):
+    """auto no longer samples a mapping's rows for runs (issue 25): host runs
+    and scattered blocks of one layout take the kernel; staging is asked for."""
     block, n = 32768, 1250
     host = cs.empty_pinned((2 * n, block), np.uint8)
     gpu = cp.empty((2 * n, block), dtype=cp.uint8)
@@ -72,19 +74,16 @@ def test_auto_stages_long_host_runs_only(rng):
     poison(gpu)
     sw = cs.BlockSwapper(max_blocks=n)
     gpu_random = rng.choice(2 * n, n, replace=False)
-    check_swap(sw, host, gpu, np.column_stack((np.arange(100, 100 + n), gpu_random)))
-    assert sw.last_path == "staged"
-    check_swap(sw, host, gpu, random_mapping(n, 2 * n, 2 * n, rng))
-    assert sw.last_path == "kernel"  # scattered host blocks: the SMs read them
-    check_swap(sw, host, gpu, np.column_stack((np.arange(n), np.arange(n) + 7)))
-    assert sw.last_path == "dma"  # one run on both sides: one copy
-    check_swap(sw, host, gpu, np.column_stack((np.arange(16), gpu_random[:16])))
-    assert sw.last_path != "staged"  # 512 KiB: too small to pay for the pipeline
-    out = cs.empty_pinned((2 * n, block), np.uint8)
-    check_swap(sw, gpu, out, np.column_stack((gpu_random, np.arange(n))))
-    assert sw.last_path == "staged"  # swap-outs to a host run too
-    check_swap(sw, gpu, out, random_mapping(n, 2 * n, 2 * n, rng))
+    runs = np.column_stack((np.arange(100, 100 + n), gpu_random))
+    check_swap(sw, host, gpu, runs)
     assert sw.last_path == "kernel"
+    check_swap(sw, host, gpu, random_mapping(n, 2 * n, 2 * n, rng))
+    assert sw.last_path == "kernel"
+    check_swap(sw, host, gpu, runs, mode="staged")
+    assert sw.last_path == "staged"
+    out = cs.empty_pinned((2 * n, block), np.uint8)
+    check_swap(sw, gpu, out, np.column_stack((gpu_random, np.arange(n))), mode="staged")
+    assert sw.last_path == "staged"  # swap-outs to a host run too
 
 
 @pytest.mark.parametrize("staged", ["in", "out"])

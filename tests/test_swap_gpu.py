@@ -218,17 +218,18 @@ def test_errors_leave_everything_untouched(swapper, rng):
     rand_fill(host, rng)
     gpu = cp.zeros((8, 64), dtype=cp.uint8)
     bad = [
-        ([(0, 1), (2, 8)], IndexError, "destination block index 8"),
-        ([(0, 1), (-2, 3)], IndexError, ">= 0"),
+        ([(0, 1), (2, 8)], IndexError, "destination block index 8 in row 1"),
+        ([(0, 1), (-2, 3)], IndexError, "source block index -2 in row 1"),
         ([(0, 1), (2, 1)], ValueError, "distinct destination"),
         ([(0.0, 1.0)], TypeError, "integer"),
         ([[0, 1, 2]], ValueError, r"\(N, 2\)"),
         (np.arange(4), ValueError, r"\(N, 2\)"),
-        (cp.asarray([[0.0, 1.0]]), TypeError, "int64 rows on the GPU"),
+        (cp.asarray([[0.0, 1.0]]), TypeError, "int64 block indices on the GPU"),
     ]
     for mapping, exc, msg in bad:
-        with pytest.raises(exc, match=msg):
-            swapper.swap_in(host, gpu, mapping)
+        for check in ("launch", "host"):  # index errors: from the event, or before the launch
+            with pytest.raises(exc, match=msg):
+                swapper.swap_in(host, gpu, mapping, check=check).synchronize()
     small = cs.BlockSwapper(max_blocks=2)
     with pytest.raises(ValueError, match="max_blocks=2"):
         small.swap_in(host, gpu, [(0, 0), (1, 1), (2, 2)])

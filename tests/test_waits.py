@@ -8,9 +8,10 @@ import pytest
 
 from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.core.parts import as_parts
-from cupy_swap.core.route import Policy
 from cupy_swap.cuda.streams import NO_WAIT, Wait, wait_handle
 from cupy_swap.prepared import PreparedSwap
+
+from .fakes import FakeSwapper
 
 pytest.importorskip("cupy", reason="wait_handle tells CuPy events apart")
 
@@ -31,30 +32,11 @@ def test_recorded_torch_event_is_waited_on():
     assert wait_handle(_TorchEvent(0xBEEF), 0, 0) == Wait(0xBEEF, None, False)
 
 
-class _Event:
-    def __init__(self):
-        self.ptr, self.start = 0xE0, None
-
-
-class _Swapper:
-    """What PreparedSwap reads of a swapper, recording waits and records."""
-
-    def __init__(self, calls: list):
-        self.device, self.max_blocks, self.mode, self.timing = 0, 64, "auto", False
-        self.policy, self.last_path, self._closed = Policy(), None, False
-        self._launcher = type("Launcher", (), {"bind": lambda self, layout: None})()
-        self._events = type("Pool", (), {"take": lambda self, timed: _Event()})()
-        self._current_stream = lambda: type("Stream", (), {"ptr": 77})()
-        self._get_device = lambda: 0
-        self._record = lambda ptr, stream: calls.append(("record", ptr, stream))
-        self._wait_event = lambda stream, event, flags: calls.append(("wait", stream, event))
-
-
 def _op(calls: list, fake_gpu) -> PreparedSwap:
     host = np.zeros((8, 64), np.uint8)
     gpu = fake_gpu.parts(np.zeros((8, 64), np.uint8), "dst")
     layout = layout_from_parts(as_parts(host, "src"), gpu)
-    return PreparedSwap(_Swapper(calls), layout, (host,))
+    return PreparedSwap(FakeSwapper(calls), layout, (host,))
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ def main() -> None:
         bufs = CaseBuffers(SwapCase("in", block, n), rng)
         sw = BlockSwapper(max_blocks=n)
         op = sw.prepare(bufs.src, bufs.dst)
-        m, layout, dma, h = bufs.mapping, op._layout, sw._dma, stream.ptr
+        m, layout, dma, h = bufs.mapping, op._decided.layout, sw._dma, stream.ptr
         d, s, z = copy_list(layout, m)
         calls = {
             "batch, prebuilt arrays": lambda: dma.issue(d, s, z, h, 1),  # noqa: B023

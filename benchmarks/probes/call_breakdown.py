@@ -13,10 +13,9 @@ from cupy.cuda import runtime
 
 from cupy_swap import BlockSwapper
 from cupy_swap.core.copies import copy_list
-from cupy_swap.core.mapping import checked_pairs
-from cupy_swap.core.route import route
+from cupy_swap.core.mapping import check_mapping_for, host_rows
 from cupy_swap.cuda import memory
-from cupy_swap.cuda.gpu_mapping import device_mapping
+from cupy_swap.cuda.gpu_mapping import device_rows
 from cupy_swap.cuda.streams import stream_is_capturing, stream_on_device
 from cupy_swap.tools.bench import CaseBuffers, SwapCase, host_time
 
@@ -49,32 +48,39 @@ def breakdown(direction, block, n, parts, rng, stream, t) -> None:
     sw = BlockSwapper(max_blocks=n)
     op = sw.prepare(bufs.src, bufs.dst)
     m = bufs.mapping
-    layout = op._layout
+    decided = op._decided
+    layout = decided.layout
     handle = stream.ptr
     op(m, stream=stream)
     stream.synchronize()
-    pairs = checked_pairs(layout, m, sw.max_blocks)
-    path, _ = route(layout, pairs, "auto", sw.policy, False)
+    pairs = host_rows(m, sw.max_blocks)
+    count = len(pairs) // 2 if type(pairs) is list else pairs.shape[0]
+    path = "dma" if count * parts <= sw.dma_max_copies else decided.route
     steps = {
         "whole prepared call": lambda: op(m, stream=stream),
+        "whole prepared call, host check": lambda: op(m, stream=stream, check="host"),
         "whole swap() call": lambda: sw.swap(bufs.src, bufs.dst, m, stream=stream),
         "swap() cache key": lambda: sw._ops.key(bufs.src, bufs.dst),
         "get device": sw._get_device,
         "generation": memory.generation,
-        "device_mapping": lambda: device_mapping(m, 0, sw.max_blocks),
-        "checked_pairs": lambda: checked_pairs(layout, m, sw.max_blocks),
+        "device_rows": lambda: device_rows(m, 0, sw.max_blocks),
+        "host_rows": lambda: host_rows(m, sw.max_blocks),
+        "host check": lambda: check_mapping_for(layout, m, sw.max_blocks),
         "stream_on_device": lambda: stream_on_device(stream, 0),
         "stream_is_capturing": lambda: stream_is_capturing(handle),
-        "route": lambda: route(layout, pairs, "auto", sw.policy, False),
+        "status take": sw._status.take,
         "events.take": lambda: sw._events.take(False),
         "event record": lambda: sw._record(sw._events.take(False).ptr, handle),
     }
     if path == "kernel":
-        count = len(pairs) // 2 if type(pairs) is list else pairs.shape[0]
-        steps["kernel launch (inline)"] = lambda: op._kernel.launch(pairs, count, handle, False)
+        status, seq = sw._status.take()
+        steps["kernel launch (inline, checked)"] = lambda: decided.kernel.launch(
+            pairs, count, handle, False, status, seq
+        )
+        steps["kernel launch (inline)"] = lambda: decided.kernel.launch(pairs, count, handle, False)
     else:
         arr = np.array(pairs, dtype=np.int64).reshape(-1, 2) if type(pairs) is list else pairs
-        steps["dma copy"] = lambda: sw._dma.copy(layout, pairs, handle)
+        steps["dma copy"] = lambda: sw._dma.copy(layout, arr, handle)
         steps["copy_list"] = lambda: copy_list(layout, arr)
         d, s, z = copy_list(layout, arr)
         steps["dma issue (prebuilt lists)"] = lambda: sw._dma.issue(d, s, z, handle, 1)

@@ -14,6 +14,7 @@ trees alternately and compare minima:
 """
 
 import collections
+import itertools
 import os
 import sys
 import threading
@@ -31,7 +32,7 @@ from fakes import FakeGpu  # noqa: E402
 from cupy_swap import prepared  # noqa: E402
 from cupy_swap.core.layout import layout_from_parts  # noqa: E402
 from cupy_swap.core.route import Policy  # noqa: E402
-from cupy_swap.cuda import abi, launcher, streams  # noqa: E402
+from cupy_swap.cuda import abi, launcher, status, streams  # noqa: E402
 from cupy_swap.cuda.copy_engine import DmaCopier  # noqa: E402
 from cupy_swap.cuda.driver import KernelNodeParams  # noqa: E402
 from cupy_swap.cuda.resolve import resolve_layout  # noqa: E402
@@ -45,10 +46,10 @@ def _no_op(*_args):
 
 
 class _Event:
-    __slots__ = ("ptr", "path", "nbytes", "start", "check")
+    __slots__ = ("ptr", "path", "nbytes", "start", "check", "seq")
 
     def __init__(self, disable_timing=True):
-        self.ptr, self.start, self.check = 1, None, None
+        self.ptr, self.start, self.check, self.seq = 1, None, None, None
 
 
 class _Launcher(launcher.Launcher):
@@ -60,6 +61,7 @@ class _Launcher(launcher.Launcher):
         self.inline_lock, self._lock = threading.Lock(), threading.Lock()
         self._nodes, self._tiers, self._graphs_ok = {}, {}, True
         self._launch = _no_op
+        self.check_rows_max = 8192
 
     def function(self, name):
         return 1234
@@ -84,7 +86,11 @@ def _swapper():
     dma = DmaCopier()
     dma._memcpy, dma._batch = _no_op, (_no_op, False)
     current = types.SimpleNamespace(ptr=7)
+    board = status.StatusBoard.__new__(status.StatusBoard)  # pinned records stood in by NumPy
+    board.slots, board.records = status.SLOTS, np.zeros((status.SLOTS, abi.STATUS_WORDS), np.int64)
+    board.base, board._numbers, board._item = 0x1000, itertools.count(1), board.records.item
     return types.SimpleNamespace(
+        _status=board,
         device=0,
         _closed=False,
         max_blocks=4096,

@@ -44,7 +44,7 @@ def probe_case(direction, block, n, stream, rng, calls):
     op = sw.prepare(src, dst)
     m = random_mapping(n, host.shape[0], gpu.shape[0], rng)
     op(m, stream=stream).synchronize()  # compiles, binds the tier
-    bound = op._kernel
+    bound = op._decided.kernel
     tier, args = next((t, a) for t, a in bound._tiers if a is not None)
     grid, threads, _ = bound._shapes[n]
     lau = sw._launcher

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .mapping import may_have_runs, run_starts
+from .mapping import run_starts
 
 __all__ = ["copy_list", "pair_copies", "copy_count"]
 
@@ -34,7 +34,7 @@ def copy_list(layout, mapping: np.ndarray):
     if packed is not None:
         # The run search costs more than it saves when the sampled steps show
         # no run: every row is then a copy of its own (still correct).
-        starts = run_starts(mapping) if may_have_runs(mapping) else mapping
+        starts = run_starts(mapping)
         if starts.shape[0] == mapping.shape[0]:  # no runs (random blocks): every row is one
             out.append(_copies(packed, mapping, None))
         else:

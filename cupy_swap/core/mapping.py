@@ -11,60 +11,62 @@ import numpy as np
 
 __all__ = [
     "normalize_mapping",
+    "host_rows",
+    "index_pair",
     "check_mapping",
     "check_mapping_for",
-    "checked_pairs",
+    "check_rows_for",
     "run_starts",
-    "may_have_runs",
-    "sampled_steps",
-    "small_pairs",
     "SMALL_MAPPING",
 ]
 
 # Mappings up to this many rows take a pure-Python path: building NumPy arrays
-# costs more than the checks themselves at this size.
+# costs more than the conversion itself at this size.
 SMALL_MAPPING = 16
-
-
-def small_pairs(block_mapping, src_blocks: int, dst_blocks: int, max_blocks: int) -> list | None:
-    """Fast path for short mappings: the rows flattened to a list
-    ``[s0, d0, s1, d1, ...]`` of Python ints when ``block_mapping`` is a
-    short list/tuple of int pairs or a short integer ``(N, 2)`` array, every
-    index is in range and destinations are distinct; None otherwise (the
-    caller then takes the NumPy path, which also produces the precise error).
-    Index checks are builtins over the flat list (``min``, ``max``, ``set``).
-    """
-    kind = type(block_mapping)
-    if kind is np.ndarray:
-        m = block_mapping
-        if m.ndim != 2 or m.shape[1] != 2 or m.shape[0] > SMALL_MAPPING or m.dtype.kind not in "iu":
-            return None
-        flat = m.ravel().tolist()
-    elif kind is list or kind is tuple:
-        if len(block_mapping) > SMALL_MAPPING:
-            return None
-        flat = []
-        for row in block_mapping:
-            if type(row) not in _ROW_TYPES or len(row) != 2:
-                return None
-            flat += row
-        if set(map(type, flat)) != _INT:  # bools and NumPy scalars take the NumPy path
-            return None
-    else:
-        return None
-    n = len(flat) >> 1
-    if not n or n > max_blocks:
-        return None
-    dsts = flat[1::2]
-    if min(flat) < 0 or max(flat[0::2]) >= src_blocks or max(dsts) >= dst_blocks:
-        return None
-    if n > 1 and len(set(dsts)) != n:
-        return None
-    return flat
-
-
 _ROW_TYPES = {tuple, list}
 _INT = {int}
+_INT64 = np.dtype(np.int64)
+
+
+def index_pair(block_mapping) -> bool:
+    """True when ``block_mapping`` is the 1-D form: a tuple or list of two
+    arrays (NumPy, CuPy, torch), source indices and destination indices,
+    as SGLang keeps them.  Lists of ``(s, d)`` rows are never this form."""
+    return (
+        type(block_mapping) in _ROW_TYPES
+        and len(block_mapping) == 2
+        and all(getattr(a, "ndim", None) == 1 for a in block_mapping)
+    )
+
+
+def host_rows(block_mapping, max_blocks: int):
+    """A host mapping as the launch takes it, with its form checked but not
+    its indices (the copy launch checks those, or :func:`check_mapping_for`).
+
+    Returns
+    -------
+    list of 2N ints, or numpy.ndarray of shape (N, 2), int64
+        Short lists and tuples of ``(s, d)`` int rows come flattened
+        ``[s0, d0, s1, d1, ...]`` (no NumPy: faster at this size);
+        anything else as :func:`normalize_mapping` returns it.
+    """
+    kind = type(block_mapping)
+    if kind is np.ndarray:  # the common form, as vLLM passes it: taken as it is
+        m = block_mapping
+        if m.dtype == _INT64 and m.ndim == 2 and m.shape[1] == 2 and m.flags.c_contiguous:
+            if m.shape[0] <= max_blocks:
+                return m
+    elif kind in _ROW_TYPES and len(block_mapping) <= SMALL_MAPPING:
+        flat: list = []
+        for row in block_mapping:
+            if type(row) not in _ROW_TYPES or len(row) != 2:
+                break
+            flat += row
+        else:
+            if set(map(type, flat)) <= _INT and flat and len(flat) <= 2 * max_blocks:
+                if -(1 << 63) <= min(flat) and max(flat) < (1 << 63):
+                    return flat
+    return normalize_mapping(block_mapping, max_blocks)
 
 
 def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarray:
@@ -94,6 +96,14 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
             f"a {type(block_mapping).__name__} on the GPU; reading it back would synchronize the GPU "
             "(swap() and prepared ops take mappings on the GPU; plan() and GraphSwap do not)"
         )
+    if index_pair(block_mapping):
+        src, dst = (_index_column(a, side) for a, side in zip(block_mapping, ("source", "destination")))
+        if src.shape != dst.shape:
+            raise ValueError(
+                f"block_mapping: expected source and destination indices of one length, got "
+                f"{src.shape[0]} and {dst.shape[0]}"
+            )
+        block_mapping = np.column_stack((src, dst))
     m = None
     if _is_torch_cpu(block_mapping):
         try:  # shares the tensor's memory; np.asarray goes through __array__, many times slower
@@ -134,6 +144,16 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
     if m.dtype == np.uint64 and m.size and int(m.max()) > np.iinfo(np.int64).max:
         raise IndexError(f"block_mapping: block index {int(m.max())} does not fit in int64")
     return np.ascontiguousarray(m, dtype=np.int64)
+
+
+def _index_column(obj, side: str) -> np.ndarray:
+    """One array of the 1-D form as int64 (CPU torch tensors by their NumPy view)."""
+    a = np.asarray(obj.numpy() if _is_torch_cpu(obj) else obj)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"block_mapping: expected integer {side} block indices, got dtype {a.dtype}")
+    if a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise IndexError(f"block_mapping: block index {int(a.max())} does not fit in int64")
+    return a.astype(np.int64, copy=False)
 
 
 def _is_torch_cpu(obj) -> bool:
@@ -240,28 +260,25 @@ def run_starts(columns: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], np.flatnonzero(broken) + 1))
 
 
-def sampled_steps(m: np.ndarray) -> list:
-    """``(src step, dst step)`` from row ``i`` to row ``i + 1`` at four
-    sampled ``i`` spread over the mapping (scalar reads: cheaper than a
-    NumPy gather at this size)."""
-    n = m.shape[0]
-    if n < 2:
-        return []
-    item = m.item  # flat C-order index: row i, column c is 2 * i + c
-    starts = (0, min(n // 3, n - 2), min((2 * n) // 3, n - 2), n - 2)  # i + 1 stays in the mapping
-    return [(item(2 * i + 2) - item(2 * i), item(2 * i + 3) - item(2 * i + 1)) for i in starts]
-
-
-def may_have_runs(m: np.ndarray, column: int | None = None, steps: list | None = None) -> bool:
-    """Cheap guess, before :func:`run_starts`, whether a mapping holds runs
-    of consecutive blocks in both source and destination (or in ``column``
-    alone): looks at the sampled steps only (``steps``, from
-    :func:`sampled_steps`, when the caller has them), so a random mapping
-    answers False at once; anything else is worth the exact count."""
-    steps = sampled_steps(m) if steps is None else steps
-    if column is None:
-        return (1, 1) in steps
-    return any(step[column] == 1 for step in steps)
+def check_rows_for(layout, rows, max_blocks: int):
+    """The host check of :func:`host_rows`' output: a short flattened list
+    is checked with builtins (``min``, ``max``, ``set``: no NumPy at this
+    size) and returned as it is; anything else (and any failure, for its
+    precise message) goes through :func:`check_mapping_for`."""
+    if type(rows) is np.ndarray and rows.shape[0] <= SMALL_MAPPING:
+        rows = rows.ravel().tolist()  # the copy engines also take short lists faster
+    if type(rows) is list and rows and not layout.meeting:
+        dsts = rows[1::2]
+        if (
+            min(rows) >= 0
+            and max(rows[0::2]) < layout.src_limit
+            and max(dsts) < layout.dst_limit
+            and len(set(dsts)) == len(dsts)
+        ):
+            return rows
+    if type(rows) is list:
+        rows = np.array(rows, dtype=np.int64).reshape(-1, 2)
+    return check_mapping_for(layout, rows, max_blocks)
 
 
 def check_mapping_for(layout, block_mapping, max_blocks: int | None = None) -> np.ndarray:
@@ -277,17 +294,6 @@ def check_mapping_for(layout, block_mapping, max_blocks: int | None = None) -> n
         for di, oi in layout.meeting:
             _check_part_overlap(layout, m, di, oi)
     return m
-
-
-def checked_pairs(layout, block_mapping, max_blocks: int):
-    """The hot path's check: a short valid mapping as a flat list of ints
-    (:func:`small_pairs`, no NumPy), anything else as the checked ``(N, 2)``
-    int64 array of :func:`check_mapping_for`, which raises for bad input."""
-    if not layout.meeting:
-        flat = small_pairs(block_mapping, layout.src_limit, layout.dst_limit, max_blocks)
-        if flat is not None:
-            return flat
-    return check_mapping_for(layout, block_mapping, max_blocks)
 
 
 def _block_intervals(part, blocks: np.ndarray) -> np.ndarray:

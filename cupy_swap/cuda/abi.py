@@ -12,8 +12,12 @@ Two forms carry a swap to the kernel (see the ``.cuh``):
   ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``.
 
 A mapping that lives on the GPU goes to a ``SwapByRef<P>`` kernel (header
-and part table in the parameter, pairs by address, :class:`ByRefArgs`)
-after a check kernel (:class:`CheckArgs`) has validated it.
+and part table in the parameter, block indices by address,
+:class:`ByRefArgs`).
+
+Every form can check its rows inside the launch (header words 3-6: the
+bounds, the status address, the swap's number); the check needs
+:func:`check_shared_bytes` of dynamic shared memory.
 """
 
 from __future__ import annotations
@@ -42,16 +46,15 @@ __all__ = [
     "InlineArgs",
     "DescriptorArgs",
     "FetchArgs",
-    "CHECK_KERNEL",
-    "CHECK_MAX_ROWS",
     "STATUS_WORDS",
     "BYREF_PARTS",
     "byref_kernel",
     "ByRefArgs",
-    "CheckArgs",
+    "check_shared_bytes",
+    "set_check",
 ]
 
-HEADER_WORDS = 4  # n_pairs, n_parts, units_per_pair, unused
+HEADER_WORDS = 8  # n_pairs, n_parts, units_per_pair, src_limit, dst_limit, status, seq, unused
 PART_WORDS = 6  # src, dst, src_stride, dst_stride, units, first_unit
 MAX_PARTS = 256  # descriptor kernels keep the part table in shared memory
 UNROLL = 4  # 16-byte loads in flight per thread
@@ -82,9 +85,8 @@ DESCRIPTOR_ARGS = (
     ("i64", "first_pair"),
 )
 FETCH_KERNEL = "cupy_swap_fetch"  # descriptor upload, 16-byte words
-CHECK_KERNEL = "cupy_swap_check"  # GPU-resident mappings: bounds and duplicates
-CHECK_MAX_ROWS = 4096  # rows the check sorts in shared memory
-STATUS_WORDS = 8  # SwapStatus: seq, kind, row, other, value, unused x 3
+STATUS_WORDS = 4  # SwapStatus: seq, kind, row, value
+CHECK_KEY_LIMIT = 0xFFFFFFFF  # the check's table holds destination blocks below this
 BYREF_PARTS = (16, 256)  # CUPY_SWAP_BYREF_TIERS
 FETCH_THREADS = 256
 
@@ -107,13 +109,29 @@ def byref_kernel(width: int, parts: int) -> str:
     return f"{descriptor_kernel(width)}_ref{parts}"
 
 
+def check_shared_bytes(n_pairs: int) -> int:
+    """Dynamic shared memory the in-launch check of ``n_pairs`` rows needs:
+    a table of at least ``2 n`` slots (a power of two), 8 bytes each
+    (``table_slots`` in the ``.cu``)."""
+    slots = 2
+    while slots < 2 * n_pairs:
+        slots <<= 1
+    return 8 * slots
+
+
+def set_check(header: np.ndarray, src_limit: int, dst_limit: int) -> None:
+    """Write the check's bounds into header words 3 and 4 (status and seq,
+    words 5 and 6, are written per launch; status 0 turns the check off)."""
+    header[3], header[4] = src_limit, dst_limit
+
+
 def descriptor_words(num_parts: int, num_pairs: int) -> int:
     """Length in 64-bit words of a descriptor for this many parts and pairs."""
     return HEADER_WORDS + num_parts * PART_WORDS + 2 * num_pairs
 
 
 def write_descriptor(
-    out: np.ndarray, table: np.ndarray, units_per_pair: int, mapping, include_table=True
+    out: np.ndarray, layout, mapping, include_table=True, status: int = 0, seq: int = 0
 ) -> int:
     """Write a descriptor into ``out``; returns the number of words written.
 
@@ -121,22 +139,26 @@ def write_descriptor(
     ----------
     out : numpy.ndarray of int64, 1-D
         At least :func:`descriptor_words` long.
-    table : numpy.ndarray of shape (P * PART_WORDS,), int64
-        The layout's part table.
-    units_per_pair : int
+    layout : Layout
+        Resolved: its part table, ``units_per_pair`` and index bounds.
     mapping : numpy.ndarray of shape (N, 2), int64, or list of 2N ints
         The pairs, or a short mapping flattened ``[s0, d0, s1, d1, ...]``.
     include_table : bool
-        False when ``out`` already holds this table (a ring slot reused by
-        the same layout): only the pair count and the pairs are written.
+        False when ``out`` already holds this layout's table (a ring slot
+        reused by the same layout): only the header and pairs are written.
+    status, seq : int
+        Where the launch reports its check and the swap's number (status 0:
+        no check in the launch).
     """
+    table = layout.table
     t1 = HEADER_WORDS + table.shape[0]
     flat = mapping if type(mapping) is list else mapping.reshape(-1)
     n = len(flat) // 2
-    out[0] = n
+    out[0], out[5], out[6] = n, status, seq
     if include_table:
         out[1] = table.shape[0] // PART_WORDS
-        out[2] = units_per_pair
+        out[2] = layout.units_per_pair
+        set_check(out, layout.src_limit, layout.dst_limit)
         out[HEADER_WORDS:t1] = table
     out[t1 : t1 + 2 * n] = flat
     return t1 + 2 * n
@@ -145,27 +167,29 @@ def write_descriptor(
 class InlineArgs:
     """The one parameter of an inline kernel, a ``SwapInline<P, N>``, in a
     NumPy buffer that holds the header and part table of one layout; each
-    launch writes the pair count and pairs.  ``ptr`` is the ``void**`` array
-    ``cuLaunchKernel`` takes (the driver copies the struct at launch, so the
-    buffer can be rewritten for the next one).
+    launch writes the pair count, status, number and pairs.  ``ptr`` is the
+    ``void**`` array ``cuLaunchKernel`` takes (the driver copies the struct at
+    launch, so the buffer can be rewritten for the next one).
 
     Parameters
     ----------
     tier : Tier
-    table : numpy.ndarray of shape (P * PART_WORDS,), int64, P <= tier.parts
-    units_per_pair : int
+    layout : Layout
+        Resolved, with at most ``tier.parts`` parts.
     fn : int, optional
         The tier's kernel function, kept with its buffer for the launcher.
     """
 
     __slots__ = ("tier", "fn", "words", "pairs", "pairs_c", "ptr", "_array")
 
-    def __init__(self, tier: Tier, table: np.ndarray, units_per_pair: int, fn: int = 0):
+    def __init__(self, tier: Tier, layout, fn: int = 0):
+        table = layout.table
         self.tier = tier
         self.fn = fn  # the CUfunction of this tier (and width)
         self.words = np.zeros(tier.words, dtype=np.int64)
         self.words[1] = table.shape[0] // PART_WORDS
-        self.words[2] = units_per_pair
+        self.words[2] = layout.units_per_pair
+        set_check(self.words, layout.src_limit, layout.dst_limit)
         self.words[HEADER_WORDS : HEADER_WORDS + table.shape[0]] = table
         start = HEADER_WORDS + tier.parts * PART_WORDS
         self.pairs = self.words[start:]  # (2 * tier.pairs,) view: row i at [2i, 2i + 1]
@@ -220,45 +244,34 @@ class FetchArgs:
 class ByRefArgs:
     """The one parameter of a GPU-mapping kernel, a ``SwapByRef<P>``: header
     and part table of one layout, written once; each launch writes the pair
-    count, the pairs' address, the status slot's address and the swap's
-    number.  ``ptr`` is the ``void**`` a launch takes.
+    count, status, number and the block indices' addresses and step.
+    ``ptr`` is the ``void**`` a launch takes.
 
     Parameters
     ----------
     parts : int
         ``P``, one of :data:`BYREF_PARTS`.
-    table : numpy.ndarray of shape (p * PART_WORDS,), int64, p <= parts
-    units_per_pair : int
+    layout : Layout
+        Resolved, with at most ``parts`` parts.
     fn : int
         The kernel function.
     """
 
-    def __init__(self, parts: int, table: np.ndarray, units_per_pair: int, fn: int):
+    __slots__ = ("fn", "words", "ptr", "_array")
+
+    def __init__(self, parts: int, layout, fn: int):
+        table = layout.table
         self.fn = fn
         self.words = np.zeros(HEADER_WORDS + 4 + parts * PART_WORDS, dtype=np.int64)
         self.words[1] = table.shape[0] // PART_WORDS
-        self.words[2] = units_per_pair
+        self.words[2] = layout.units_per_pair
+        set_check(self.words, layout.src_limit, layout.dst_limit)
         self.words[HEADER_WORDS + 4 : HEADER_WORDS + 4 + table.shape[0]] = table
         self._array = (ctypes.c_void_p * 1)(self.words.ctypes.data)
         self.ptr = ctypes.addressof(self._array)
 
-    def set(self, n_pairs: int, pairs_ptr: int, status_ptr: int, seq: int) -> int:
+    def set(self, n_pairs: int, status: int, seq: int, src_index: int, dst_index: int, step: int) -> int:
         w = self.words
-        w[0], w[HEADER_WORDS], w[HEADER_WORDS + 1], w[HEADER_WORDS + 2] = n_pairs, pairs_ptr, status_ptr, seq
-        return self.ptr
-
-
-class CheckArgs:
-    """Arguments ``(pairs, n, src_limit, dst_limit, status, seq, rows)`` of
-    the check kernel (``rows``: where it writes the rows it validated)."""
-
-    def __init__(self, src_limit: int, dst_limit: int):
-        self.values = (ctypes.c_int64 * 7)(0, 0, src_limit, dst_limit, 0, 0, 0)
-        base = ctypes.addressof(self.values)
-        self._array = (ctypes.c_void_p * 7)(*(base + 8 * i for i in range(7)))
-        self.ptr = ctypes.addressof(self._array)
-
-    def set(self, pairs_ptr: int, n: int, status_ptr: int, seq: int, rows_ptr: int) -> int:
-        v = self.values
-        v[0], v[1], v[4], v[5], v[6] = pairs_ptr, n, status_ptr, seq, rows_ptr
+        w[0], w[5], w[6] = n_pairs, status, seq
+        w[HEADER_WORDS], w[HEADER_WORDS + 1], w[HEADER_WORDS + 2] = src_index, dst_index, step
         return self.ptr

@@ -58,7 +58,9 @@ def convert_array(obj, name: str):
     Returns
     -------
     cupy.ndarray, numpy.ndarray, TypedView or None
-        torch CUDA tensors become CuPy arrays (through DLPack), torch CPU
+        torch CUDA tensors become CuPy arrays (read by ``data_ptr()``,
+        ``stride()`` and ``shape``: no DLPack, so nothing is recorded on a
+        stream that may be capturing a graph), torch CPU
         tensors NumPy arrays over the same storage (pinned or not: the
         caller checks).  A tensor of a type NumPy lacks (``bfloat16``,
         ``float8_*``, ``complex32`` ...) comes as a
@@ -134,9 +136,7 @@ def _torch_view(obj, torch, name: str):
         elif plain is None:
             t = t.view(torch.uint8)  # no integer of this width: bytes, last axis widened
         if t.is_cuda:
-            import cupy
-
-            array = cupy.from_dlpack(t)
+            array = _cupy_view(t)
         else:
             array = t.numpy()
     except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
@@ -144,3 +144,19 @@ def _torch_view(obj, torch, name: str):
     if plain is not None:
         return array if array.dtype == plain else array.view(plain)  # same width: a view
     return TypedView(array, ElementType(str(dtype), array.dtype))
+
+
+def _cupy_view(t):
+    """A CuPy array over a CUDA tensor's memory, built from its address,
+    strides and shape (CuPy's ``UnownedMemory`` with the device given makes
+    no CUDA call; the tensor is kept as the memory's owner)."""
+    import cupy
+
+    itemsize = t.element_size()
+    shape, strides = tuple(t.shape), tuple(itemsize * st for st in t.stride())
+    low = sum(st * (n - 1) for n, st in zip(shape, strides) if st < 0 and n)
+    high = sum(st * (n - 1) for n, st in zip(shape, strides) if st > 0 and n) + itemsize
+    size = 0 if 0 in shape else high - low
+    memory = cupy.cuda.UnownedMemory(t.data_ptr() + low, size, t, device_id=t.device.index)
+    pointer = cupy.cuda.MemoryPointer(memory, -low)
+    return cupy.ndarray(shape, dtype=str(t.dtype).rpartition(".")[2], memptr=pointer, strides=strides)

@@ -48,6 +48,22 @@ MAX_KERNEL_NODES = 64
 _H2D = 1
 
 
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_SHARED_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+_STATIC_SHARED = 16 << 10  # above the copy kernels' own (12.4 KiB: the descriptor's part table)
+
+
+def _check_rows_max(device: int) -> int:
+    """Most rows one launch can check: its table (8 bytes a slot, a power
+    of two >= 2 rows) must fit the opt-in shared memory beside the kernel's
+    static part table (H200: 8192 rows in 128 KiB)."""
+    from cupy.cuda import runtime
+
+    room = runtime.deviceGetAttribute(_SHARED_OPTIN, device) - _STATIC_SHARED
+    slots = 1 << max(1, (room // 8).bit_length() - 1)
+    return slots // 2
+
+
 def launch_shape(units: int, max_ctas: int) -> tuple[int, int]:
     """Grid and CTA size for ``units`` vectors: at most ``max_ctas`` CTAs,
     threads spread over as many CTAs as the budget allows (one round of
@@ -60,10 +76,9 @@ def launch_shape(units: int, max_ctas: int) -> tuple[int, int]:
 
 
 class KernelNode:
-    """An instantiated graph of one kernel, or of a few run one after the
-    other, launched on one stream: :meth:`launch` sets each node's grid and
-    parameters (the driver copies the parameter values then) and launches
-    the graph once.
+    """An instantiated graph of one kernel launched on one stream:
+    :meth:`launch_one` sets the node's grid and parameters (the driver
+    copies the parameter values then) and launches the graph once.
 
     Launches of one graph run one after another, so each stream gets its own
     graph (swaps on two streams stay concurrent).  Callers serialize
@@ -106,20 +121,12 @@ class KernelNode:
             for p, n, a in zip(self.params, self.nodes, ptrs)
         ]
 
-    def launch(self, steps, stream: int) -> None:
-        """Launch with each step's ``(fn, grid, threads, args_ptr)`` (the
-        same kernels the graph was built with)."""
-        for step, (params, args) in zip(steps, self._calls):
-            params.gridDimX, params.blockDimX, params.kernelParams = step[1], step[2], step[3]
-            status = self._set(*args)
-            if status:
-                _check(status, "cuGraphExecKernelNodeSetParams")
-        self._launch(self.exec, stream)
-
-    def launch_one(self, grid: int, threads: int, args_ptr: int, stream: int) -> None:
-        """:meth:`launch` of a graph of one kernel, without the step tuples."""
+    def launch_one(self, grid: int, threads: int, args_ptr: int, stream: int, smem: int = 0) -> None:
+        """:meth:`launch` of a graph of one kernel, without the step tuples
+        (``smem``: bytes of dynamic shared memory)."""
         ((params, args),) = self._calls
         params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
+        params.sharedMemBytes = smem
         status = self._set(*args)
         if status:
             _check(status, "cuGraphExecKernelNodeSetParams")
@@ -184,15 +191,16 @@ def _wait_for_slots(slots: list) -> None:
 
 
 class BoundKernel:
-    """The inline launch of one resolved layout, ready for any mapping.
+    """The kernel launches of one resolved layout, ready for any mapping:
+    inline (host rows in the parameter) and by reference (rows on the GPU).
 
-    ``launch(pairs, n, stream, capturing)`` picks the first inline tier that
-    holds the layout's parts and ``n`` pairs, writes the pairs into that
-    tier's parameter buffer and launches; it returns False when no tier
-    holds the swap (the caller then uses the descriptor ring).
+    ``launch(pairs, n, stream, capturing, status, seq)`` picks the first
+    inline tier that holds the layout's parts and ``n`` pairs, writes the
+    pairs into that tier's parameter buffer and launches; it returns False
+    when no tier holds the swap (the caller then uses the descriptor ring).
     """
 
-    __slots__ = ("_launcher", "layout", "_tiers", "_shapes", "max_pairs")
+    __slots__ = ("_launcher", "layout", "_tiers", "_shapes", "max_pairs", "_byref")
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
@@ -203,9 +211,20 @@ class BoundKernel:
         # launch: a layout that never runs the kernel never compiles it).
         self.max_pairs = max((t.pairs for t in abi.TIERS if t.parts >= parts), default=-1)
         self._tiers = None  # [[tier, InlineArgs or None], ...], in TIERS order
-        self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, the budget they were made for)
+        self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, smem, the budget they were made for)
+        self._byref = None  # abi.ByRefArgs, on the first mapping on the GPU
 
-    def launch(self, pairs, n: int, stream: int, capturing: bool) -> bool:
+    def shape(self, n: int, checked: bool) -> tuple:
+        """``(grid, threads, smem)`` of a launch over ``n`` pairs (``smem``:
+        the in-launch check's table, when ``checked``)."""
+        lau = self._launcher
+        shape = self._shapes.get(n)
+        if shape is None or shape[3] != lau.max_ctas:
+            grid, threads = launch_shape(n * self.layout.units_per_pair, lau.max_ctas)
+            shape = self._shapes[n] = (grid, threads, abi.check_shared_bytes(n), lau.max_ctas)
+        return shape[0], shape[1], shape[2] if checked else 0
+
+    def launch(self, pairs, n: int, stream: int, capturing: bool, status: int = 0, seq: int = 0) -> bool:
         """Launch over ``n`` pairs on ``stream``; False (nothing launched)
         when no inline tier holds them.
 
@@ -217,6 +236,8 @@ class BoundKernel:
         capturing : bool
             ``stream`` captures a graph: launch plainly (a graph launch
             cannot be captured).
+        status, seq : int
+            The launch's status record and number; status 0: no check.
         """
         if n > self.max_pairs or n > self._launcher.max_inline_pairs:
             return False
@@ -236,26 +257,31 @@ class BoundKernel:
         args = entry[1]
         if args is None:
             args = entry[1] = self._bind_tier(entry[0])
-        lau = self._launcher
-        shape = self._shapes.get(n)
-        if shape is None or shape[2] != lau.max_ctas:
-            shape = self._shapes[n] = (
-                *launch_shape(n * self.layout.units_per_pair, lau.max_ctas),
-                lau.max_ctas,
-            )
-        with lau.inline_lock:  # one parameter buffer per tier and one node per stream
-            args.words[0] = n
+        grid, threads, smem = self.shape(n, status != 0)
+        with self._launcher.inline_lock:  # one parameter buffer per tier and one node per stream
+            words = args.words
+            words[0], words[5], words[6] = n, status, seq
             if type(pairs) is list:
                 args.pairs_c[: 2 * n] = pairs  # Python ints: ctypes stores them faster than NumPy converts
             else:
                 args.pairs[: 2 * n] = pairs.reshape(-1)
-            lau.launch_inline(args.fn, shape[0], shape[1], stream, args.ptr, capturing)
+            self._launcher.launch_inline(args.fn, grid, threads, stream, args.ptr, capturing, smem)
         return True
 
+    def launch_rows(self, rows, stream: int, capturing: bool, status: int, seq: int) -> None:
+        """Launch over a mapping on the GPU (:class:`~.gpu_mapping.DeviceRows`),
+        checked in the launch."""
+        args = self._byref
+        if args is None:
+            args = self._byref = self._launcher.byref_args(self.layout)
+        grid, threads, smem = self.shape(rows.n, True)
+        with self._launcher.inline_lock:
+            ptr = args.set(rows.n, status, seq, rows.src, rows.dst, rows.step)
+            self._launcher.launch_inline(args.fn, grid, threads, stream, ptr, capturing, smem)
+
     def _bind_tier(self, tier: abi.Tier) -> abi.InlineArgs:
-        layout = self.layout
-        fn = self._launcher.function(abi.inline_kernel(layout.width, tier))
-        return abi.InlineArgs(tier, layout.table, layout.units_per_pair, fn)
+        fn = self._launcher.function(abi.inline_kernel(self.layout.width, tier))
+        return abi.InlineArgs(tier, self.layout, fn)
 
 
 class Launcher:
@@ -307,6 +333,8 @@ class Launcher:
             raise
         self._next = 0
         self._tiers: dict[int, list] = {}
+        self._loaded: dict[str, int] = {}
+        self.check_rows_max = _check_rows_max(device)
         # Dropped or closed: the releaser frees the ring once the last swap
         # that read each slot has completed (the host words go with the slots).
         wait = functools.partial(_wait_for_slots, self._slots)
@@ -318,14 +346,45 @@ class Launcher:
 
     # ---------------------------------------------------------- functions
     def function(self, name: str) -> int:
-        """``CUfunction`` of kernel ``name`` on this GPU."""
-        return kernels.get_function(self.device, name)
+        """``CUfunction`` of kernel ``name`` on this GPU, allowed the dynamic
+        shared memory of a check of :attr:`check_rows_max` rows."""
+        fn = self._loaded.get(name)
+        if fn is None:
+            from cupy.cuda import driver
+
+            with release.relaxed_capture_mode():  # a first swap may load kernels while a stream captures
+                fn = kernels.get_function(self.device, name)
+                if name != abi.FETCH_KERNEL:
+                    smem = abi.check_shared_bytes(self.check_rows_max)
+                    driver.funcSetAttribute(fn, _MAX_DYNAMIC_SHARED, smem)
+            self._loaded[name] = fn
+        return fn
+
+    def byref_args(self, layout) -> abi.ByRefArgs:
+        """The parameter of ``layout``'s launches over a mapping on the GPU.
+
+        Raises
+        ------
+        ValueError
+            More parts than this CUDA's by-reference kernels take."""
+        parts = len(layout.src)
+        tier = next(p for p in abi.BYREF_PARTS if p >= parts)
+        name = abi.byref_kernel(layout.width, tier)
+        if not kernels.has_function(self.device, name):
+            raise ValueError(
+                f"block_mapping: a mapping on the GPU with {parts} parts needs CUDA 12.1 or later (kernel "
+                f"parameters over 4 KiB); pass the rows on the host or use at most {abi.BYREF_PARTS[0]} parts"
+            )
+        return abi.ByRefArgs(tier, layout, self.function(name))
 
     def inline_tiers(self, width: int) -> list:
         """The inline tiers this GPU's module has for ``width``."""
         tiers = self._tiers.get(width)
         if tiers is None:
-            tiers = [t for t in abi.TIERS if kernels.has_function(self.device, abi.inline_kernel(width, t))]
+            with release.relaxed_capture_mode():  # may compile and load the module
+                tiers = [
+                    t for t in abi.TIERS if kernels.has_function(self.device, abi.inline_kernel(width, t))
+                ]
             self._tiers[width] = tiers
         return tiers
 
@@ -333,33 +392,25 @@ class Launcher:
         """The inline launch of a resolved layout."""
         return BoundKernel(self, layout)
 
-    def launch_kernel(self, fn: int, grid: int, threads: int, stream: int, params: int) -> None:
-        self._launch(fn, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
+    def launch_kernel(
+        self, fn: int, grid: int, threads: int, stream: int, params: int, smem: int = 0
+    ) -> None:
+        self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
 
     def launch_inline(
-        self, fn: int, grid: int, threads: int, stream: int, params: int, capturing: bool
+        self, fn: int, grid: int, threads: int, stream: int, params: int, capturing: bool, smem: int = 0
     ) -> None:
         """Launch ``fn`` through this stream's kernel node (built on first
         use), or plainly while ``stream`` captures or when the launcher has
         built :data:`MAX_KERNEL_NODES` nodes.  The caller holds
         :attr:`inline_lock`."""
         node = None if capturing else self._nodes.get((fn, stream))
-        if node is not None:
-            node.launch_one(grid, threads, params, stream)
-        else:
-            self.launch_steps(((fn, grid, threads, params),), (fn, stream), stream, capturing)
-
-    def launch_steps(self, steps, key: tuple, stream: int, capturing: bool) -> None:
-        """:meth:`launch_inline` of kernels run one after the other, through
-        one graph (``key``: the kernels and the stream)."""
-        node = None if capturing else self._nodes.get(key)
         if node is None and not capturing:
-            node = self._new_node(steps, key)
+            node = self._new_node(((fn, grid, threads, params),), (fn, stream))
         if node is not None:
-            node.launch(steps, stream)
-            return
-        for fn, grid, threads, params in steps:
-            self._launch(fn, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
+            node.launch_one(grid, threads, params, stream, smem)
+        else:
+            self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
 
     def _new_node(self, steps, key: tuple) -> KernelNode | None:
         """A new graph for ``key`` (the caller holds :attr:`inline_lock`, which
@@ -387,14 +438,19 @@ class Launcher:
         return launch_shape(units, self.max_ctas)
 
     # --------------------------------------------------------- descriptors
-    def launch_descriptor(self, layout, mapping, stream: int, capturing: bool, held: list) -> None:
+    def launch_descriptor(
+        self, layout, mapping, stream: int, capturing: bool, held: list, status: int = 0, seq: int = 0
+    ) -> None:
         """Write ``mapping``'s descriptor into a slot (appended to ``held``;
-        the caller gates it with :meth:`release`) and launch over it."""
-        args = self.write_slot(layout, mapping, stream, capturing, held)
+        the caller gates it with :meth:`release`) and launch over it
+        (``status`` not 0: checked in the launch)."""
+        args = self.write_slot(layout, mapping, stream, capturing, held, status, seq)
         n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
-        self.launch_range(layout, args, 0, n, stream)
+        self.launch_range(layout, args, 0, n, stream, abi.check_shared_bytes(n) if status else 0)
 
-    def write_slot(self, layout, mapping, stream: int, capturing: bool, held: list) -> abi.DescriptorArgs:
+    def write_slot(
+        self, layout, mapping, stream: int, capturing: bool, held: list, status: int = 0, seq: int = 0
+    ) -> abi.DescriptorArgs:
         """Write a descriptor into a free slot (eager swaps: a ring slot,
         locked and appended to ``held``; captured swaps: buffers of their
         own, kept for good) and upload it on ``stream``; returns the
@@ -404,7 +460,7 @@ class Launcher:
         slot = self.acquire(held)
         fresh_table = slot.table_serial != layout.serial
         slot.table_serial = -1  # until the write completes: an interrupted one leaves no table marked current
-        end = abi.write_descriptor(slot.host_words, layout.table, layout.units_per_pair, mapping, fresh_table)
+        end = abi.write_descriptor(slot.host_words, layout, mapping, fresh_table, status, seq)
         slot.table_serial = layout.serial
         self.upload(slot, slot.device_ptr, end, stream)
         return slot.device_args
@@ -423,11 +479,11 @@ class Launcher:
             host = memory.zeros_pinned_for_gpu(words, np.int64, self.device)
             slot = _Slot(host, release.device_malloc(8 * words, self.device))
         release.keep_for_process(slot)
-        end = abi.write_descriptor(slot.host_words, layout.table, layout.units_per_pair, mapping, True)
+        end = abi.write_descriptor(slot.host_words, layout, mapping, True)
         self.upload(slot, slot.device_ptr, end, stream)
         return slot.device_args
 
-    def stage_descriptor(self, table, units_per_pair: int, mapping, dst_ptr: int, stream: int):
+    def stage_descriptor(self, layout, mapping, dst_ptr: int, stream: int):
         """Write a descriptor through a ring slot into device memory at
         ``dst_ptr``, in order on ``stream`` (graph replays); returns the
         event recorded after the upload."""
@@ -436,7 +492,7 @@ class Launcher:
         recorded = False
         try:
             slot = self.acquire(held)
-            words = abi.write_descriptor(slot.host_words, table, units_per_pair, mapping, True)
+            words = abi.write_descriptor(slot.host_words, layout, mapping, True)
             slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
             self.upload(slot, dst_ptr, words, stream)
             self._record(event.ptr, stream)
@@ -458,12 +514,15 @@ class Launcher:
         params = slot.fetch_args.set(dst_ptr, n16)
         self.launch_kernel(self.function(abi.FETCH_KERNEL), grid, abi.FETCH_THREADS, stream, params)
 
-    def launch_range(self, layout, args: abi.DescriptorArgs, first: int, count: int, stream: int) -> None:
+    def launch_range(
+        self, layout, args: abi.DescriptorArgs, first: int, count: int, stream: int, smem: int = 0
+    ) -> None:
         """Launch over pairs ``first .. first + count - 1`` of the
-        descriptor ``args`` points at."""
+        descriptor ``args`` points at (``smem``: its check's table)."""
         params = args.set(len(layout.src), layout.units_per_pair, count, first)
         grid, threads = self.shape(count * layout.units_per_pair)
-        self.launch_kernel(self.function(abi.descriptor_kernel(layout.width)), grid, threads, stream, params)
+        fn = self.function(abi.descriptor_kernel(layout.width))
+        self.launch_kernel(fn, grid, threads, stream, params, smem)
 
     def replay_args(self, layout, desc_ptr: int, max_pairs: int):
         """``(function, grid, threads, args)`` of a launch that reads its

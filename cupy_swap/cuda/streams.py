@@ -20,6 +20,7 @@ __all__ = [
     "stream_device",
     "stream_on_device",
     "stream_is_capturing",
+    "torch_stream_getter",
     "on_device",
 ]
 
@@ -56,15 +57,16 @@ def swap_event_class():
         start : cupy.cuda.Event or None
             Recorded before the copies when timing was asked for.
         check : object or None
-            For a mapping on the GPU, where its check's verdict is found.
+            For a swap whose launch checked its rows, where the verdict is
+            found (with ``seq``, the swap's number).
         """
 
         def synchronize(self) -> None:
-            """Wait for the swap; for a mapping on the GPU, raise the error its
-            check found (IndexError or ValueError: nothing was copied)."""
+            """Wait for the swap; when its launch checked the rows, raise the
+            error it found (IndexError or ValueError: nothing was copied)."""
             super().synchronize()
             if self.check is not None:
-                self.check.raise_if_failed()
+                self.check.raise_for(self.seq)
 
         def device_time(self) -> float:
             """Seconds of device time from the swap's start to its end (waits
@@ -156,6 +158,17 @@ def wait_handle(item, device: int | None = None, caller_device: int | None = Non
             ) from None
         capturing = stream_is_capturing(stream)
     return Wait(ev.ptr, ev, capturing)
+
+
+def torch_stream_getter(device: int):
+    """A function returning torch's current stream handle on ``device``
+    (torch's raw accessor where it has one: a fraction of a microsecond)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda: raw(device)
+    return lambda: torch.cuda.current_stream(device).cuda_stream
 
 
 def stream_handle(stream) -> int:
@@ -275,8 +288,11 @@ class EventPool:
                 issued.rotate(-1)  # oldest -> newest
                 event.check = None
                 return event
-        event = self._cls(disable_timing=not timed)
-        event.start = event.check = None
+        from .release import relaxed_capture_mode
+
+        with relaxed_capture_mode():  # legal while a stream captures in global mode
+            event = self._cls(disable_timing=not timed)
+        event.start = event.check = event.seq = None
         if not timed:
             if len(issued) >= self._size:
                 issued.popleft()

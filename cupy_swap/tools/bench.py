@@ -83,7 +83,7 @@ def swapper_settings(sw=None) -> str:
     return (
         f"settings: max_ctas={sw.max_ctas} unroll={UNROLL} "
         f"dma_min_copy_bytes={sw.dma_min_copy_bytes} dma_max_copies={sw.dma_max_copies} "
-        f"staged_min_bytes={sw.staged_min_bytes} staging_bytes={staging} "
+        f"staging_bytes={staging} "
         f"calibrated={'yes' if sw.calibrated else 'no'}"
     )
 

@@ -1,0 +1,160 @@
+"""A prepared op's call on the CPU, with CUDA stood in by tests/fakes.py:
+what it checks where, the order of waits and the capture query, the status
+record it passes the launch, how later calls and events raise a failed
+check, and a rebind under a thread that is inside a call."""
+
+import numpy as np
+import pytest
+
+import cupy_swap.prepared as prepared
+from cupy_swap.core.layout import layout_from_parts
+from cupy_swap.core.parts import as_parts
+from cupy_swap.cuda.gpu_mapping import DeviceRows
+from cupy_swap.cuda.status import Verdicts
+from cupy_swap.prepared import PreparedSwap
+
+from .fakes import FakeBoard, FakeSwapper
+
+pytest.importorskip("cupy", reason="wait_handle tells CuPy events apart")
+
+
+def _op(calls: list, fake_gpu, board=None, blocks: int = 8, **kw) -> PreparedSwap:
+    host = np.zeros((blocks, 64), np.uint8)
+    gpu = fake_gpu.parts(np.zeros((blocks, 64), np.uint8), "dst")
+    layout = layout_from_parts(as_parts(host, "src"), gpu)
+    return PreparedSwap(FakeSwapper(calls, board=board, **kw), layout, (host,))
+
+
+@pytest.fixture
+def not_capturing(monkeypatch):
+    monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: False)
+
+
+def test_the_launch_checks_the_rows_and_gets_a_status_record(fake_gpu, not_capturing):
+    calls: list = []
+    op = _op(calls, fake_gpu)
+    event = op([(1, 2), (3, 2)])  # a repeated destination: the launch finds it, the host does not look
+    assert calls == [("kernel", [1, 2, 3, 2], 77, False, 0x5000 + 32, 1), ("record", 0xE0, 77)]
+    assert event.seq == 1 and isinstance(event.check, Verdicts)
+    calls.clear()
+    op((np.array([5, 6]), np.array([0, 1])))  # two 1-D index arrays, as SGLang keeps them
+    assert calls[0][:2] == ("kernel", [5, 0, 6, 1])
+
+
+def test_check_host_raises_before_anything_is_launched(fake_gpu, not_capturing):
+    calls: list = []
+    op = _op(calls, fake_gpu)
+    with pytest.raises(ValueError, match="distinct destination blocks, got block 2 twice"):
+        op([(1, 2), (3, 2)], check="host")
+    with pytest.raises(IndexError, match="source block index 9 in row 0"):
+        op([(9, 0)], check="host")
+    with pytest.raises(ValueError, match="check: expected 'launch' or 'host', got 'gpu'"):
+        op([(1, 2)], check="gpu")
+    assert calls == []
+    op([(1, 2), (3, 4)], check="host")
+    assert calls[0] == ("kernel", [1, 2, 3, 4], 77, False, 0, 0)  # checked: no status record
+
+
+def test_a_failed_launch_check_is_raised_by_the_next_call_once(fake_gpu, not_capturing):
+    calls: list = []
+    board = FakeBoard()
+    op = _op(calls, fake_gpu, board=board)
+    op([(1, 2), (3, 2)])
+    board.verdicts[1] = (3, 1, 2)  # what the launch wrote: block 2 again in row 1
+    with pytest.raises(ValueError, match="got block 2 again in row 1.*nothing was copied"):
+        op([(1, 2)])
+    op([(1, 2)])  # raised once: the next call goes ahead
+    board.verdicts[2] = (0, 0, 0)
+    with pytest.raises(ValueError, match="block 2 again in row 1"):
+        op._verdicts.raise_for(1)  # the event of the failed swap raises every time
+    op._verdicts.raise_for(2)  # the good one never
+
+
+def test_a_check_not_yet_run_is_left_for_later(fake_gpu, not_capturing):
+    calls: list = []
+    board = FakeBoard()
+    op = _op(calls, fake_gpu, board=board)
+    op([(1, 2), (0, 0)])
+    op([(1, 3), (0, 0)])  # the first launch has not written its record yet: nothing to say
+    board.verdicts[1] = (0, 0, 0)
+    board.verdicts[2] = (2, 0, 30)
+    with pytest.raises(IndexError, match="destination block index 30 in row 0"):
+        op([(1, 4), (0, 0)])
+
+
+def test_a_capture_joined_through_wait_for_is_seen_as_a_capture(fake_gpu, monkeypatch):
+    """Defect 1: the capture query once came before the waits, so a swap
+    whose stream joined a capture through ``wait_for`` was launched as an
+    eager one (a graph launch inside the capture, a ring slot gated by a
+    captured event)."""
+    calls: list = []
+    monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: any(c[0] == "wait" for c in calls))
+    op = _op(calls, fake_gpu)
+
+    class CapturingEvent:  # a torch event recorded on a capturing stream
+        cuda_event = 0xBEEF
+
+    op([(1, 2), (3, 4)], wait_for=CapturingEvent())
+    assert calls[0] == ("wait", 77, 0xBEEF)
+    assert calls[1] == ("kernel", [1, 2, 3, 4], 77, True, 0, 0)  # captured: launched plainly, host-checked
+    calls.clear()
+    with pytest.raises(
+        ValueError, match="distinct destination blocks"
+    ):  # a capture keeps its rows: host check
+        op([(1, 2), (3, 2)], wait_for=CapturingEvent())
+    assert not any(c[0] == "kernel" for c in calls)
+
+
+def test_a_rebind_under_a_thread_inside_a_call(fake_gpu, not_capturing, monkeypatch):
+    """Defect 5: registering pinned memory while another thread was inside
+    a call set the op's check state to None under it (AttributeError), and
+    a pending failure was lost.  Now a rebind replaces the decided state as
+    a whole; a call keeps the state it read, and verdicts stay on the op."""
+    calls: list = []
+    board = FakeBoard()
+    op = _op(calls, fake_gpu, board=board)
+    op([(1, 2), (0, 0)])  # seq 1, unread
+    old = op._decided
+    swapper = op._swapper
+    swapper._layout = lambda *held: old.layout
+
+    def rebind_midway(*args, **kw):  # another thread's register_host() lands inside this call
+        op._rebind()
+        calls.append(("kernel-old-state", args[0]))
+        return True
+
+    old.kernel.launch = rebind_midway
+    op([(5, 6), (0, 0)])
+    assert ("kernel-old-state", [5, 6, 0, 0]) in calls and op._decided is not old
+    board.verdicts[1] = (1, 0, 9)
+    with pytest.raises(IndexError, match="source block index 9"):  # the pending failure survived
+        op([(1, 2)])
+
+
+def test_a_mapping_on_the_gpu_needs_a_status_record(fake_gpu, not_capturing, monkeypatch):
+    """Defect 6: where the status records cannot be mapped (address 0) the
+    launch cannot report, so a mapping on the GPU is refused and host rows
+    are checked on the host."""
+    monkeypatch.setattr(
+        prepared, "device_rows", lambda m, device, max_blocks: DeviceRows(0x10, 0x18, 2, 3, m)
+    )
+    calls: list = []
+    op = _op(calls, fake_gpu)
+    op(object())
+    assert calls[0] == ("rows", 3, 77, False, 0x5000 + 32, 1)
+    unmapped = _op([], fake_gpu, board=FakeBoard(base=0))
+    with pytest.raises(ValueError, match="cannot be mapped"):
+        unmapped(object())
+    monkeypatch.setattr(prepared, "device_rows", lambda m, device, max_blocks: None)
+    with pytest.raises(ValueError, match="distinct destination blocks"):
+        unmapped([(1, 2), (3, 2)])
+
+
+def test_one_copy_goes_to_the_copy_engines_and_is_checked_on_the_host(fake_gpu, not_capturing):
+    calls: list = []
+    op = _op(calls, fake_gpu)
+    op([(1, 2)])
+    assert calls[0] == ("dma", 77)  # one copy (dma_max_copies=1): the copy engines start sooner
+    with pytest.raises(IndexError, match="source block index 8 in row 0"):
+        op([(8, 2)])
+    assert op([(1, 2)], mode="kernel") and calls[-2][0] == "kernel"  # asked for: the kernel
