@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -409,3 +410,41 @@ def test_gpu_read_is_byte_exact(tmp_path, rng, mine, theirs):  # pragma: no cove
         np.testing.assert_array_equal(got, want)
     finally:
         peer.stop(agent)
+
+
+# --- the benchmark and the example, host-only ----------------------------------------------------------
+
+
+@needs_nixl
+def test_remote_bench_rows_are_exact():
+    from cupy_swap.tools import remote_bench
+
+    rows = remote_bench.run("host", "host", 4096, 5, reps=3)
+    assert [r["contender"] for r in rows] == ["direct", "staged", "raw", "raw-nonote", "raw-1desc"]
+    assert all(r["exact"] in (None, True) and r["gbps"] > 0 for r in rows)
+
+
+@needs_nixl
+def test_disagg_prefill_example_host_only():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "examples", "disagg_prefill.py"),
+            "--host-only",
+            "--layers",
+            "2",
+            "--blocks",
+            "16",
+            "--gpu-blocks",
+            "64",
+            "--host-blocks",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, UCX_NET_DEVICES="lo"),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "decode: 16 blocks arrived from prefill" in out.stdout and "every byte checked" in out.stdout

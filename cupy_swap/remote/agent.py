@@ -80,6 +80,7 @@ class _Peer:
     pools: dict
     dlists: dict = field(default_factory=dict)  # (pool, staging?) -> prepared remote dlist
     dropped: set = field(default_factory=set)
+    paired: dict = field(default_factory=dict)  # (id(local layout), id(remote layout)) -> both
     unacked: dict = field(default_factory=dict)  # remote pool -> staged transfer id not yet scattered
 
 
@@ -302,7 +303,10 @@ class RemoteAgent:
                 f"{sorted(set(peer.pools) - peer.dropped)}); connect() its fresh metadata if it registered it again"
             )
         rpool = peer.pools[remote_name]
-        check_pairable(pool.layout, rpool, peer_name)
+        key = (id(pool.layout), id(rpool))
+        if key not in peer.paired:  # checked once per pair of layouts (both kept alive here)
+            check_pairable(pool.layout, rpool, peer_name)
+            peer.paired[key] = (pool.layout, rpool)
         return pool, peer, rpool
 
     def prepared(self, local: str, remote, staging: bool = False) -> tuple:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -71,17 +72,17 @@ class PoolLayout:
     parts: tuple
     staging: tuple = ()
 
-    @property
+    @cached_property
     def num_blocks(self) -> int:
         """Blocks addressable in every part (the fewest)."""
         return min(p.num_blocks for p in self.parts)
 
-    @property
+    @cached_property
     def block_bytes(self) -> tuple:
         """Bytes of one block, per part."""
         return tuple(p.block_bytes for p in self.parts)
 
-    @property
+    @cached_property
     def staging_blocks(self) -> int:
         return min((p.num_blocks for p in self.staging), default=0)
 

@@ -36,6 +36,9 @@ def split_mapping(mapping, src_blocks: int, dst_blocks: int, src_name: str, dst_
         As ``swap()``: not integers, not (N, 2), out of range, a destination
         block twice.
     """
+    small = _small_mapping(mapping, src_blocks, dst_blocks)
+    if small is not None:
+        return small
     if _is_index_pair(mapping):
         s, d = (np.asarray(c) for c in mapping)
         if s.shape != d.shape:
@@ -47,6 +50,48 @@ def split_mapping(mapping, src_blocks: int, dst_blocks: int, src_name: str, dst_
     if m.shape[0]:
         check_mapping(m, src_blocks, dst_blocks, src_name, dst_name)
     return m[:, 0], m[:, 1]
+
+
+SMALL = 64  # rows up to which builtins over lists check faster than NumPy reductions
+
+
+def _small_mapping(mapping, src_blocks: int, dst_blocks: int):
+    """The columns of a short, valid mapping (an integer ``(N, 2)`` array or
+    a list/tuple of ``(int, int)`` rows), checked with builtins; None for
+    anything else, or anything wrong (the NumPy path then says what)."""
+    kind = type(mapping)
+    if kind is np.ndarray:
+        if mapping.ndim != 2 or mapping.shape[1] != 2 or not 0 < mapping.shape[0] <= SMALL:
+            return None
+        if mapping.dtype != np.int64:
+            if mapping.dtype.kind not in "iu" or mapping.dtype.itemsize > 8:
+                return None
+            mapping = mapping.astype(np.int64)
+        s, d = mapping[:, 0], mapping[:, 1]
+        sl, dl = s.tolist(), d.tolist()
+    elif kind is list or kind is tuple:
+        if not 0 < len(mapping) <= SMALL or _is_index_pair(mapping):
+            return None
+        for row in mapping:
+            if type(row) not in (tuple, list) or len(row) != 2:
+                return None
+        sl, dl = [r[0] for r in mapping], [r[1] for r in mapping]
+        if set(map(type, sl)) | set(map(type, dl)) != {int}:  # bools and NumPy scalars: the NumPy path
+            return None
+        s = d = None
+    else:
+        return None
+    if (
+        min(sl) < 0
+        or max(sl) >= src_blocks
+        or min(dl) < 0
+        or max(dl) >= dst_blocks
+        or len(set(dl)) != len(dl)
+    ):
+        return None
+    if s is None:
+        s, d = np.array(sl, dtype=np.int64), np.array(dl, dtype=np.int64)
+    return s, d
 
 
 def _is_index_pair(mapping) -> bool:
