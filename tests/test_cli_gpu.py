@@ -33,7 +33,7 @@ def test_bench_tiny_with_json(tmp_path):
         str(out),
     )
     assert r.returncode == 0, r.stderr
-    assert "page = one block" in r.stdout and "ratio" in r.stdout
+    assert "block = one layer's" in r.stdout and "ratio" in r.stdout
     data = json.loads(out.read_text())
     assert len(data["results"]) == 6 and all(x["verified"] for x in data["results"])
     assert {x["path"] for x in data["results"]} <= {"kernel", "dma"}

@@ -187,7 +187,15 @@ def _wait_for_slots(slots: list) -> None:
         with slot.lock:  # a swap holding the slot stores its event first
             event = slot.event
         if event is not None:
-            event.synchronize()
+            _wait(event)
+
+
+def _wait(event) -> None:
+    """Wait for a slot's event as a plain CUDA event: a swap's event would
+    raise its swap's failed mapping check from ``synchronize()``."""
+    from cupy.cuda import runtime
+
+    runtime.eventSynchronize(event.ptr)
 
 
 class BoundKernel:
@@ -548,7 +556,7 @@ class Launcher:
             if event is not None and not event.done:
                 with self._lock:
                     self.ring_waits += 1
-                event.synchronize()
+                _wait(event)
         except BaseException:
             slot.lock.release()  # not written: its event still gates it
             raise

@@ -170,6 +170,7 @@ def upload_contender(kernel, addresses, words, mapping, stream):
         with stream:
             kernel((n,), (1024,), (src_dev, dst_dev, on_gpu, words))
 
+    seed_upload.gate = gate  # the event must outlive the calls that wait on its handle
     return seed_upload
 
 
