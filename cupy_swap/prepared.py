@@ -7,9 +7,11 @@ check the rows).  A call reads the mapping's form, takes the stream,
 enqueues the waits, asks whether the stream captures, launches once and
 records one event.  The copy launch checks the rows itself (bounds,
 duplicate destinations) before any byte is written and reports through the
-swapper's status board (:mod:`.cuda.status`); the host checks them instead
-where the launch cannot: copy engines, staged swaps, captures, layouts whose
-parts may meet, and ``check="host"``.
+swapper's status board (:mod:`.cuda.status`).  That is how mappings on the
+GPU are checked, and host rows when asked (``check="launch"``); host rows
+are checked on the host by default, where the numbers came out cheaper
+(``benchmarks/NOTES.md``, item 42), and always where the launch cannot
+check: copy engines, staged swaps, captures, layouts whose parts may meet.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PreparedSwap", "CHECKS"]
 
-CHECKS = ("launch", "host")
+CHECKS = (None, "launch", "host")
 
 
 class _Decided:
@@ -115,7 +117,7 @@ class PreparedSwap:
         mode: str | None = None,
         wait_for: WaitFor = (),
         timing: bool | None = None,
-        check: str = "launch",
+        check: str | None = None,
     ) -> SwapEvent:
         sw = self._swapper
         caller = sw._get_device()
@@ -154,8 +156,8 @@ class PreparedSwap:
                 f"{method}: expected {DIRECTION_TEXT[want]} arrays, got "
                 f"{DIRECTION_TEXT[layout.direction]}; use swap() for that"
             )
-        if check != "launch" and check != "host":
-            raise ValueError(f"check: expected 'launch' or 'host', got {check!r}")
+        if check is not None and check != "launch" and check != "host":
+            raise ValueError(f"check: expected None, 'launch' or 'host', got {check!r}")
         on_gpu = (
             None
             if type(block_mapping) is np.ndarray  # on the host whatever it holds: no look for GPU arrays
@@ -193,6 +195,8 @@ class PreparedSwap:
                 and n * len(layout.src) <= sw.policy.dma_max_copies
             ):
                 path = "dma"  # one copy: the copy engines start sooner
+            # Host rows are checked on the host unless the launch is asked to
+            # (it costs device time there: benchmarks/NOTES.md, item 42).
             in_launch = path == "kernel" and op.launch_checks and check == "launch" and not capturing
             if on_gpu is not None or (in_launch and n <= sw._launcher.check_rows_max):
                 status, seq = sw._status.take()

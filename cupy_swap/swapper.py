@@ -236,7 +236,7 @@ class BlockSwapper:
         mode: str | None = None,
         wait_for: WaitFor = (),
         timing: bool | None = None,
-        check: str = "launch",
+        check: str | None = None,
     ) -> SwapEvent:
         """Copy block ``s`` of each ``src`` part to block ``d`` of the matching
         ``dst`` part for every row ``(s, d)`` of ``block_mapping``, on
@@ -275,16 +275,18 @@ class BlockSwapper:
         timing : bool, optional
             Record a start event too, so ``device_time()`` works; defaults to
             the swapper's ``timing``.
-        check : {"launch", "host"}, optional
+        check : {None, "launch", "host"}, optional
             Where the mapping's indices are checked (in range, no
-            destination block twice).  ``"launch"`` (default): by the copy
-            kernel itself, before any CTA writes, so a bad mapping writes
-            nothing; its error is raised by the returned event's
-            ``synchronize()`` and by the next call of the same op.  Costs no
-            host time (the host check costs 4-12 us a call).  ``"host"``:
-            on the host, raised before anything is launched (for
-            debugging).  Copy-engine and staged swaps, captured swaps and
-            parts that may share bytes are always checked on the host.
+            destination block twice).  ``"host"``: before anything is
+            launched, raised by this call.  ``"launch"``: by the copy kernel
+            itself, before any CTA writes, so a bad mapping writes nothing;
+            its error is raised by the returned event's ``synchronize()``
+            and by the next call of the same op.  ``None`` (default):
+            ``"launch"`` for mappings on the GPU (the host never reads them),
+            ``"host"`` for mappings on the host (measured cheaper: 1 us of
+            Python at 16 rows against a few us of device time in the launch;
+            see the README).  Copy-engine and staged swaps, captured swaps
+            and parts that may share bytes are always checked on the host.
 
         Returns
         -------
@@ -321,7 +323,7 @@ class BlockSwapper:
         mode: str | None = None,
         wait_for: WaitFor = (),
         timing: bool | None = None,
-        check: str = "launch",
+        check: str | None = None,
     ) -> SwapEvent:
         """:meth:`swap` that only accepts host -> GPU."""
         return self._swap(host_src, gpu_dst, block_mapping, stream, IN, mode, wait_for, timing, check)
@@ -336,7 +338,7 @@ class BlockSwapper:
         mode: str | None = None,
         wait_for: WaitFor = (),
         timing: bool | None = None,
-        check: str = "launch",
+        check: str | None = None,
     ) -> SwapEvent:
         """:meth:`swap` that only accepts GPU -> host."""
         return self._swap(gpu_src, host_dst, block_mapping, stream, OUT, mode, wait_for, timing, check)

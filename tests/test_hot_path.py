@@ -33,11 +33,12 @@ def not_capturing(monkeypatch):
 def test_the_launch_checks_the_rows_and_gets_a_status_record(fake_gpu, not_capturing):
     calls: list = []
     op = _op(calls, fake_gpu)
-    event = op([(1, 2), (3, 2)])  # a repeated destination: the launch finds it, the host does not look
+    # A repeated destination: the launch finds it, the host does not look.
+    event = op([(1, 2), (3, 2)], check="launch")
     assert calls == [("kernel", [1, 2, 3, 2], 77, False, 0x5000 + 32, 1), ("record", 0xE0, 77)]
     assert event.seq == 1 and isinstance(event.check, Verdicts)
     calls.clear()
-    op((np.array([5, 6]), np.array([0, 1])))  # two 1-D index arrays, as SGLang keeps them
+    op((np.array([5, 6]), np.array([0, 1])), check="launch")  # two 1-D index arrays, as SGLang keeps them
     assert calls[0][:2] == ("kernel", [5, 0, 6, 1])
 
 
@@ -48,8 +49,10 @@ def test_check_host_raises_before_anything_is_launched(fake_gpu, not_capturing):
         op([(1, 2), (3, 2)], check="host")
     with pytest.raises(IndexError, match="source block index 9 in row 0"):
         op([(9, 0)], check="host")
-    with pytest.raises(ValueError, match="check: expected 'launch' or 'host', got 'gpu'"):
+    with pytest.raises(ValueError, match="check: expected None, 'launch' or 'host', got 'gpu'"):
         op([(1, 2)], check="gpu")
+    with pytest.raises(ValueError, match="distinct destination blocks, got block 2 twice"):
+        op([(1, 2), (3, 2)])  # the default for host rows
     assert calls == []
     op([(1, 2), (3, 4)], check="host")
     assert calls[0] == ("kernel", [1, 2, 3, 4], 77, False, 0, 0)  # checked: no status record
@@ -59,7 +62,7 @@ def test_a_failed_launch_check_is_raised_by_the_next_call_once(fake_gpu, not_cap
     calls: list = []
     board = FakeBoard()
     op = _op(calls, fake_gpu, board=board)
-    op([(1, 2), (3, 2)])
+    op([(1, 2), (3, 2)], check="launch")
     board.verdicts[1] = (3, 1, 2)  # what the launch wrote: block 2 again in row 1
     with pytest.raises(ValueError, match="got block 2 again in row 1.*nothing was copied"):
         op([(1, 2)])
@@ -74,12 +77,12 @@ def test_a_check_not_yet_run_is_left_for_later(fake_gpu, not_capturing):
     calls: list = []
     board = FakeBoard()
     op = _op(calls, fake_gpu, board=board)
-    op([(1, 2), (0, 0)])
-    op([(1, 3), (0, 0)])  # the first launch has not written its record yet: nothing to say
+    op([(1, 2), (0, 0)], check="launch")
+    op([(1, 3), (0, 0)], check="launch")  # the first launch has not written its record yet: nothing to say
     board.verdicts[1] = (0, 0, 0)
     board.verdicts[2] = (2, 0, 30)
     with pytest.raises(IndexError, match="destination block index 30 in row 0"):
-        op([(1, 4), (0, 0)])
+        op([(1, 4), (0, 0)], check="launch")
 
 
 def test_a_capture_joined_through_wait_for_is_seen_as_a_capture(fake_gpu, monkeypatch):
@@ -94,14 +97,12 @@ def test_a_capture_joined_through_wait_for_is_seen_as_a_capture(fake_gpu, monkey
     class CapturingEvent:  # a torch event recorded on a capturing stream
         cuda_event = 0xBEEF
 
-    op([(1, 2), (3, 4)], wait_for=CapturingEvent())
+    op([(1, 2), (3, 4)], wait_for=CapturingEvent(), check="launch")
     assert calls[0] == ("wait", 77, 0xBEEF)
     assert calls[1] == ("kernel", [1, 2, 3, 4], 77, True, 0, 0)  # captured: launched plainly, host-checked
     calls.clear()
-    with pytest.raises(
-        ValueError, match="distinct destination blocks"
-    ):  # a capture keeps its rows: host check
-        op([(1, 2), (3, 2)], wait_for=CapturingEvent())
+    with pytest.raises(ValueError, match="distinct destination blocks"):  # a capture keeps its rows
+        op([(1, 2), (3, 2)], wait_for=CapturingEvent(), check="launch")
     assert not any(c[0] == "kernel" for c in calls)
 
 
@@ -113,7 +114,7 @@ def test_a_rebind_under_a_thread_inside_a_call(fake_gpu, not_capturing, monkeypa
     calls: list = []
     board = FakeBoard()
     op = _op(calls, fake_gpu, board=board)
-    op([(1, 2), (0, 0)])  # seq 1, unread
+    op([(1, 2), (0, 0)], check="launch")  # seq 1, unread
     old = op._decided
     swapper = op._swapper
     swapper._layout = lambda *held: old.layout
@@ -124,7 +125,7 @@ def test_a_rebind_under_a_thread_inside_a_call(fake_gpu, not_capturing, monkeypa
         return True
 
     old.kernel.launch = rebind_midway
-    op([(5, 6), (0, 0)])
+    op([(5, 6), (0, 0)], check="launch")
     assert ("kernel-old-state", [5, 6, 0, 0]) in calls and op._decided is not old
     board.verdicts[1] = (1, 0, 9)
     with pytest.raises(IndexError, match="source block index 9"):  # the pending failure survived

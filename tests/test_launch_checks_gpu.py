@@ -44,7 +44,7 @@ def test_a_bad_row_anywhere_writes_nothing(rng, n, fault):
         m[-1, 1], message = -3, rf"destination block index -3 in row {n - 1}"
     else:
         m[-1, 1], message = m[0, 1], rf"block {m[0, 1]} again in row {n - 1}"
-    ev = sw.swap_in(host, gpu, m)
+    ev = sw.swap_in(host, gpu, m, check="launch")
     with pytest.raises((IndexError, ValueError), match=message):
         ev.synchronize()
     assert ev.path == "kernel" and (cp.asnumpy(gpu) == 0xA5).all()
@@ -62,9 +62,11 @@ def test_many_parts_are_checked_in_the_launch(rng, parts):
     m[7, 1] = m[150, 1]
     before = [h.copy() for h in host]
     with pytest.raises(ValueError, match="again in row 150"):
-        sw.swap_in(host, gpu, m).synchronize()
+        sw.swap_in(host, gpu, m, check="launch").synchronize()
     with pytest.raises(ValueError, match="again in row 150"):
-        sw.swap_out(gpu, host, m).synchronize()
+        sw.swap_out(gpu, host, m, check="launch").synchronize()
+    with pytest.raises(ValueError, match=r"got block \d+ twice \(rows 7 and 150\)"):
+        sw.swap_out(gpu, host, m)  # the default for host rows: checked before the launch
     assert all(np.array_equal(h, b) for h, b in zip(host, before))
 
 
@@ -81,7 +83,7 @@ def test_a_capture_joined_through_wait_for(rng, pairs):
     capture.begin_capture()
     joined = cp.cuda.Event(disable_timing=True)
     joined.record(capture)
-    sw.swap_in(host, gpu, m, stream=side, wait_for=joined)  # side joins the capture
+    sw.swap_in(host, gpu, m, stream=side, wait_for=joined, check="launch")  # side joins the capture
     done = cp.cuda.Event(disable_timing=True)
     done.record(side)
     capture.wait_event(done)
@@ -198,12 +200,13 @@ def test_a_dropped_graph_swap_keeps_the_arrays_its_graph_writes(rng):
     assert np.array_equal(cp.asnumpy(dst())[m[:, 1]], host[m[:, 0]])
 
 
-def test_check_host_and_plan_raise_before_launch(rng):
+def test_host_rows_are_checked_on_the_host_by_default(rng):
     sw = cs.BlockSwapper(max_blocks=64)
     host, gpu = _pools(rng, blocks=64, block=256)
     bad = [(0, 1), (2, 1)]
-    with pytest.raises(ValueError, match=r"got block 1 twice \(rows 0 and 1\)"):
-        sw.swap_in(host, gpu, bad, check="host")
+    for check in (None, "host"):
+        with pytest.raises(ValueError, match=r"got block 1 twice \(rows 0 and 1\)"):
+            sw.swap_in(host, gpu, bad, check=check)
     with pytest.raises(ValueError, match="twice"):
         sw.plan(host, gpu, bad)
     cp.cuda.Device().synchronize()
@@ -224,7 +227,7 @@ def test_a_busy_stream_and_many_queued_checked_swaps(rng):
         m = random_mapping(8, 256, 256, rng)
         if i % 7 == 3:
             m[5, 1] = m[2, 1]
-        events.append(op(m, stream=stream))
+        events.append(op(m, stream=stream, check="launch"))
     for i, ev in enumerate(events):
         if i % 7 == 3:
             with pytest.raises(ValueError, match="again in row 5"):
