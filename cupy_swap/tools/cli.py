@@ -1016,6 +1016,11 @@ def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"] and "--remote" in argv:  # transfers to another process, through NIXL
+        from .remote_bench import main as remote_main
+
+        return remote_main([a for a in argv[1:] if a != "--remote"])
     args = parse_args(argv)
     return {"demo": cmd_demo, "bench": cmd_bench, "info": cmd_info, "calibrate": cmd_calibrate}[args.command](
         args
