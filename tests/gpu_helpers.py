@@ -98,6 +98,15 @@ def make(kind, shape, dtype):
     return cp.empty(shape, dtype=dtype)
 
 
+def capture_graph_swap(gs, stream):
+    """Capture ``gs.launch()`` on ``stream`` (an empty mapping staged first);
+    returns the graph, which replays whatever ``set_mapping`` staged last."""
+    gs.set_mapping([], stream=stream)
+    stream.begin_capture()
+    gs.launch(stream=stream)
+    return stream.end_capture()
+
+
 def check_swap(sw, src, dst, mapping, **kw):
     """Run one swap and compare every destination with the NumPy reference;
     blocks not named in the mapping must keep their poison."""

@@ -6,7 +6,7 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
-from .gpu_helpers import require_gpu
+from .gpu_helpers import capture_graph_swap, require_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -34,10 +34,7 @@ def test_graph_capture_with_cupy_replays_new_mappings(rng):
     host, gpu = _setup(rng)
     gs = sw.graph_swap(host, gpu)
     stream = cp.cuda.Stream(non_blocking=True)
-    gs.set_mapping([], stream=stream)
-    stream.begin_capture()
-    gs.launch(stream=stream)
-    graph = stream.end_capture()
+    graph = capture_graph_swap(gs, stream)
     for n in (0, 1, 17, 250, 400):  # N = 0 and N = max_blocks included
         gpu.fill(POISON)
         before = cp.asnumpy(gpu)

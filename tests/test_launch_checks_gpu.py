@@ -14,7 +14,7 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
-from .gpu_helpers import poison, rand_fill, require_gpu, require_torch_cuda, spin
+from .gpu_helpers import capture_graph_swap, poison, rand_fill, require_gpu, require_torch_cuda, spin
 
 pytestmark = pytest.mark.gpu
 
@@ -182,10 +182,7 @@ def test_a_dropped_graph_swap_keeps_the_arrays_its_graph_writes(rng):
     gpu = cp.zeros((64, 4096), cp.uint8)
     gs = sw.graph_swap(host, gpu)
     stream = cp.cuda.Stream(non_blocking=True)
-    gs.set_mapping([], stream=stream)
-    stream.begin_capture()
-    gs.launch(stream=stream)
-    graph = stream.end_capture()
+    graph = capture_graph_swap(gs, stream)
     m = random_mapping(16, 64, 64, rng)
     gs.set_mapping(m, stream=stream)
     dst = weakref.ref(gpu)
