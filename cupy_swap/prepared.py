@@ -41,11 +41,12 @@ class _Decided:
     """What an op decided from its layout, never changed afterwards (a new
     one replaces it when pinned memory was registered or unregistered)."""
 
-    __slots__ = ("layout", "kernel", "route", "launch_checks", "generation", "default_stream")
+    __slots__ = ("layout", "kernel", "mode", "route", "launch_checks", "generation", "default_stream")
 
     def __init__(self, swapper, layout: Layout, torch_parts: bool):
         self.layout = layout
         self.kernel = swapper._launcher.bind(layout)
+        self.mode = swapper.mode
         self.route = prepared_route(layout, swapper.mode, swapper.policy)
         # The launch can check: status records mapped, no parts that may
         # share bytes (only the host checks those), blocks its table holds.
@@ -175,33 +176,47 @@ class PreparedSwap:
         else:
             handle = sw._current_stream().ptr
         route = op.route if mode is None else self._route_for(mode)
-        no_waits = wait_for is None or (type(wait_for) is tuple and not wait_for)  # 0 is a stream
-        if not no_waits:
-            for w in [wait_handle(w, sw.device, caller) for w in _as_sequence(wait_for)]:
-                if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
-                    sw._wait_event(handle, w.event_ptr, 0)
-        path, status, seq = "none", 0, 0
-        if n and not layout.bytes_per_pair and on_gpu is None:  # nothing to copy; the indices still checked
-            check_rows_for(layout, pairs, sw.max_blocks)
-        elif n and layout.bytes_per_pair:
-            # Asked after the waits: waiting on a capturing stream joins its capture.
-            capturing = stream_is_capturing(handle)
-            path = route
-            if on_gpu is not None:
-                self._refuse_on_gpu(op, mode, capturing, n)
-            elif (
-                route == "kernel"
-                and mode in (None, "auto")
+        # Decided before any wait is enqueued, so a refusal enqueues nothing;
+        # only what depends on a capture waits for the capture query.
+        path, status, seq, checked = "none", 0, 0, on_gpu is not None
+        if n and on_gpu is not None:
+            path = "kernel" if layout.bytes_per_pair else "none"  # the kernel reads rows on the GPU
+            self._refuse_on_gpu(op, mode, check, n)
+        elif n:
+            path = route if layout.bytes_per_pair else "none"
+            if (
+                path == "kernel"
+                and (mode or op.mode) == "auto"
                 and n * len(layout.src) <= sw.policy.dma_max_copies
             ):
                 path = "dma"  # one copy: the copy engines start sooner
             # Host rows are checked on the host unless the launch is asked to
             # (it costs device time there: benchmarks/NOTES.md, item 42).
-            in_launch = path == "kernel" and op.launch_checks and check == "launch" and not capturing
-            if on_gpu is not None or (in_launch and n <= sw._launcher.check_rows_max):
-                status, seq = sw._status.take()
-            else:  # raises before any launch
+            checked = (
+                check == "launch"
+                and path == "kernel"
+                and op.launch_checks
+                and n <= sw._launcher.check_rows_max
+            )
+            if not checked:  # raises before any launch
                 pairs = check_rows_for(layout, pairs, sw.max_blocks)
+        no_waits = wait_for is None or (type(wait_for) is tuple and not wait_for)  # 0 is a stream
+        if not no_waits:
+            for w in [wait_handle(w, sw.device, caller) for w in _as_sequence(wait_for)]:
+                if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
+                    sw._wait_event(handle, w.event_ptr, 0)
+        if path != "none":
+            # Asked after the waits: waiting on a capturing stream joins its capture.
+            capturing = stream_is_capturing(handle)
+            if capturing and on_gpu is not None:
+                raise RuntimeError(
+                    "swap: a mapping on the GPU cannot be captured into a CUDA graph (its check reports "
+                    "through the returned event); pass the rows on the host, or use graph_swap()"
+                )
+            if capturing and checked:  # a captured launch keeps its rows: checked once, here
+                pairs, checked = check_rows_for(layout, pairs, sw.max_blocks), False
+            if checked:
+                status, seq = sw._status.take()
             if path == "staged":
                 plan = self._staged_ready(_rows_array(pairs), capturing)
         timed = sw.timing if timing is None else timing
@@ -232,6 +247,8 @@ class PreparedSwap:
         if seq:
             verdicts.unread.append(seq)
             event.check, event.seq = verdicts, seq
+        if on_gpu is not None and path == "kernel":
+            sw._launcher.keep_until_done(event, on_gpu.keep)  # the kernel reads the caller's rows
         sw.last_path = path
         return event
 
@@ -241,13 +258,17 @@ class PreparedSwap:
         sw = self._swapper
         return prepared_route(self._decided.layout, mode, sw.policy)
 
-    def _refuse_on_gpu(self, op: _Decided, mode, capturing: bool, n: int) -> None:
+    def _refuse_on_gpu(self, op: _Decided, mode, check, n: int) -> None:
         """Refuse what a mapping on the GPU cannot do, before anything is
-        launched: the kernel reads it and checks it in the launch."""
+        enqueued: the kernel reads it and checks it in the launch."""
         layout = op.layout
         if mode not in (None, "auto", "kernel"):
             raise ValueError(
                 f"mode: a mapping on the GPU is swapped by the kernel ('auto' or 'kernel'), got {mode!r}"
+            )
+        if check == "host":
+            raise ValueError(
+                "check: 'host' needs the rows on the host; a mapping on the GPU is checked by the copy launch"
             )
         if not layout.kernel_ok:
             raise ValueError(
@@ -259,11 +280,6 @@ class PreparedSwap:
                 "block_mapping: a mapping on the GPU is checked by the copy launch, which cannot check this swap "
                 "(parts that may share bytes, more than 2**32 - 1 destination blocks, or status records that "
                 "cannot be mapped); pass the rows on the host"
-            )
-        if capturing:
-            raise RuntimeError(
-                "swap: a mapping on the GPU cannot be captured into a CUDA graph (its check reports through the "
-                "returned event); pass the rows on the host, or use graph_swap()"
             )
         limit = self._swapper._launcher.check_rows_max
         if n > limit:

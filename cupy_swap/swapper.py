@@ -252,8 +252,9 @@ class BlockSwapper:
         block_mapping : array-like of shape (N, 2), or a pair of 1-D arrays
             Integer rows ``(src_block, dst_block)``; ``N <= max_blocks``: a
             list of pairs, a NumPy array, a CPU or CUDA torch tensor, a CuPy
-            array; or ``(src_indices, dst_indices)``, two 1-D arrays of one
-            length (as SGLang keeps them).  Rows on the GPU must be int64.
+            array; or a tuple ``(src_indices, dst_indices)`` of two 1-D arrays
+            of one length (as SGLang keeps them; a list is always rows).
+            Indices on the GPU must be int64.
         stream : cupy.cuda.Stream, torch.cuda.Stream or int, optional
             Stream to launch on.  Default: torch's current stream when the
             parts are torch tensors, else CuPy's current stream.

@@ -135,7 +135,7 @@ class FakeBoard:
     """A status board: ``verdicts[seq]`` is what the launch of ``seq`` wrote."""
 
     def __init__(self, base: int = 0x5000):
-        self.base, self.next, self.verdicts = base, 1, {}
+        self.base, self.next, self.verdicts, self.slots = base, 1, {}, 4096
 
     def take(self):
         seq, self.next = self.next, self.next + 1
@@ -158,6 +158,7 @@ class FakeSwapper:
         self._launcher = types.SimpleNamespace(
             bind=lambda layout: kernel,
             check_rows_max=8192,
+            keep_until_done=lambda event, keep: calls.append(("keep", keep)),
             launch_descriptor=lambda layout, pairs, stream, capturing, held, status=0, seq=0: calls.append(
                 ("descriptor", pairs.reshape(-1).tolist(), stream, capturing, status, seq)
             ),

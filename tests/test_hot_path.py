@@ -159,3 +159,90 @@ def test_one_copy_goes_to_the_copy_engines_and_is_checked_on_the_host(fake_gpu, 
     with pytest.raises(IndexError, match="source block index 8 in row 0"):
         op([(8, 2)])
     assert op([(1, 2)], mode="kernel") and calls[-2][0] == "kernel"  # asked for: the kernel
+
+
+def _gpu_rows(monkeypatch, n=3):
+    monkeypatch.setattr(
+        prepared, "device_rows", lambda m, device, max_blocks: DeviceRows(0x10, 0x18, 2, n, m)
+    )
+
+
+def test_a_mapping_on_the_gpu_takes_the_kernel_whatever_the_route(fake_gpu, not_capturing, monkeypatch):
+    """Review finding: a layout routed to the copy engines (blocks of 2 MiB
+    and more, or mode="dma") sent rows on the GPU to a path that reads rows
+    on the host (AttributeError on None)."""
+    _gpu_rows(monkeypatch)
+    calls: list = []
+    host = np.zeros((8, 2 << 20), np.uint8)
+    gpu = fake_gpu.parts(np.zeros((8, 2 << 20), np.uint8), "dst")
+    op = PreparedSwap(FakeSwapper(calls), layout_from_parts(as_parts(host, "src"), gpu), (host,))
+    assert op.route == "dma"
+    rows = object()
+    op(rows)
+    assert calls[0][0] == "rows" and ("keep", rows) in calls  # the kernel, and the rows held until it ran
+    with pytest.raises(ValueError, match="check: 'host' needs the rows on the host"):
+        op(rows, check="host")
+
+
+def test_refusals_enqueue_no_wait(fake_gpu, monkeypatch):
+    """Review finding: a bad host mapping raised after its wait_for waits
+    were enqueued (a stream joined to a capture stayed joined)."""
+    monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: False)
+    calls: list = []
+    op = _op(calls, fake_gpu)
+
+    class Recorded:
+        cuda_event = 0xBEEF
+
+    with pytest.raises(ValueError, match="distinct destination blocks"):
+        op([(1, 2), (3, 2)], wait_for=Recorded())
+    _gpu_rows(monkeypatch)
+    with pytest.raises(ValueError, match="mode: a mapping on the GPU"):
+        op(object(), wait_for=Recorded(), mode="dma")
+    assert calls == []
+
+
+def test_the_swapper_mode_holds_for_one_copy(fake_gpu, not_capturing):
+    """Review finding: BlockSwapper(mode="kernel") sent one-copy swaps to the
+    copy engines; only "auto" takes that shortcut."""
+    calls: list = []
+    host = np.zeros((8, 64), np.uint8)
+    gpu = fake_gpu.parts(np.zeros((8, 64), np.uint8), "dst")
+    swapper = FakeSwapper(calls)
+    swapper.mode = "kernel"
+    op = PreparedSwap(swapper, layout_from_parts(as_parts(host, "src"), gpu), (host,))
+    op([(1, 2)])
+    assert calls[0][0] == "kernel"
+
+
+def test_verdicts_read_by_two_threads(fake_gpu):
+    """Review finding: two threads reading one op's verdicts could pop an
+    entry the other had looked at (IndexError from a valid swap, or a lost
+    failure).  The reads are serialized; each failure is raised once."""
+    import threading
+
+    board = FakeBoard()
+    layout = layout_from_parts(
+        as_parts(np.zeros((8, 64), np.uint8), "src"), fake_gpu.parts(np.zeros((8, 64), np.uint8), "dst")
+    )
+    verdicts = Verdicts(board, layout)
+    for seq in range(1, 2001):
+        verdicts.unread.append(seq)
+        board.verdicts[seq] = (3, 1, 2) if seq % 100 == 0 else (0, 0, 0)
+    raised, errors = [], []
+
+    def reader():
+        for _ in range(100):
+            try:
+                verdicts.read()
+            except ValueError as e:
+                raised.append(e)
+            except Exception as e:  # an IndexError would land here
+                errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(raised) == 20 and not verdicts.unread

@@ -117,10 +117,13 @@ def test_index_pairs_become_rows():
     from cupy_swap.core.mapping import host_rows, index_pair
 
     src, dst = np.array([3, 7, 9]), np.array([0, 1, 2], dtype=np.int32)
-    assert index_pair((src, dst)) and index_pair([src, dst])
+    assert index_pair((src, dst))
     assert not index_pair([(3, 0), (7, 1)])  # two rows, not two index arrays
+    rows = np.array([[3, 0], [7, 1]])
+    assert not index_pair(list(rows))  # a list is always rows, even a list of two row arrays
+    assert np.asarray(host_rows(list(rows), 100)).reshape(-1, 2).tolist() == rows.tolist()
     assert normalize_mapping((src, dst)).tolist() == [[3, 0], [7, 1], [9, 2]]
-    assert host_rows([src, dst], 100).tolist() == [[3, 0], [7, 1], [9, 2]]
+    assert host_rows((src, dst), 100).tolist() == [[3, 0], [7, 1], [9, 2]]
     with pytest.raises(ValueError, match="one length, got 3 and 2"):
         normalize_mapping((src, dst[:2]))
     with pytest.raises(TypeError, match="integer destination block indices, got dtype float64"):

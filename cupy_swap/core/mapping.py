@@ -29,11 +29,12 @@ _INT64 = np.dtype(np.int64)
 
 
 def index_pair(block_mapping) -> bool:
-    """True when ``block_mapping`` is the 1-D form: a tuple or list of two
+    """True when ``block_mapping`` is the 1-D form: a tuple of two 1-D
     arrays (NumPy, CuPy, torch), source indices and destination indices,
-    as SGLang keeps them.  Lists of ``(s, d)`` rows are never this form."""
+    as SGLang keeps them.  A list is always rows (``[s_arr, d_arr]`` of two
+    rows would read the same), so only a tuple makes the pair form."""
     return (
-        type(block_mapping) in _ROW_TYPES
+        type(block_mapping) is tuple
         and len(block_mapping) == 2
         and all(getattr(a, "ndim", None) == 1 for a in block_mapping)
     )

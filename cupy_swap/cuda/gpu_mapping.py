@@ -49,7 +49,7 @@ def device_rows(obj, device: int, max_blocks: int) -> DeviceRows | None:
         of shape (N,)) on ``device``, or with more than ``max_blocks`` rows
         (checked without reading it).
     """
-    if isinstance(obj, (tuple, list)) and len(obj) == 2:
+    if type(obj) is tuple and len(obj) == 2:  # a tuple of two 1-D arrays (lists are rows)
         a, b = (_describe(x) for x in obj)
         if a is None and b is None:
             return None

@@ -27,6 +27,7 @@ buffers of its own, kept for the life of the process.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import threading
@@ -343,10 +344,23 @@ class Launcher:
         self._tiers: dict[int, list] = {}
         self._loaded: dict[str, int] = {}
         self.check_rows_max = _check_rows_max(device)
+        self._kept: collections.deque = collections.deque()  # (event, arrays) of GPU-mapping swaps
+        self._kept_lock = threading.Lock()
         # Dropped or closed: the releaser frees the ring once the last swap
         # that read each slot has completed (the host words go with the slots).
         wait = functools.partial(_wait_for_slots, self._slots)
         self._finalizer = release.when_dropped(self, free, wait, f"descriptor ring of GPU {device}")
+
+    def keep_until_done(self, event, keep) -> None:
+        """Hold ``keep`` (the caller's GPU mapping, which the swap's kernel
+        reads) until ``event`` (recorded after that kernel) has completed:
+        a temporary index tensor freed at once could otherwise be reused,
+        by an allocator of another stream, before the kernel reads it."""
+        with self._kept_lock:
+            kept = self._kept
+            while kept and kept[0][0].done:
+                kept.popleft()
+            kept.append((event, keep))
 
     def close(self) -> None:
         """Hand the ring to the releaser (freed after the swaps that read it)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import threading
 
 import numpy as np
 
@@ -103,25 +104,33 @@ class Verdicts:
         For messages.
     """
 
-    __slots__ = ("board", "layout", "unread", "reported")
+    __slots__ = ("board", "layout", "unread", "reported", "lock")
 
     def __init__(self, board: StatusBoard, layout):
         self.board, self.layout = board, layout
         self.unread: collections.deque = collections.deque()
         self.reported = 0  # highest seq whose failure was raised
+        self.lock = threading.Lock()  # ops are shared by threads: one reader at a time
 
     def read(self) -> None:
-        """Raise the first failure among the checks that have run (once)."""
-        unread, verdict = self.unread, self.board.verdict
-        while unread:
-            seq = unread[0]
-            v = verdict(seq)
-            if v is None:
-                return  # not run yet: the later ones most likely neither
-            unread.popleft()
-            if v[0] > 0 and seq > self.reported:
-                self.reported = seq
-                raise mapping_error(v, self.layout)
+        """Raise the first failure among the checks that have run (once).
+        A check whose record was overwritten (:data:`SLOTS` later launches
+        of the swapper) is dropped; so is the oldest unread one once as
+        many are waiting, so a record that never comes cannot stall it."""
+        verdict = self.board.verdict
+        with self.lock:
+            unread = self.unread
+            while len(unread) > self.board.slots:
+                unread.popleft()
+            while unread:
+                seq = unread[0]
+                v = verdict(seq)
+                if v is None:
+                    return  # not run yet: the later ones most likely neither
+                unread.popleft()
+                if v[0] > 0 and seq > self.reported:
+                    self.reported = seq
+                    raise mapping_error(v, self.layout)
 
     def raise_for(self, seq: int) -> None:
         """Raise swap ``seq``'s failure (its event completed), every time."""
