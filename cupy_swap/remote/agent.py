@@ -14,13 +14,39 @@ The life of a pair of agents::
 Descriptors are prepared once: every block of a local pool when it is
 registered, every block of a remote pool when its peer connects.  A call only
 checks the mapping, turns it into descriptor indices and posts.
+
+Progress.  Nothing runs in the background (NIXL's progress thread is off by
+default).  A GPU write is posted when the event recorded on its producing
+stream has completed, and that is noticed inside :meth:`Transfer.done`,
+:meth:`Transfer.wait` or :meth:`RemoteAgent.poll` (which also posts every
+pending transfer that became ready); until one of them runs, the write waits.
+Internal progress (every ``write``/``read``/``remote_pools`` call) handles
+notifications as they come but keeps the :class:`Arrival` s for :meth:`poll`.
+
+Staging.  A pool registered with ``staging_blocks=S`` gets two host runs of S
+slots: a *send* run, which its own staged writes gather into (one staged write
+of a pool between gather and the data leaving; the next waits), and a
+*receive* run that peers write into.  The receive run is shared by every
+sender through receiver-granted credits: a staged write first asks the
+receiver for n slots (``REQUEST``), the receiver grants a free range
+(``GRANT``, first fit, requests served in arrival order), the sender writes
+that range and the receiver scatters it and frees it (``SCATTERED``).  So
+staged writes of several peers into one pool, and staged writes both ways
+between two agents at once, never share slots.  The receiver grants in
+:meth:`poll` (or any call that makes progress): it must poll for staged
+writes to move.  Refusals (no staging run, too many blocks, bad blocks, pool
+dropped) come back as ``NACK`` and fail the sender's :class:`Transfer` with
+:class:`TransferError`.  Slots granted to a peer that dies before it writes
+stay taken until this agent :meth:`disconnect` s it.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,15 +88,43 @@ class Arrival:
     xfer_id: int
 
 
+class _Slots:
+    """The receive run's slots: which are free, which are granted to whom,
+    and the requests waiting for room (served in arrival order, first fit)."""
+
+    def __init__(self, count: int):
+        self.free = np.ones(count, dtype=bool)
+        self.grants: dict = {}  # (peer, xfer_id) -> (offset, n)
+        self.queue: collections.deque = collections.deque()  # (peer, xfer_id, n)
+
+    def take(self, n: int) -> int | None:
+        edges = np.diff(np.concatenate(([0], self.free.view(np.int8), [0])))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        fits = np.flatnonzero(ends - starts >= n)
+        if not fits.size:
+            return None
+        offset = int(starts[fits[0]])
+        self.free[offset : offset + n] = False
+        return offset
+
+    def release(self, key) -> tuple | None:
+        grant = self.grants.pop(key, None)
+        if grant is not None:
+            offset, n = grant
+            self.free[offset : offset + n] = True
+        return grant
+
+
 @dataclass
 class _Pool:
-    layout: PoolLayout
+    layout: PoolLayout  # its staging runs are the receive runs (what peers write into)
     regs: list
     dlist: object
-    staging_dlist: object = None
+    send_dlist: object = None  # the send runs' slots (the local side of a staged write)
     stager: object = None
+    slots: _Slots | None = None
     keep: list = field(default_factory=list)  # arrays whose memory is registered
-    last_staged: Transfer | None = None  # the staging run is free once it is done
+    last_send: Transfer | None = None  # the send run is free once it moved (or failed)
     torch: bool = False
 
 
@@ -81,7 +135,18 @@ class _Peer:
     dlists: dict = field(default_factory=dict)  # (pool, staging?) -> prepared remote dlist
     dropped: set = field(default_factory=set)
     paired: dict = field(default_factory=dict)  # (id(local layout), id(remote layout)) -> both
-    unacked: dict = field(default_factory=dict)  # remote pool -> staged transfer id not yet scattered
+
+
+@dataclass
+class _Sent:
+    """A staged write of this agent, from its request to the receiver's answer."""
+
+    peer: str
+    pool: str
+    n: int
+    offset: int | None = None  # granted slots of the receiver's receive run
+    scattered: bool = False
+    error: str | None = None
 
 
 def default_path(local: PoolLayout, remote: PoolLayout) -> str:
@@ -135,7 +200,9 @@ class RemoteAgent:
         self._pools: dict[str, _Pool] = {}
         self._peers: dict[str, _Peer] = {}
         self._arrivals: list[Arrival] = []
-        self._scattering: list = []  # (event, Arrival) of GPU scatters not finished yet
+        self._scattering: list = []  # (event, pool, Arrival) of GPU scatters not finished yet
+        self._sent: dict[int, _Sent] = {}  # staged writes of this agent not yet answered
+        self._unposted: list = []  # weak references to transfers waiting to be posted
         self._ids = itertools.count(1)
 
     # --- pools -----------------------------------------------------------------------------------------
@@ -165,25 +232,40 @@ class RemoteAgent:
             )
         seq = list(parts) if isinstance(parts, (list, tuple)) else [parts]
         layout = pool_layout(name, seq)
-        staging = [alloc_staging(staging_blocks, b) for b in layout.block_bytes] if staging_blocks else []
-        layout = pool_layout(name, seq, staging)
-        regs = [self._register(layout.mem, layout.device, [p.span() for p in layout.parts])]
-        pool = _Pool(
-            layout, regs, self.nixl.prep_xfer_dlist("NIXL_INIT_AGENT", layout.block_descs(), layout.mem)
-        )
-        pool.keep = seq + staging
-        pool.torch = hasattr(seq[0], "data_ptr")
-        if staging:
-            regs.append(self._register("DRAM", 0, [p.span() for p in layout.staging]))
-            pool.staging_dlist = self.nixl.prep_xfer_dlist(
-                "NIXL_INIT_AGENT", layout.block_descs(True), "DRAM"
+        if staging_blocks:
+            send = [alloc_staging(staging_blocks, b) for b in layout.block_bytes]
+            recv = [alloc_staging(staging_blocks, b) for b in layout.block_bytes]
+            layout = pool_layout(name, seq, recv)
+        regs: list = []
+        pool = None
+        try:
+            regs.append(self._register(layout.mem, layout.device, [p.span() for p in layout.parts]))
+            pool = _Pool(
+                layout, regs, self.nixl.prep_xfer_dlist("NIXL_INIT_AGENT", layout.block_descs(), layout.mem)
             )
-            if layout.mem == "DRAM":
-                pool.stager = HostStager([host_bytes(a, p) for a, p in zip(seq, layout.parts)], staging)
-            else:  # pragma: no cover - GPU pools: run by the GPU tests on the device
-                pool.stager = GpuStager(
-                    [gpu_bytes(a, p) for a, p in zip(seq, layout.parts)], staging, layout.device
+            pool.keep = seq
+            pool.torch = hasattr(seq[0], "data_ptr")
+            if staging_blocks:
+                send_layout = pool_layout(name, seq, send)
+                runs = [p.span() for p in send_layout.staging] + [p.span() for p in layout.staging]
+                regs.append(self._register("DRAM", 0, runs))
+                pool.keep += send + recv
+                pool.send_dlist = self.nixl.prep_xfer_dlist(
+                    "NIXL_INIT_AGENT", send_layout.block_descs(True), "DRAM"
                 )
+                pool.slots = _Slots(staging_blocks)
+                if layout.mem == "DRAM":
+                    parts = [host_bytes(a, p) for a, p in zip(seq, layout.parts)]
+                    pool.stager = HostStager(parts, send, recv)
+                else:  # pragma: no cover - GPU pools: run by the GPU tests on the device
+                    parts = [gpu_bytes(a, p) for a, p in zip(seq, layout.parts)]
+                    pool.stager = GpuStager(parts, send, recv, layout.device, pool.torch)
+        except BaseException:
+            try:
+                self._release_pool(pool, regs)
+            except Exception as e:  # the first error is the one to see
+                warnings.warn(f"cupy_swap.remote: register_pool cleanup failed: {e}", stacklevel=2)
+            raise
         self._pools[name] = pool
         return layout
 
@@ -206,10 +288,22 @@ class RemoteAgent:
                 self.nixl.send_notif(peer.name, note)
             except Exception:  # a dead peer needs no news
                 pass
-        for handle in (pool.dlist, pool.staging_dlist):
+        if pool.slots is not None:  # senders still waiting for slots are refused
+            waiting = list(pool.slots.queue) + [(p, x, 0) for p, x in pool.slots.grants]
+            for peer_name, xfer_id, _ in waiting:
+                self._nack(peer_name, xfer_id, name, wire.DROPPED)
+        self._release_pool(pool, pool.regs)
+
+    def _release_pool(self, pool, regs) -> None:
+        """Release what register_pool made: descriptor lists, then registrations."""
+        handles = [] if pool is None else [pool.dlist, pool.send_dlist]
+        for handle in handles:
             if handle is not None:
-                handle.release()
-        for reg in pool.regs:
+                try:
+                    handle.release()
+                except Exception as e:  # keep going: the memory must still be deregistered
+                    warnings.warn(f"cupy_swap.remote: releasing a descriptor list failed: {e}", stacklevel=3)
+        for reg in reversed(regs):
             self.nixl.deregister_memory(reg)
 
     def pools(self) -> dict:
@@ -262,6 +356,15 @@ class RemoteAgent:
         p = self._peers.pop(peer)
         for handle in p.dlists.values():
             handle.release()
+        for pool in self._pools.values():  # its slots and waiting requests are free again
+            if pool.slots is not None:
+                for key in [k for k in pool.slots.grants if k[0] == peer]:
+                    pool.slots.release(key)
+                pool.slots.queue = collections.deque(r for r in pool.slots.queue if r[0] != peer)
+                self._grant(pool)
+        for sent in self._sent.values():
+            if sent.peer == peer and sent.error is None and not sent.scattered:
+                sent.error = f"peer {peer!r} was disconnected"
         try:
             self.nixl.remove_remote_agent(peer)
         except Exception:  # already gone
@@ -269,7 +372,7 @@ class RemoteAgent:
 
     def remote_pools(self, peer: str) -> dict:
         """``{name: PoolLayout}`` of a connected peer's pools that it has not dropped."""
-        self.poll()
+        self._progress()
         p = self._peer(peer)
         return {k: v for k, v in p.pools.items() if k not in p.dropped}
 
@@ -294,7 +397,7 @@ class RemoteAgent:
         except KeyError:
             raise RemoteError(f"no local pool named {local!r} (registered: {sorted(self._pools)})") from None
         peer_name, remote_name = remote
-        self.poll()  # learn of dropped pools and staged acknowledgements
+        self._progress()  # learn of dropped pools and staged answers
         peer = self._peer(peer_name)
         if remote_name in peer.dropped or remote_name not in peer.pools:
             why = "dropped" if remote_name in peer.dropped else "does not have"
@@ -317,10 +420,12 @@ class RemoteAgent:
         -------
         tuple
             ``(local_dlist, remote_dlist, local PoolLayout, remote PoolLayout)``;
-            descriptor ``p * B + b`` is block (or staging slot) ``b`` of part ``p``.
+            descriptor ``p * B + b`` is block (or staging slot) ``b`` of part ``p``; with
+            ``staging``, the local list is this pool's send run and the remote one the
+            peer's receive run.
         """
         pool, peer, rpool = self._pair(local, remote)
-        ldl = pool.staging_dlist if staging else pool.dlist
+        ldl = pool.send_dlist if staging else pool.dlist
         return ldl, self._remote_dlist(peer, rpool, staging), pool.layout, rpool
 
     # --- transfers -------------------------------------------------------------------------------------
@@ -349,14 +454,16 @@ class RemoteAgent:
             shape); a refused call moves no byte.
         path : {None, "direct", "staged"}
             None: :func:`default_path`.  ``direct``: one descriptor per block and part.  ``staged``: gather
-            into the local staging run, move ``P`` contiguous runs into the
-            peer's staging run, the peer scatters when it :meth:`poll`s; one
-            staged write per remote pool in flight (the next waits up to
-            ``staged_timeout`` s for the peer's acknowledgement).
+            into the local send run, ask the peer for slots of its receive run,
+            move ``P`` contiguous runs there once granted, the peer scatters
+            when it :meth:`poll` s.  One staged write per local pool between its
+            gather and its data leaving: the next waits up to ``staged_timeout``
+            s for that (the receiver must poll to grant).
         stream : cupy or torch stream, optional
             GPU pools: the data is posted only after the work queued on this
-            stream (default: the current stream) finished; the handle polls an
-            event, nothing blocks.
+            stream (default: torch's current stream for torch pools, CuPy's
+            otherwise) finished; the handle polls an event, nothing blocks, and
+            the post happens inside ``done()``/``wait()``/:meth:`poll`.
         notify : bool
             Send the peer an :class:`Arrival` (direct writes; staged ones always notify).
 
@@ -386,7 +493,6 @@ class RemoteAgent:
             rpool.num_blocks,
             note,
             ready,
-            None,
             f"write {local} -> {peer.name}/{rpool.name} ({src.size} blocks, direct)",
         )
 
@@ -423,7 +529,6 @@ class RemoteAgent:
             rpool.num_blocks,
             note,
             None,
-            None,
             f"read {peer.name}/{rpool.name} -> {local} ({src.size} blocks)",
         )
 
@@ -439,36 +544,62 @@ class RemoteAgent:
             raise ValueError(
                 f"write(path='staged'): {n} blocks exceed the staging runs ({room} slots); split the mapping"
             )
+        what = f"write {pool.layout.name} -> {peer.name}/{rpool.name} ({n} blocks, staged)"
         if not n:
-            return Transfer(self.nixl, "staged write of no blocks", 0, 0, None)
-        self._wait_staging_free(pool, peer, rpool.name, timeout)
+            return Transfer(self.nixl, what, 0, 0, None)
+        self._wait_send_free(pool, peer, rpool.name, timeout)
         xfer_id = next(self._ids)
-        ready = pool.stager.gather(src, stream)
-        slots = np.arange(n, dtype=np.int64)
+        sent = _Sent(peer.name, rpool.name, n)
+        try:
+            self.nixl.send_notif(peer.name, wire.pack_note(wire.REQUEST, xfer_id, rpool.name, [n]))
+        except Exception as e:
+            raise RemoteError(
+                f"{what}: could not ask peer {peer.name!r} for staging slots ({type(e).__name__}: {e}); "
+                "nothing was posted"
+            ) from e
+        self._sent[xfer_id] = sent
+        gathered = pool.stager.gather(src, stream)
+        parts = len(pool.layout.parts)
+        lidx = descriptor_indices(np.arange(n, dtype=np.int64), parts, pool.layout.staging_blocks)
+        remote_dlist = self._remote_dlist(peer, rpool, True)
         note = wire.pack_note(wire.STAGED, xfer_id, rpool.name, dst)
-        peer.unacked[rpool.name] = xfer_id
+        nixl = self.nixl
 
-        def forget():  # a failed transfer will not be acknowledged
-            if peer.unacked.get(rpool.name) == xfer_id:
-                del peer.unacked[rpool.name]
+        def answered():
+            if sent.error is None and sent.offset is None or sent.offset is not None and not sent.scattered:
+                self._progress()
+            if sent.error is not None:
+                raise RemoteError(f"peer {peer.name!r} refused it: {sent.error}")
 
-        pool.last_staged = self._post(
-            "WRITE",
-            pool,
-            pool.staging_dlist,
-            peer,
-            self._remote_dlist(peer, rpool, True),
-            slots,
-            slots,
-            pool.layout.staging_blocks,
-            rpool.staging_blocks,
-            note,
-            ready,
-            lambda: self._acknowledged(peer, rpool.name, xfer_id),
-            f"write {pool.layout.name} -> {peer.name}/{rpool.name} ({n} blocks, staged)",
-            forget,
-        )
-        return pool.last_staged
+        def ready():
+            if gathered is not None and not gathered():
+                return False
+            answered()
+            return sent.offset is not None
+
+        def post():
+            slots = np.arange(sent.offset, sent.offset + n, dtype=np.int64)
+            ridx = descriptor_indices(slots, parts, rpool.staging_blocks)
+            xfer = nixl.make_prepped_xfer("WRITE", pool.send_dlist, lidx, remote_dlist, ridx, note)
+            return xfer, nixl.transfer(xfer)
+
+        def settled():
+            answered()
+            if sent.scattered:
+                self._sent.pop(xfer_id, None)
+            return sent.scattered
+
+        def forget(cancel: bool):  # failed, refused or closed: no answer is awaited any more
+            self._sent.pop(xfer_id, None)
+            if cancel and sent.error is None:  # our slots will not be written: give them back
+                try:
+                    nixl.send_notif(peer.name, wire.pack_note(wire.CANCEL, xfer_id, rpool.name))
+                except Exception:  # a dead peer frees them when it disconnects us
+                    pass
+
+        nbytes = n * sum(pool.layout.block_bytes)
+        pool.last_send = self._track(Transfer(nixl, what, nbytes, n, post, ready, settled, forget))
+        return pool.last_send
 
     def _post(
         self,
@@ -483,9 +614,7 @@ class RemoteAgent:
         rcount,
         note,
         ready,
-        settled,
         what,
-        on_error=None,
     ) -> Transfer:
         parts = len(pool.layout.parts)
         nbytes = int(lblocks.size) * sum(pool.layout.block_bytes)
@@ -499,92 +628,197 @@ class RemoteAgent:
             xfer = nixl.make_prepped_xfer(op, local_dlist, lidx, remote_dlist, ridx, note)
             return xfer, nixl.transfer(xfer)
 
-        return Transfer(nixl, what, nbytes, int(lblocks.size), post, ready, settled, on_error)
+        return self._track(Transfer(nixl, what, nbytes, int(lblocks.size), post, ready))
 
-    def _acknowledged(self, peer: _Peer, pool: str, xfer_id: int) -> bool:
-        """Whether the peer scattered staged transfer ``xfer_id`` into ``pool``
-        (one is in flight per remote pool: it is done once no longer pending)."""
-        if peer.unacked.get(pool) == xfer_id:
-            self.poll()
-        return peer.unacked.get(pool) != xfer_id
+    def _track(self, transfer: Transfer) -> Transfer:
+        """Keep a (weak) reference to a transfer not yet posted, for :meth:`poll` to post."""
+        if transfer._xfer is None and not transfer.moved:
+            self._unposted.append(weakref.ref(transfer))
+        return transfer
 
-    def _wait_staging_free(self, pool: _Pool, peer: _Peer, rpool: str, timeout: float) -> None:
-        """Wait (sleeping, bounded) until this pool's staging run is free (its
-        last staged write is done) and the peer scattered our last staged
-        write into ``rpool``."""
+    def _wait_send_free(self, pool: _Pool, peer: _Peer, rpool: str, timeout: float) -> None:
+        """Wait (bounded, driving progress) until this pool's send run is free:
+        its last staged write moved, failed or was closed."""
         end = time.monotonic() + timeout
         while True:
-            last = pool.last_staged
+            last = pool.last_send
             try:
-                free = last is None or last.done()
+                free = last is None or last._advance()
             except TransferError:  # that one failed; its run is free
                 free = True
-            if free and (rpool not in peer.unacked or self._acknowledged(peer, rpool, peer.unacked[rpool])):
-                pool.last_staged = None
+            if free:
+                pool.last_send = None
                 return
             if time.monotonic() > end:
                 raise TransferError(
-                    f"write(path='staged'): the previous staged write to {peer.name}/{rpool} (or from "
-                    f"{pool.layout.name!r}) is not done after {timeout} s: is the peer alive and calling poll()?"
+                    f"write(path='staged'): the previous staged write from {pool.layout.name!r} ({last.what}) "
+                    f"has not left after {timeout} s: is its receiver alive and calling poll()?"
                 )
             time.sleep(1e-4)
 
     # --- the target's side -----------------------------------------------------------------------------
 
     def poll(self) -> list[Arrival]:
-        """Read new notifications: scatter staged arrivals into their pools
-        (acknowledging each to its sender), note dropped pools, and return
-        the :class:`Arrival` s completed since the last call.
+        """Read new notifications (scatter staged arrivals into their pools and
+        acknowledge them, grant staging slots, note dropped pools), post the
+        transfers that became ready (GPU writes whose stream event completed,
+        staged writes that got their slots), and return the :class:`Arrival` s
+        completed since the last call.
+
+        A notification that cannot be handled, or an answer that cannot be
+        sent (a peer that died, or that this agent never connected), is
+        reported as a :class:`RuntimeWarning`; the others are handled all the same.
         """
-        for peer_name, messages in self.nixl.get_new_notifs().items():
-            for msg in messages:
-                note = wire.unpack_note(msg)
-                if note is not None:
-                    self._on_note(peer_name, note)
-        still = []
-        for event, arrival in self._scattering:  # pragma: no cover - GPU scatters
-            if event.done:
-                self._ack(arrival)
-            else:
-                still.append((event, arrival))
-        self._scattering = still
+        self._progress()
+        live = []
+        for ref in self._unposted:
+            t = ref()
+            if t is None:
+                continue
+            try:
+                t._advance()
+            except TransferError:  # kept on the handle: its done()/wait() raise it
+                continue
+            if t._xfer is None and not t.moved:
+                live.append(ref)
+        self._unposted = live
         out, self._arrivals = self._arrivals, []
         return out
 
+    def _progress(self) -> None:
+        """Handle new notifications, each on its own, keeping arrivals for :meth:`poll`."""
+        try:
+            notes = self.nixl.get_new_notifs()
+        except Exception as e:
+            raise RemoteError(f"reading NIXL notifications failed ({type(e).__name__}: {e})") from e
+        for peer_name, messages in notes.items():
+            for msg in messages:
+                try:
+                    note = wire.unpack_note(msg)
+                    if note is not None:
+                        self._on_note(peer_name, note)
+                except Exception as e:  # one bad message must not cost the others
+                    self._warn(f"a notification from {peer_name!r} was not handled ({type(e).__name__}: {e})")
+        if self._scattering:  # pragma: no cover - GPU scatters
+            still = []
+            for event, pool, key, arrival in self._scattering:
+                if event.done:
+                    pool.slots.release(key)
+                    self._ack(arrival)
+                    self._grant(pool)
+                else:
+                    still.append((event, pool, key, arrival))
+            self._scattering = still
+
+    def _warn(self, what: str) -> None:
+        warnings.warn(f"cupy_swap.remote ({self.name}): {what}", RuntimeWarning, stacklevel=4)
+
     def _on_note(self, peer_name: str, note: wire.Note) -> None:
-        peer = self._peers.get(peer_name)
-        if note.kind == wire.DROP:
+        kind = note.kind
+        if kind in (wire.SCATTERED, wire.GRANT, wire.NACK):  # answers to our staged writes
+            sent = self._sent.get(note.xfer_id)
+            if sent is None or sent.peer != peer_name:
+                return
+            if kind == wire.SCATTERED:
+                sent.scattered = True
+            elif kind == wire.GRANT:
+                sent.offset = int(note.blocks[0])
+            else:
+                reason = int(note.blocks[0]) if note.blocks.size else 0
+                sent.error = wire.NACK_REASONS.get(reason, f"refused (reason {reason})")
+            return
+        if kind == wire.DROP:
+            peer = self._peers.get(peer_name)
             if peer is not None:
                 peer.dropped.add(note.pool)
-            return
-        if note.kind == wire.SCATTERED:
-            if peer is not None and peer.unacked.get(note.pool) == note.xfer_id:
-                del peer.unacked[note.pool]
-            return
-        arrival = Arrival(peer_name, note.pool, wire.KIND_NAMES[note.kind], note.blocks, note.xfer_id)
-        if note.kind != wire.STAGED:
-            self._arrivals.append(arrival)
+            for sent in self._sent.values():
+                if sent.peer == peer_name and sent.pool == note.pool and sent.offset is None:
+                    sent.error = sent.error or wire.NACK_REASONS[wire.DROPPED]
             return
         pool = self._pools.get(note.pool)
+        key = (peer_name, note.xfer_id)
+        if kind == wire.REQUEST:
+            n = int(note.blocks[0]) if note.blocks.size else 0
+            if pool is None or pool.slots is None:
+                self._nack(peer_name, note.xfer_id, note.pool, wire.NO_STAGING)
+            elif not 0 < n <= pool.slots.free.size:
+                self._nack(peer_name, note.xfer_id, note.pool, wire.TOO_MANY)
+            else:
+                pool.slots.queue.append((peer_name, note.xfer_id, n))
+                self._grant(pool)
+            return
+        if kind == wire.CANCEL:
+            if pool is not None and pool.slots is not None:
+                pool.slots.queue = collections.deque(r for r in pool.slots.queue if r[:2] != key)
+                if pool.slots.release(key) is not None:
+                    self._grant(pool)
+            return
+        arrival = Arrival(peer_name, note.pool, wire.KIND_NAMES.get(kind, "?"), note.blocks, note.xfer_id)
+        if kind != wire.STAGED:
+            self._arrivals.append(arrival)
+            return
+        grant = None if pool is None or pool.slots is None else pool.slots.grants.get(key)
         dst = note.blocks.astype(np.int64)
-        try:
-            if pool is None or pool.stager is None:
-                raise RemoteError(f"no pool {note.pool!r} with a staging run here")
-            split_mapping((dst, dst), pool.layout.num_blocks, pool.layout.num_blocks, note.pool, note.pool)
-        except (RemoteError, ValueError, IndexError) as e:  # not acknowledged: the sender times out
-            warnings.warn(
-                f"cupy_swap.remote: staged arrival from {peer_name!r} not scattered: {e}", stacklevel=2
+        if grant is None:
+            self._nack(peer_name, note.xfer_id, note.pool, wire.NO_GRANT)
+            self._warn(
+                f"staged arrival {note.xfer_id} from {peer_name!r} into {note.pool!r}: no slots granted"
             )
             return
-        event = pool.stager.scatter(dst)
+        try:
+            if dst.size != grant[1]:
+                raise ValueError(f"{dst.size} blocks, {grant[1]} slots granted")
+            split_mapping((dst, dst), pool.layout.num_blocks, pool.layout.num_blocks, note.pool, note.pool)
+        except (ValueError, IndexError) as e:
+            pool.slots.release(key)
+            self._nack(peer_name, note.xfer_id, note.pool, wire.BAD_BLOCKS)
+            self._warn(f"staged arrival from {peer_name!r} not scattered: {e}")
+            self._grant(pool)
+            return
+        event = pool.stager.scatter(dst, grant[0])
         if event is None:
+            pool.slots.release(key)
             self._ack(arrival)
-        else:  # pragma: no cover - GPU scatter, acknowledged once its event finished
-            self._scattering.append((event, arrival))
+            self._grant(pool)
+        else:  # pragma: no cover - GPU scatter, acknowledged (and its slots freed) once its event finished
+            self._scattering.append((event, pool, key, arrival))
+
+    def _grant(self, pool: _Pool) -> None:
+        """Grant slots to the waiting requests, in arrival order, while they fit."""
+        slots = pool.slots
+        while slots.queue:
+            peer_name, xfer_id, n = slots.queue[0]
+            offset = slots.take(n)
+            if offset is None:
+                return
+            slots.queue.popleft()
+            slots.grants[(peer_name, xfer_id)] = (offset, n)
+            try:
+                self.nixl.send_notif(
+                    peer_name, wire.pack_note(wire.GRANT, xfer_id, pool.layout.name, [offset])
+                )
+            except Exception as e:
+                slots.release((peer_name, xfer_id))
+                self._warn(
+                    f"could not grant staging slots to {peer_name!r} ({type(e).__name__}: {e}); is it "
+                    "connected (connect() its metadata) and alive?"
+                )
+
+    def _nack(self, peer_name: str, xfer_id: int, pool: str, reason: int) -> None:
+        try:
+            self.nixl.send_notif(peer_name, wire.pack_note(wire.NACK, xfer_id, pool, [reason]))
+        except Exception as e:
+            self._warn(f"could not refuse staged write {xfer_id} of {peer_name!r} ({type(e).__name__}: {e})")
 
     def _ack(self, arrival: Arrival) -> None:
-        self.nixl.send_notif(arrival.peer, wire.pack_note(wire.SCATTERED, arrival.xfer_id, arrival.pool))
-        self._arrivals.append(arrival)
+        self._arrivals.append(arrival)  # the blocks are in place, whether the sender hears of it or not
+        try:
+            self.nixl.send_notif(arrival.peer, wire.pack_note(wire.SCATTERED, arrival.xfer_id, arrival.pool))
+        except Exception as e:
+            self._warn(
+                f"could not acknowledge staged write {arrival.xfer_id} of {arrival.peer!r} "
+                f"({type(e).__name__}: {e}); is it connected and alive?"
+            )
 
     # --- end -------------------------------------------------------------------------------------------
 

@@ -1,13 +1,15 @@
 """The staged path's two ends: gather a mapping's source blocks into slots
-``0..n-1`` of a contiguous staging run before NIXL moves it, and scatter
-slots ``0..n-1`` into the destination blocks after it arrived.
+``0..n-1`` of the pool's contiguous *send* run before NIXL moves it, and
+scatter slots ``offset..offset+n-1`` of its *receive* run (the slots the
+receiver granted that transfer) into the destination blocks after it arrived.
 
 Every part is seen as bytes, ``(num_blocks, block_bytes)`` uint8 with the
 part's own axis-0 stride, so staging needs no dtype (bfloat16 included).
 Host pools gather and scatter with NumPy (tested on the CPU).  GPU pools
 gather with a cupy_swap prepared op into pinned staging on the caller's
-stream and scatter with another on the agent's stream (marked below: not
-run on the CPU machine; the GPU tests run them).
+stream (torch's current stream for torch pools when none is given, CuPy's
+otherwise) and scatter with another on the stager's stream (marked below:
+not run on the CPU machine; the GPU tests run them).
 """
 
 from __future__ import annotations
@@ -58,24 +60,25 @@ class HostStager:
     ----------
     parts : list of numpy.ndarray of shape (B, block_bytes_p), uint8
         Byte views of the pool's parts (:func:`host_bytes`).
-    staging : list of numpy.ndarray of shape (S, block_bytes_p), uint8
+    send, recv : list of numpy.ndarray of shape (S, block_bytes_p), uint8
+        The send and receive runs, one per part.
     """
 
-    def __init__(self, parts, staging):
-        self.parts, self.staging = parts, staging
+    def __init__(self, parts, send, recv):
+        self.parts, self.send, self.recv = parts, send, recv
 
     def gather(self, src: np.ndarray, stream=None):
-        """Copy blocks ``src`` (shape (n,)) into slots ``0..n-1``; returns None (done)."""
+        """Copy blocks ``src`` (shape (n,)) into send slots ``0..n-1``; returns None (done)."""
         n = src.shape[0]
-        for part, run in zip(self.parts, self.staging):
+        for part, run in zip(self.parts, self.send):
             np.take(part, src, axis=0, out=run[:n])
         return None
 
-    def scatter(self, dst: np.ndarray):
-        """Copy slots ``0..n-1`` into blocks ``dst`` (shape (n,)); returns None (done)."""
+    def scatter(self, dst: np.ndarray, offset: int = 0):
+        """Copy receive slots ``offset..offset+n-1`` into blocks ``dst`` (shape (n,)); returns None (done)."""
         n = dst.shape[0]
-        for part, run in zip(self.parts, self.staging):
-            part[dst] = run[:n]
+        for part, run in zip(self.parts, self.recv):
+            part[dst] = run[offset : offset + n]
         return None
 
 
@@ -87,30 +90,40 @@ class GpuStager:  # pragma: no cover - needs a GPU; tests/test_remote.py runs it
     ----------
     parts : list of cupy.ndarray of shape (B, block_bytes_p), uint8
         Byte views of the pool's GPU parts.
-    staging : list of numpy.ndarray of shape (S, block_bytes_p), uint8, pinned
+    send, recv : list of numpy.ndarray of shape (S, block_bytes_p), uint8, pinned
     device : int
+    torch_parts : bool
+        The pool holds torch tensors: a gather without ``stream`` is ordered
+        on torch's current stream (as the direct path's :func:`stream_ready`),
+        not CuPy's.  Not run on a GPU yet.
     """
 
-    def __init__(self, parts, staging, device: int):
+    def __init__(self, parts, send, recv, device: int, torch_parts: bool = False):
         import cupy
 
         self._cupy = cupy
-        self.swapper = cs.BlockSwapper(max_blocks=staging[0].shape[0], device=device)
-        self.to_staging = self.swapper.prepare(parts, staging)
-        self.from_staging = self.swapper.prepare(staging, parts)
+        self.device, self.torch_parts = device, torch_parts
+        self.swapper = cs.BlockSwapper(max_blocks=max(send[0].shape[0], recv[0].shape[0]), device=device)
+        self.to_staging = self.swapper.prepare(parts, send)
+        self.from_staging = self.swapper.prepare(recv, parts)
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
 
     def gather(self, src: np.ndarray, stream=None):
-        """Launch the gather on ``stream`` (after the work queued there);
-        returns a ``ready()`` callable that says whether it finished."""
+        """Launch the gather on ``stream`` (None: torch's current stream for
+        torch pools, CuPy's otherwise), after the work queued there; returns
+        a ``ready()`` callable that says whether it finished."""
+        if stream is None and self.torch_parts:
+            import torch
+
+            stream = torch.cuda.current_stream(self.device)
         rows = np.stack([src, np.arange(src.shape[0], dtype=np.int64)], axis=1)
         event = self.to_staging(rows, stream=stream)
         return lambda: event.done
 
-    def scatter(self, dst: np.ndarray):
-        """Launch the scatter on the stager's stream; returns its event."""
-        rows = np.stack([np.arange(dst.shape[0], dtype=np.int64), dst], axis=1)
+    def scatter(self, dst: np.ndarray, offset: int = 0):
+        """Launch the scatter of receive slots ``offset..`` on the stager's stream; returns its event."""
+        rows = np.stack([np.arange(offset, offset + dst.shape[0], dtype=np.int64), dst], axis=1)
         return self.from_staging(rows, stream=self.stream)
 
 

@@ -8,6 +8,15 @@ can read and write the registered pools).
 
 Notification: ``b"CSN1"``, then ``<B kind, Q transfer id, H name length>``,
 the pool name (UTF-8), then the block indices as little-endian int32.
+
+Kinds: ``WRITE``/``READ``/``STAGED`` ride on transfers (the blocks written or
+read); ``DROP`` (a pool is gone) and the staged path's handshake are sent on
+their own: ``REQUEST`` (sender -> receiver, blocks ``[n]``: n slots of the
+pool's receive run wanted), ``GRANT`` (blocks ``[offset]``: slots
+``offset..offset+n-1`` are this transfer's), ``SCATTERED`` (the blocks are in
+place, the slots free again), ``NACK`` (refused, blocks ``[reason]``, one of
+:data:`NACK_REASONS`) and ``CANCEL`` (sender -> receiver: the granted or
+requested slots will not be written).
 """
 
 from __future__ import annotations
@@ -26,8 +35,26 @@ _MD_MAGIC = b"CSWAPMD1"
 _NOTE_MAGIC = b"CSN1"
 _NOTE_HEAD = struct.Struct("<BQH")
 
-WRITE, READ, STAGED, DROP, SCATTERED = 1, 2, 3, 4, 5
-KIND_NAMES = {WRITE: "write", READ: "read", STAGED: "staged", DROP: "drop", SCATTERED: "scattered"}
+WRITE, READ, STAGED, DROP, SCATTERED, REQUEST, GRANT, NACK, CANCEL = range(1, 10)
+KIND_NAMES = {
+    WRITE: "write",
+    READ: "read",
+    STAGED: "staged",
+    DROP: "drop",
+    SCATTERED: "scattered",
+    REQUEST: "request",
+    GRANT: "grant",
+    NACK: "nack",
+    CANCEL: "cancel",
+}
+NO_STAGING, TOO_MANY, BAD_BLOCKS, NO_GRANT, DROPPED = range(1, 6)
+NACK_REASONS = {
+    NO_STAGING: "the receiver has no such pool with a staging run",
+    TOO_MANY: "more blocks than the receiver's receive run holds",
+    BAD_BLOCKS: "destination blocks out of range, repeated, or not the granted count",
+    NO_GRANT: "no slots were granted to this transfer (cancelled, or the peer was disconnected)",
+    DROPPED: "the receiver dropped the pool",
+}
 
 
 def pack_metadata(agent: str, pools: dict, nixl_md: bytes) -> bytes:
