@@ -48,16 +48,37 @@ def serve(conn, name: str, specs: dict, md_dir: str) -> None:
         pools[pool] = make_parts(spec, spec.get("mem", "host"))
         agent.register_pool(pool, pools[pool], staging_blocks=spec.get("staging", 0))
     publish(os.path.join(md_dir, name), agent.metadata())
-    agent.connect(fetch(os.path.join(md_dir, "parent"), timeout=60))
+    parent = agent.connect(fetch(os.path.join(md_dir, "parent"), timeout=60))
     conn.send(("ready", os.getpid()))
-    arrivals = []
+    arrivals, writes = [], []
     while True:
         arrivals += agent.poll()
         if not conn.poll(0.0005):
             continue
         cmd, arg = conn.recv()
         try:
-            if cmd == "get":
+            if cmd == "write":  # post a write to the parent, answer at once (waited by "wait_writes")
+                local, remote, rows, path = arg
+                writes.append(agent.write(local, (parent, remote), rows, path=path))
+                conn.send(True)
+            elif cmd == "wait_writes":
+                out = []
+                for t in writes:
+                    try:
+                        t.wait(timeout=arg)
+                        out.append(None)
+                    except Exception as e:  # the test reads it
+                        out.append(f"{type(e).__name__}: {e}")
+                writes = []
+                conn.send(out)
+            elif cmd == "metadata":
+                conn.send(agent.metadata())
+            elif cmd == "nap_then_drop":  # answer, then neither poll nor progress for a while, then drop
+                seconds, pool = arg
+                conn.send(True)
+                time.sleep(seconds)
+                agent.drop_pool(pool)
+            elif cmd == "get":
                 conn.send(to_host(pools[arg]))
             elif cmd == "set":
                 pool, data = arg

@@ -6,6 +6,7 @@ everywhere."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import subprocess
@@ -36,16 +37,18 @@ needs_nixl = pytest.mark.skipif(NIXL_WHY is not None, reason=f"needs NIXL: {NIXL
 
 POISON = 0xA5
 # The peer's pools: "kv" is two strided parts of 3 x 40 bytes a block (odd on purpose),
-# "big" 1250 blocks of 32 KiB, "gone" is dropped by a test.
+# "big" 1250 blocks of 32 KiB, "gone" and "nack" are dropped by tests.
 SPECS = {
     "kv": {"blocks": 97, "shape": (3, 40), "parts": 2, "strided": True, "staging": 32},
     "big": {"blocks": 1250, "shape": (32768,), "parts": 1, "staging": 1250},
     "gone": {"blocks": 8, "shape": (16,), "parts": 1},
+    "nack": {"blocks": 8, "shape": (16,), "parts": 1, "staging": 4},
 }
 LOCAL = {
     "kv": {"blocks": 61, "shape": (3, 40), "parts": 2, "staging": 64},
     "big": {"blocks": 1250, "shape": (32768,), "parts": 1, "staging": 1250},
     "gone": {"blocks": 8, "shape": (16,), "parts": 1},
+    "nack": {"blocks": 8, "shape": (16,), "parts": 1, "staging": 4},
 }
 
 
@@ -123,6 +126,28 @@ def random_rows(rng, n, src_blocks, dst_blocks):
 def reset(peer, pool):
     peer.call("set", (pool, [np.full(p.shape, POISON, np.uint8) for p in make_parts(SPECS[pool])]))
     peer.call("arrivals", 0)  # forget earlier notifications
+
+
+def call_progressing(peer, progress, cmd, arg=None, timeout=20):
+    """``peer.call(cmd, arg)`` while this side keeps calling ``progress()`` (the
+    peer's command may need this side's grants or acknowledgements)."""
+    peer.conn.send((cmd, arg))
+    end = time.monotonic() + timeout
+    while not peer.conn.poll(0.001):
+        progress()
+        assert time.monotonic() < end, f"peer did not answer {cmd!r} in {timeout} s"
+    return peer.call(None)
+
+
+def poll_until(agent, count, timeout=10, also=()):
+    """``agent.poll()`` (and each of ``also``'s ``done()``) until ``count`` arrivals came."""
+    got, end = [], time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < end:
+        got += agent.poll()
+        for t in also:
+            t.done()
+        time.sleep(0.0005)
+    return got
 
 
 # --- NIXL, two processes -------------------------------------------------------------------------------
@@ -237,6 +262,171 @@ def test_staged_writes_back_to_back(pair, rng):
 
 
 @needs_nixl
+def test_staged_writes_both_ways_at_once(pair, rng):
+    """A -> B and B -> A staged at once: each side's send run is not the run
+    the other writes into, so both land byte-exact (one shared run mixed them)."""
+    agent, pools, peer = pair
+    n = 625
+    mine = [rng.integers(0, 256, p.shape, dtype=np.uint8) for p in pools["big"]]
+    theirs = [rng.integers(0, 256, p.shape, dtype=np.uint8) for p in make_parts(SPECS["big"])]
+    for p, d in zip(pools["big"], mine):
+        p[...] = d
+    peer.call("set", ("big", theirs))
+    peer.call("arrivals", 0)
+    agent.poll()
+    to_peer = (np.arange(n), n + rng.permutation(n))  # sources and destinations disjoint on both sides
+    to_me = (np.arange(n), n + rng.permutation(n))
+    t = agent.write("big", (peer.name, "big"), to_peer, path="staged")
+    got = []
+    assert call_progressing(peer, lambda: got.extend(agent.poll()), "write", ("big", "big", to_me, "staged"))
+    got += poll_until(agent, 1 - len(got), timeout=15, also=[t])
+    assert call_progressing(peer, lambda: got.extend(agent.poll()), "wait_writes", 15) == [None]
+    t.wait(timeout=15)
+    assert [(a.kind, a.blocks.tolist()) for a in got] == [("staged", to_me[1].tolist())]
+    assert [(a[2], a[3]) for a in peer.call("arrivals", 10)] == [("staged", to_peer[1].tolist())]
+    np.testing.assert_array_equal(pools["big"][0][to_me[1]], theirs[0][to_me[0]])
+    np.testing.assert_array_equal(peer.call("get", "big")[0][to_peer[1]], mine[0][to_peer[0]])
+
+
+@needs_nixl
+def test_staged_writes_from_two_senders_into_one_pool(pair, rng):
+    """Two peers write staged into one pool before it polls: each gets its own
+    granted slots of the receive run, so neither overwrites the other."""
+    agent, pools, peer = pair
+    other = loopback_agent("parent-second-sender")
+    try:
+        mine = make_parts({"blocks": 16, "shape": (3, 40), "parts": 2})
+        for p in mine:
+            p[...] = rng.integers(0, 256, p.shape, dtype=np.uint8)
+        other.register_pool("kv", mine, staging_blocks=16)
+        other.connect(agent.metadata())
+        agent.connect(other.metadata())
+        theirs = [rng.integers(0, 256, p.shape, dtype=np.uint8) for p in make_parts(SPECS["kv"])]
+        peer.call("set", ("kv", theirs))
+        for p in pools["kv"]:
+            p[...] = POISON
+        agent.poll()
+        from_peer, from_other = (np.arange(8), np.arange(8)), (np.arange(8), np.arange(8, 16))
+        got = []
+        assert peer.call("write", ("kv", "kv", from_peer, "staged"))  # the receiver does not poll yet
+        t = other.write("kv", (agent.name, "kv"), from_other, path="staged")
+        end = time.monotonic() + 0.3  # both senders make progress while the receiver does not poll
+        while time.monotonic() < end:
+            t.done()
+        got += poll_until(agent, 2 - len(got), also=[t])
+        t.wait(timeout=10)
+        assert call_progressing(peer, lambda: got.extend(agent.poll()), "wait_writes", 10) == [None]
+        assert sorted((a.peer, a.blocks.tolist()) for a in got) == [
+            (other.name, list(range(8, 16))),
+            (peer.name, list(range(8))),
+        ]
+        for local, p_data, o_data in zip(pools["kv"], theirs, mine):
+            np.testing.assert_array_equal(local[:8], p_data[:8])
+            np.testing.assert_array_equal(local[8:16], o_data[:8])
+    finally:
+        other.close()
+        agent.disconnect(other.name)
+
+
+@needs_nixl
+@pytest.mark.parametrize("path", ["direct", "staged"])
+def test_internal_progress_keeps_arrivals(pair, rng, path):
+    """Calls that make progress inside (remote_pools, write, read) handle
+    notifications but leave the Arrivals for poll()."""
+    agent, pools, peer = pair
+    theirs = [rng.integers(0, 256, p.shape, dtype=np.uint8) for p in make_parts(SPECS["kv"])]
+    peer.call("set", ("kv", theirs))
+    agent.poll()
+    rows = (np.arange(5), np.array([7, 3, 50, 0, 60]))
+
+    def progress():
+        assert "kv" in agent.remote_pools(peer.name)
+
+    assert peer.call("write", ("kv", "kv", rows, path))
+    assert call_progressing(peer, progress, "wait_writes", 10) == [None]
+    end = time.monotonic() + 0.3  # the notification lands during these calls, not during poll()
+    while time.monotonic() < end:
+        progress()
+    got = poll_until(agent, 1, timeout=3)
+    assert [(a.peer, a.kind, a.blocks.tolist()) for a in got] == [
+        (peer.name, "staged" if path == "staged" else "write", rows[1].tolist())
+    ]
+    for local, data in zip(pools["kv"], theirs):
+        np.testing.assert_array_equal(local[rows[1]], data[rows[0]])
+
+
+@needs_nixl
+def test_unanswerable_peer_costs_no_arrival(pair):
+    """A sender this agent never connected: the grant it asks for cannot be
+    sent (a warning, in the peer process), and poll() still reports the
+    sender's other writes instead of raising NIXL's error."""
+    agent, pools, peer = pair
+    peer.call("arrivals", 0)
+    stranger = loopback_agent("parent-stranger")
+    try:
+        stranger.register_pool(
+            "kv", make_parts({"blocks": 8, "shape": (3, 40), "parts": 2}), staging_blocks=8
+        )
+        name = stranger.connect(peer.call("metadata"))
+        staged = stranger.write("kv", (name, "kv"), [(0, 1)], path="staged")
+        direct = stranger.write("kv", (name, "kv"), [(2, 3)])
+        direct.wait(timeout=10)
+        assert [(a[0], a[2], a[3]) for a in peer.call("arrivals", 10)] == [(stranger.name, "write", [3])]
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            staged.done()
+        assert not staged.done()  # never granted: it waits (wait(timeout) bounds it)
+        agent.write("kv", (peer.name, "kv"), [(0, 0)], path="staged").wait(
+            timeout=10
+        )  # the peer still serves
+        assert [a[0] for a in peer.call("arrivals", 10)] == [agent.name]
+        staged.close()  # given up
+        with pytest.raises(TransferError, match="closed before it was done"):
+            staged.done()
+    finally:
+        stranger.close()
+
+
+@needs_nixl
+def test_refused_staged_write_fails_the_sender(pair):
+    """The receiver dropped the pool before it granted slots: the sender's
+    Transfer raises TransferError promptly and keeps no state for it."""
+    agent, pools, peer = pair
+    assert peer.call("nap_then_drop", (0.5, "nack"))
+    t = agent.write("nack", (peer.name, "nack"), [(0, 1), (2, 3)], path="staged")
+    started = time.monotonic()
+    with pytest.raises(TransferError, match="refused it: the receiver (dropped the pool|has no such pool)"):
+        t.wait(timeout=5)
+    assert time.monotonic() - started < 5
+    assert not agent._sent
+    agent.write("kv", (peer.name, "kv"), [(0, 0)], path="staged").wait(timeout=10)
+
+
+@needs_nixl
+def test_abandoned_transfers_are_released(pair):
+    """close() releases a transfer's NIXL handle and fails it; a staged write
+    dropped before it was posted gives its granted slots back (the next write
+    needs all of them)."""
+    agent, pools, peer = pair
+    rows = np.stack([np.arange(1250), np.arange(1250)], 1)
+    t = agent.write("big", (peer.name, "big"), rows)
+    moved = t.moved  # NIXL may have finished it inside the post already
+    t.close()
+    assert t._xfer is None
+    if moved:
+        assert t.done()
+    else:
+        with pytest.raises(TransferError, match="closed before it was done"):
+            t.wait(timeout=1)
+    t = agent.write("kv", (peer.name, "kv"), [(0, 0)], path="staged")  # asks for 1 of the peer's 32 slots
+    del t
+    gc.collect()
+    full = [(i, i) for i in range(32)]
+    agent.write("kv", (peer.name, "kv"), full, path="staged").wait(timeout=10)
+    peer.call("arrivals", 0.2)
+
+
+@needs_nixl
 def test_staged_beyond_staging_refused(pair):
     agent, pools, peer = pair
     with pytest.raises(ValueError, match=r"33 blocks exceed the staging runs \(32 slots\)"):
@@ -302,6 +492,40 @@ def test_connect_refuses_mismatched_layouts():
         b.close()
 
 
+@needs_nixl
+@pytest.mark.parametrize("fail_at", [1, 2])
+def test_register_pool_failure_frees_what_it_registered(fail_at):
+    """A failed step of register_pool (here: preparing the blocks' or the send
+    run's descriptor list) deregisters the memory it had registered by then;
+    the name stays free."""
+    agent = loopback_agent("register-cleanup")
+    try:
+        parts = make_parts({"blocks": 4, "shape": (32,), "parts": 2})
+        calls, freed = [], []
+        prep, dereg = agent.nixl.prep_xfer_dlist, agent.nixl.deregister_memory
+
+        def failing_prep(*args, **kwargs):
+            calls.append(args[0])
+            if len(calls) == fail_at:
+                raise RuntimeError("prep failed on purpose")
+            return prep(*args, **kwargs)
+
+        def counting_dereg(reg):
+            freed.append(reg)
+            return dereg(reg)
+
+        agent.nixl.prep_xfer_dlist = failing_prep
+        agent.nixl.deregister_memory = counting_dereg
+        with pytest.raises(RuntimeError, match="on purpose"):
+            agent.register_pool("kv", parts, staging_blocks=4)
+        assert len(freed) == fail_at and "kv" not in agent.pools()
+        agent.nixl.prep_xfer_dlist = prep
+        agent.register_pool("kv", parts, staging_blocks=4)
+        assert "kv" in agent.pools()
+    finally:
+        agent.close()
+
+
 # --- no NIXL needed ------------------------------------------------------------------------------------
 
 
@@ -360,6 +584,22 @@ def test_exchange_file(tmp_path):
     assert oct((tmp_path / "md").stat().st_mode & 0o777) == "0o600"
     with pytest.raises(TimeoutError):
         fetch(tmp_path / "none", timeout=0.05)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o666])
+def test_exchange_refuses_files_others_may_touch(tmp_path, mode):
+    publish(tmp_path / "md", b"blob")
+    os.chmod(tmp_path / "md", mode)
+    with pytest.raises(PermissionError, match="no group or other access"):
+        fetch(tmp_path / "md", timeout=0.05)
+
+
+def test_exchange_refuses_another_users_file(tmp_path, monkeypatch):
+    publish(tmp_path / "md", b"blob")
+    uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: uid + 1)
+    with pytest.raises(PermissionError, match="owned by this user"):
+        fetch(tmp_path / "md", timeout=0.05)
 
 
 # --- GPU (run on the device) ---------------------------------------------------------------------------

@@ -18,8 +18,12 @@ checks the mapping, turns it into descriptor indices and posts.
 Progress.  Nothing runs in the background (NIXL's progress thread is off by
 default).  A GPU write is posted when the event recorded on its producing
 stream has completed, and that is noticed inside :meth:`Transfer.done`,
-:meth:`Transfer.wait` or :meth:`RemoteAgent.poll` (which also posts every
-pending transfer that became ready); until one of them runs, the write waits.
+:meth:`Transfer.wait` or :meth:`RemoteAgent.poll` (which drives every
+transfer of this agent not moved yet: posts those that became ready, checks
+the posted ones); until one of them runs, the write waits.  The same holds for
+a staged write waiting for its slots, and the receiver's notification of a
+posted transfer was seen to wait for such a check too: a side that only sends
+should still call ``poll()`` (or ``done()``) now and then.
 Internal progress (every ``write``/``read``/``remote_pools`` call) handles
 notifications as they come but keeps the :class:`Arrival` s for :meth:`poll`.
 
@@ -124,7 +128,7 @@ class _Pool:
     stager: object = None
     slots: _Slots | None = None
     keep: list = field(default_factory=list)  # arrays whose memory is registered
-    last_send: Transfer | None = None  # the send run is free once it moved (or failed)
+    last_send: weakref.ref | None = None  # to the last staged Transfer: the send run is free once it moved
     torch: bool = False
 
 
@@ -202,7 +206,7 @@ class RemoteAgent:
         self._arrivals: list[Arrival] = []
         self._scattering: list = []  # (event, pool, Arrival) of GPU scatters not finished yet
         self._sent: dict[int, _Sent] = {}  # staged writes of this agent not yet answered
-        self._unposted: list = []  # weak references to transfers waiting to be posted
+        self._pending: list = []  # weak references to this agent's transfers not yet moved
         self._ids = itertools.count(1)
 
     # --- pools -----------------------------------------------------------------------------------------
@@ -566,7 +570,7 @@ class RemoteAgent:
         nixl = self.nixl
 
         def answered():
-            if sent.error is None and sent.offset is None or sent.offset is not None and not sent.scattered:
+            if sent.error is None and not sent.scattered:
                 self._progress()
             if sent.error is not None:
                 raise RemoteError(f"peer {peer.name!r} refused it: {sent.error}")
@@ -585,8 +589,6 @@ class RemoteAgent:
 
         def settled():
             answered()
-            if sent.scattered:
-                self._sent.pop(xfer_id, None)
             return sent.scattered
 
         def forget(cancel: bool):  # failed, refused or closed: no answer is awaited any more
@@ -598,8 +600,9 @@ class RemoteAgent:
                     pass
 
         nbytes = n * sum(pool.layout.block_bytes)
-        pool.last_send = self._track(Transfer(nixl, what, nbytes, n, post, ready, settled, forget))
-        return pool.last_send
+        transfer = self._track(Transfer(nixl, what, nbytes, n, post, ready, settled, forget))
+        pool.last_send = weakref.ref(transfer)  # a transfer dropped unposted is closed: the run is free
+        return transfer
 
     def _post(
         self,
@@ -631,9 +634,9 @@ class RemoteAgent:
         return self._track(Transfer(nixl, what, nbytes, int(lblocks.size), post, ready))
 
     def _track(self, transfer: Transfer) -> Transfer:
-        """Keep a (weak) reference to a transfer not yet posted, for :meth:`poll` to post."""
-        if transfer._xfer is None and not transfer.moved:
-            self._unposted.append(weakref.ref(transfer))
+        """Keep a (weak) reference to a transfer not yet moved, for :meth:`poll` to drive."""
+        if not transfer.moved:
+            self._pending.append(weakref.ref(transfer))
         return transfer
 
     def _wait_send_free(self, pool: _Pool, peer: _Peer, rpool: str, timeout: float) -> None:
@@ -641,7 +644,7 @@ class RemoteAgent:
         its last staged write moved, failed or was closed."""
         end = time.monotonic() + timeout
         while True:
-            last = pool.last_send
+            last = None if pool.last_send is None else pool.last_send()
             try:
                 free = last is None or last._advance()
             except TransferError:  # that one failed; its run is free
@@ -660,9 +663,11 @@ class RemoteAgent:
 
     def poll(self) -> list[Arrival]:
         """Read new notifications (scatter staged arrivals into their pools and
-        acknowledge them, grant staging slots, note dropped pools), post the
-        transfers that became ready (GPU writes whose stream event completed,
-        staged writes that got their slots), and return the :class:`Arrival` s
+        acknowledge them, grant staging slots, note dropped pools), drive this
+        agent's own transfers that have not moved yet (post those that became
+        ready: GPU writes whose stream event completed, staged writes that got
+        their slots; check the posted ones, which is also when NIXL was seen to
+        send a transfer's notification), and return the :class:`Arrival` s
         completed since the last call.
 
         A notification that cannot be handled, or an answer that cannot be
@@ -671,17 +676,16 @@ class RemoteAgent:
         """
         self._progress()
         live = []
-        for ref in self._unposted:
+        for ref in self._pending:
             t = ref()
             if t is None:
                 continue
             try:
-                t._advance()
+                if not t._advance():
+                    live.append(ref)
             except TransferError:  # kept on the handle: its done()/wait() raise it
-                continue
-            if t._xfer is None and not t.moved:
-                live.append(ref)
-        self._unposted = live
+                pass
+        self._pending = live
         out, self._arrivals = self._arrivals, []
         return out
 
@@ -719,10 +723,12 @@ class RemoteAgent:
             sent = self._sent.get(note.xfer_id)
             if sent is None or sent.peer != peer_name:
                 return
+            if kind == wire.GRANT:
+                sent.offset = int(note.blocks[0])
+                return
+            del self._sent[note.xfer_id]  # answered: its Transfer holds the verdict
             if kind == wire.SCATTERED:
                 sent.scattered = True
-            elif kind == wire.GRANT:
-                sent.offset = int(note.blocks[0])
             else:
                 reason = int(note.blocks[0]) if note.blocks.size else 0
                 sent.error = wire.NACK_REASONS.get(reason, f"refused (reason {reason})")
