@@ -345,8 +345,8 @@ class RemoteAgent:
         for pool_name, remote in pools.items():
             if pool_name in self._pools:
                 check_pairable(self._pools[pool_name].layout, remote, name)
-        if name in self._peers:
-            self.disconnect(name)
+        if name in self._peers:  # staged writes both ways keep their slots and state
+            self._drop_peer(name, staging=False)
         added = self.nixl.add_remote_agent(nixl_md)
         added = added.decode() if isinstance(added, bytes) else added
         if added != name:
@@ -356,19 +356,25 @@ class RemoteAgent:
         return name
 
     def disconnect(self, peer: str) -> None:
-        """Forget a peer: release its prepared descriptors and its NIXL metadata."""
+        """Forget a peer: release its prepared descriptors and its NIXL metadata,
+        give the receive slots granted to it back (quiesce first: a staged write
+        of it still in flight could land in slots granted anew), and fail this
+        agent's staged writes to it that are still waiting for an answer."""
+        self._drop_peer(peer, staging=True)
+
+    def _drop_peer(self, peer: str, staging: bool) -> None:
         p = self._peers.pop(peer)
         for handle in p.dlists.values():
             handle.release()
-        for pool in self._pools.values():  # its slots and waiting requests are free again
+        for pool in self._pools.values() if staging else ():  # its slots and waiting requests are free again
             if pool.slots is not None:
                 for key in [k for k in pool.slots.grants if k[0] == peer]:
                     pool.slots.release(key)
                 pool.slots.queue = collections.deque(r for r in pool.slots.queue if r[0] != peer)
                 self._grant(pool)
-        for sent in self._sent.values():
+        for sent in self._sent.values() if staging else ():
             if sent.peer == peer and sent.error is None and not sent.scattered:
-                sent.error = f"peer {peer!r} was disconnected"
+                sent.error = f"peer {peer!r} was disconnected before it answered"
         try:
             self.nixl.remove_remote_agent(peer)
         except Exception:  # already gone
@@ -552,6 +558,8 @@ class RemoteAgent:
         if not n:
             return Transfer(self.nixl, what, 0, 0, None)
         self._wait_send_free(pool, peer, rpool.name, timeout)
+        remote_dlist = self._remote_dlist(peer, rpool, True)
+        gathered = pool.stager.gather(src, stream)  # the send run is ours until this write moved
         xfer_id = next(self._ids)
         sent = _Sent(peer.name, rpool.name, n)
         try:
@@ -562,10 +570,8 @@ class RemoteAgent:
                 "nothing was posted"
             ) from e
         self._sent[xfer_id] = sent
-        gathered = pool.stager.gather(src, stream)
         parts = len(pool.layout.parts)
         lidx = descriptor_indices(np.arange(n, dtype=np.int64), parts, pool.layout.staging_blocks)
-        remote_dlist = self._remote_dlist(peer, rpool, True)
         note = wire.pack_note(wire.STAGED, xfer_id, rpool.name, dst)
         nixl = self.nixl
 
@@ -573,7 +579,7 @@ class RemoteAgent:
             if sent.error is None and not sent.scattered:
                 self._progress()
             if sent.error is not None:
-                raise RemoteError(f"peer {peer.name!r} refused it: {sent.error}")
+                raise RemoteError(sent.error)
 
         def ready():
             if gathered is not None and not gathered():
@@ -731,7 +737,8 @@ class RemoteAgent:
                 sent.scattered = True
             else:
                 reason = int(note.blocks[0]) if note.blocks.size else 0
-                sent.error = wire.NACK_REASONS.get(reason, f"refused (reason {reason})")
+                why = wire.NACK_REASONS.get(reason, f"reason {reason}")
+                sent.error = f"peer {peer_name!r} refused it: {why}"
             return
         if kind == wire.DROP:
             peer = self._peers.get(peer_name)
@@ -739,7 +746,9 @@ class RemoteAgent:
                 peer.dropped.add(note.pool)
             for sent in self._sent.values():
                 if sent.peer == peer_name and sent.pool == note.pool and sent.offset is None:
-                    sent.error = sent.error or wire.NACK_REASONS[wire.DROPPED]
+                    sent.error = (
+                        sent.error or f"peer {peer_name!r} refused it: {wire.NACK_REASONS[wire.DROPPED]}"
+                    )
             return
         pool = self._pools.get(note.pool)
         key = (peer_name, note.xfer_id)
