@@ -392,7 +392,7 @@ def test_refused_staged_write_fails_the_sender(pair):
     """The receiver dropped the pool before it granted slots: the sender's
     Transfer raises TransferError promptly and keeps no state for it."""
     agent, pools, peer = pair
-    assert peer.call("nap_then_drop", (0.5, "nack"))
+    assert peer.call("nap_then_drop", (1.0, "nack"))  # the request below reaches it asleep
     t = agent.write("nack", (peer.name, "nack"), [(0, 1), (2, 3)], path="staged")
     started = time.monotonic()
     with pytest.raises(TransferError, match="refused it: the receiver (dropped the pool|has no such pool)"):
