@@ -32,9 +32,7 @@ from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_ge
 if TYPE_CHECKING:
     from .cuda.streams import SwapEvent
 
-__all__ = ["PreparedSwap", "CHECKS"]
-
-CHECKS = (None, "launch", "host")
+__all__ = ["PreparedSwap"]
 
 
 class _Decided:
@@ -175,7 +173,7 @@ class PreparedSwap:
             handle = op.default_stream()
         else:
             handle = sw._current_stream().ptr
-        route = op.route if mode is None else self._route_for(mode)
+        route = op.route if mode is None else self._route_for(layout, mode)
         # Decided before any wait is enqueued, so a refusal enqueues nothing;
         # only what depends on a capture waits for the capture query.
         path, status, seq, checked = "none", 0, 0, on_gpu is not None
@@ -200,6 +198,8 @@ class PreparedSwap:
             )
             if not checked:  # raises before any launch
                 pairs = check_rows_for(layout, pairs, sw.max_blocks)
+            if path == "staged":
+                plan = self._staged_ready(layout, _rows_array(pairs))
         no_waits = wait_for is None or (type(wait_for) is tuple and not wait_for)  # 0 is a stream
         if not no_waits:
             for w in [wait_handle(w, sw.device, caller) for w in _as_sequence(wait_for)]:
@@ -215,10 +215,12 @@ class PreparedSwap:
                 )
             if capturing and checked:  # a captured launch keeps its rows: checked once, here
                 pairs, checked = check_rows_for(layout, pairs, sw.max_blocks), False
+            if capturing and path == "staged":
+                raise ValueError(
+                    "mode: 'staged' cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()"
+                )
             if checked:
                 status, seq = sw._status.take()
-            if path == "staged":
-                plan = self._staged_ready(_rows_array(pairs), capturing)
         timed = sw.timing if timing is None else timing
         event = sw._events.take(timed)
         event.path, event.nbytes = path, n * layout.bytes_per_pair
@@ -252,11 +254,10 @@ class PreparedSwap:
         sw.last_path = path
         return event
 
-    def _route_for(self, mode) -> str:
+    def _route_for(self, layout: Layout, mode) -> str:
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
-        sw = self._swapper
-        return prepared_route(self._decided.layout, mode, sw.policy)
+        return prepared_route(layout, mode, self._swapper.policy)
 
     def _refuse_on_gpu(self, op: _Decided, mode, check, n: int) -> None:
         """Refuse what a mapping on the GPU cannot do, before anything is
@@ -288,17 +289,12 @@ class PreparedSwap:
                 f"got {n}; split the swap or pass the rows on the host"
             )
 
-    def _staged_ready(self, pairs: np.ndarray, capturing: bool):
+    def _staged_ready(self, layout: Layout, pairs: np.ndarray):
         """The staged swap's chunk plan, its arena allocated (first staged
         swap of the direction), before anything is enqueued."""
         from cupy.cuda.memory import OutOfMemoryError
 
         sw = self._swapper
-        layout = self._decided.layout
-        if capturing:
-            raise ValueError(
-                "mode: 'staged' cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()"
-            )
         stager = sw._stagers[layout.direction]
         try:
             with stager.lock:

@@ -123,8 +123,8 @@ class KernelNode:
         ]
 
     def launch_one(self, grid: int, threads: int, args_ptr: int, stream: int, smem: int = 0) -> None:
-        """:meth:`launch` of a graph of one kernel, without the step tuples
-        (``smem``: bytes of dynamic shared memory)."""
+        """Set the node's grid, parameters and ``smem`` (bytes of dynamic
+        shared memory), then launch the graph on ``stream``."""
         ((params, args),) = self._calls
         params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
         params.sharedMemBytes = smem
