@@ -26,6 +26,7 @@ from .core.mapping import check_rows_for, host_rows
 from .core.route import MODES, prepared_route, staged_plan
 from .cuda import abi, memory
 from .cuda.gpu_mapping import device_rows
+from .cuda.launcher import HOST_CHECK_ROWS
 from .cuda.status import Verdicts
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 
@@ -188,12 +189,15 @@ class PreparedSwap:
                 and n * len(layout.src) <= sw.policy.dma_max_copies
             ):
                 path = "dma"  # one copy: the copy engines start sooner
-            # Host rows are checked on the host unless the launch is asked to
-            # (it costs device time there: benchmarks/NOTES.md, item 42).
+            # More than a few host rows go through a ring slot to device
+            # memory, where the launch checks them for free; a few are checked
+            # on the host, cheaper than the launch's check over its parameter
+            # (benchmarks/NOTES.md, items 42 and 43).
             checked = (
-                check == "launch"
+                check != "host"
                 and path == "kernel"
                 and op.launch_checks
+                and (check == "launch" or (n > HOST_CHECK_ROWS and op.kernel.slots_ok))
                 and n <= sw._launcher.check_rows_max
             )
             if not checked:  # raises before any launch
@@ -233,8 +237,8 @@ class PreparedSwap:
             if path == "kernel":
                 if on_gpu is not None:
                     op.kernel.launch_rows(on_gpu, handle, capturing, status, seq)
-                elif not op.kernel.launch(pairs, n, handle, capturing, status, seq):  # too many for inline
-                    sw._launcher.launch_descriptor(layout, pairs, handle, capturing, held, status, seq)
+                else:
+                    op.kernel.launch_host(pairs, n, handle, capturing, held, status, seq)
             elif path == "dma":
                 sw._dma.copy(layout, pairs, handle, capturing)
             elif path == "staged":

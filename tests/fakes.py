@@ -18,6 +18,7 @@ import numpy as np
 from cupy_swap.core.parts import DEVICE, Part, as_parts
 from cupy_swap.core.route import Policy
 from cupy_swap.cuda import memory
+from cupy_swap.cuda.launcher import HOST_CHECK_ROWS
 
 
 def on_gpu(parts: list[Part], device: int = 0) -> list[Part]:
@@ -130,6 +131,17 @@ class FakeKernel:
     def launch_rows(self, rows, stream, capturing, status, seq):
         self.calls.append(("rows", rows.n, stream, capturing, status, seq))
 
+    slots_ok = True  # host rows checked in the launch go through a ring slot
+
+    def launch_host(self, pairs, n, stream, capturing, held, status=0, seq=0):
+        """As ``BoundKernel.launch_host`` picks: a ring slot, inline, or the
+        launcher's descriptor ring (``self.descriptor``)."""
+        if status and n > HOST_CHECK_ROWS and self.slots_ok:
+            flat = list(pairs) if type(pairs) is list else pairs.reshape(-1).tolist()
+            self.calls.append(("slot", flat, stream, capturing, status, seq))
+        elif not self.launch(pairs, n, stream, capturing, status, seq):
+            self.descriptor(None, pairs, stream, capturing, held, status, seq)
+
 
 class FakeBoard:
     """A status board: ``verdicts[seq]`` is what the launch of ``seq`` wrote."""
@@ -155,13 +167,13 @@ class FakeSwapper:
         self.policy, self.last_path, self._closed = Policy(), None, False
         self._status = board or FakeBoard()
         kernel = FakeKernel(calls, inline)
+        kernel.descriptor = lambda layout, pairs, stream, capturing, held, status=0, seq=0: calls.append(
+            ("descriptor", pairs.reshape(-1).tolist(), stream, capturing, status, seq)
+        )
         self._launcher = types.SimpleNamespace(
             bind=lambda layout: kernel,
             check_rows_max=8192,
             keep_until_done=lambda event, keep: calls.append(("keep", keep)),
-            launch_descriptor=lambda layout, pairs, stream, capturing, held, status=0, seq=0: calls.append(
-                ("descriptor", pairs.reshape(-1).tolist(), stream, capturing, status, seq)
-            ),
         )
         self._dma = types.SimpleNamespace(
             copy=lambda layout, pairs, stream, capturing: calls.append(("dma", stream))

@@ -65,8 +65,10 @@ def test_many_parts_are_checked_in_the_launch(rng, parts):
         sw.swap_in(host, gpu, m, check="launch").synchronize()
     with pytest.raises(ValueError, match="again in row 150"):
         sw.swap_out(gpu, host, m, check="launch").synchronize()
+    with pytest.raises(ValueError, match="again in row 150"):
+        sw.swap_out(gpu, host, m).synchronize()  # the default for many host rows: through a slot
     with pytest.raises(ValueError, match=r"got block \d+ twice \(rows 7 and 150\)"):
-        sw.swap_out(gpu, host, m)  # the default for host rows: checked before the launch
+        sw.swap_out(gpu, host, m, check="host")  # checked before the launch
     assert all(np.array_equal(h, b) for h, b in zip(host, before))
 
 

@@ -47,6 +47,10 @@ FETCH_MAX_CTAS = 16
 # further streams use cuLaunchKernel.
 MAX_KERNEL_NODES = 64
 _H2D = 1
+# Host mappings of at most this many rows are checked on the host and travel
+# in the launch's parameter; longer ones go through a ring slot, checked in
+# the launch (benchmarks/NOTES.md, item 43).
+HOST_CHECK_ROWS = 16
 
 
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -77,13 +81,14 @@ def launch_shape(units: int, max_ctas: int) -> tuple[int, int]:
 
 
 class KernelNode:
-    """An instantiated graph of one kernel launched on one stream:
-    :meth:`launch_one` sets the node's grid and parameters (the driver
-    copies the parameter values then) and launches the graph once.
+    """An instantiated graph of kernels launched on one stream, each after
+    the one before: :meth:`launch_steps` sets the nodes' grids and
+    parameters (the driver copies the parameter values then) and launches
+    the graph once.
 
     Launches of one graph run one after another, so each stream gets its own
     graph (swaps on two streams stay concurrent).  Callers serialize
-    :meth:`launch` (the launcher's inline lock).
+    :meth:`launch_steps` (the launcher's inline lock).
 
     Parameters
     ----------
@@ -122,15 +127,15 @@ class KernelNode:
             for p, n, a in zip(self.params, self.nodes, ptrs)
         ]
 
-    def launch_one(self, grid: int, threads: int, args_ptr: int, stream: int, smem: int = 0) -> None:
-        """Set the node's grid, parameters and ``smem`` (bytes of dynamic
-        shared memory), then launch the graph on ``stream``."""
-        ((params, args),) = self._calls
-        params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
-        params.sharedMemBytes = smem
-        status = self._set(*args)
-        if status:
-            _check(status, "cuGraphExecKernelNodeSetParams")
+    def launch_steps(self, steps, stream: int) -> None:
+        """Set every node's ``(grid, threads, args_ptr, smem)``, in order,
+        then launch the graph on ``stream``."""
+        for (params, args), (grid, threads, args_ptr, smem) in zip(self._calls, steps):
+            params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
+            params.sharedMemBytes = smem
+            status = self._set(*args)
+            if status:
+                _check(status, "cuGraphExecKernelNodeSetParams")
         self._launch(self.exec, stream)
 
     def destroy(self) -> None:
@@ -209,7 +214,7 @@ class BoundKernel:
     when no tier holds the swap (the caller then uses the descriptor ring).
     """
 
-    __slots__ = ("_launcher", "layout", "_tiers", "_shapes", "max_pairs", "_byref")
+    __slots__ = ("_launcher", "layout", "_tiers", "_shapes", "max_pairs", "_byref", "slots_ok")
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
@@ -221,7 +226,8 @@ class BoundKernel:
         self.max_pairs = max((t.pairs for t in abi.TIERS if t.parts >= parts), default=-1)
         self._tiers = None  # [[tier, InlineArgs or None], ...], in TIERS order
         self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, smem, the budget they were made for)
-        self._byref = None  # abi.ByRefArgs, on the first mapping on the GPU
+        self._byref = None  # abi.ByRefArgs, on the first launch by reference (False: none here)
+        self.slots_ok = launcher.slots_mapped  # False once this layout has no by-reference kernel
 
     def shape(self, n: int, checked: bool) -> tuple:
         """``(grid, threads, smem)`` of a launch over ``n`` pairs (``smem``:
@@ -277,11 +283,57 @@ class BoundKernel:
             self._launcher.launch_inline(args.fn, grid, threads, stream, args.ptr, capturing, smem)
         return True
 
+    def launch_host(
+        self, pairs, n: int, stream: int, capturing: bool, held: list, status: int, seq: int
+    ) -> None:
+        """Launch over ``n`` host rows: through a ring slot when the launch
+        checks more than :data:`HOST_CHECK_ROWS` of them (never while
+        capturing: the caller checks captured rows on the host), else
+        inline, else (too many for a parameter) through the descriptor ring.
+        Ring slots taken are appended to ``held``."""
+        if status and n > HOST_CHECK_ROWS and self.launch_slot(pairs, n, stream, held, status, seq):
+            return
+        if not self.launch(pairs, n, stream, capturing, status, seq):
+            self._launcher.launch_descriptor(self.layout, pairs, stream, capturing, held, status, seq)
+
+    def launch_slot(self, pairs, n: int, stream: int, held: list, status: int, seq: int) -> bool:
+        """Launch over ``n`` host rows, checked in the launch, through a ring
+        slot: the rows go into the slot's pinned words, the graph's first
+        kernel uploads them into the slot's device buffer and the
+        by-reference kernel checks and reads them there (rows in device
+        memory cost the check nothing; read from the parameter they cost it
+        every CTA's constant-cache misses: ``benchmarks/NOTES.md``, item 43).
+        The slot is appended to ``held`` (the caller gates it with
+        :meth:`Launcher.release`).  False, with nothing taken or launched,
+        where this layout has no by-reference kernel or the ring is not
+        mapped."""
+        lau = self._launcher
+        args = self._byref
+        if args is None:
+            try:
+                args = self._byref = lau.byref_args(self.layout)
+            except ValueError:  # more parts than this CUDA's by-reference kernels take
+                args = self._byref = False
+        if args is False or not self.slots_ok:
+            self.slots_ok = False
+            return False
+        slot = lau.acquire(held)
+        slot.table_serial = -1  # the rows overwrite a cached descriptor
+        slot.host_words[: 2 * n] = pairs if type(pairs) is list else pairs.reshape(-1)
+        fetch = (lau.fetch_fn, min(FETCH_MAX_CTAS, -(-n // abi.FETCH_THREADS)), abi.FETCH_THREADS)
+        fetch_ptr = slot.fetch_args.set(slot.device_ptr, n)  # 2n words: n 16-byte words
+        grid, threads, smem = self.shape(n, True)
+        rows = slot.device_ptr
+        with lau.inline_lock:
+            ptr = args.set(n, status, seq, rows, rows + 8, 2)
+            lau.launch_graph(((*fetch, fetch_ptr, 0), (args.fn, grid, threads, ptr, smem)), stream)
+        return True
+
     def launch_rows(self, rows, stream: int, capturing: bool, status: int, seq: int) -> None:
         """Launch over a mapping on the GPU (:class:`~.gpu_mapping.DeviceRows`),
         checked in the launch."""
         args = self._byref
-        if args is None:
+        if not args:  # None, or False: raises, saying why
             args = self._byref = self._launcher.byref_args(self.layout)
         grid, threads, smem = self.shape(rows.n, True)
         with self._launcher.inline_lock:
@@ -341,6 +393,8 @@ class Launcher:
             release.defer(free, None, "descriptor ring")
             raise
         self._next = 0
+        # Host rows go through slots only where the upload kernel reaches them.
+        self.slots_mapped = all(slot.host_alias for slot in self._slots)
         self._tiers: dict[int, list] = {}
         self._loaded: dict[str, int] = {}
         self.check_rows_max = _check_rows_max(device)
@@ -382,6 +436,10 @@ class Launcher:
             self._loaded[name] = fn
         return fn
 
+    @property
+    def fetch_fn(self) -> int:
+        return self.function(abi.FETCH_KERNEL)
+
     def byref_args(self, layout) -> abi.ByRefArgs:
         """The parameter of ``layout``'s launches over a mapping on the GPU.
 
@@ -422,17 +480,27 @@ class Launcher:
     def launch_inline(
         self, fn: int, grid: int, threads: int, stream: int, params: int, capturing: bool, smem: int = 0
     ) -> None:
-        """Launch ``fn`` through this stream's kernel node (built on first
-        use), or plainly while ``stream`` captures or when the launcher has
-        built :data:`MAX_KERNEL_NODES` nodes.  The caller holds
-        :attr:`inline_lock`."""
-        node = None if capturing else self._nodes.get((fn, stream))
-        if node is None and not capturing:
-            node = self._new_node(((fn, grid, threads, params),), (fn, stream))
-        if node is not None:
-            node.launch_one(grid, threads, params, stream, smem)
-        else:
+        """Launch ``fn`` through this stream's kernel node, or plainly while
+        ``stream`` captures.  The caller holds :attr:`inline_lock`."""
+        if capturing:
             self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
+        else:
+            self.launch_graph(((fn, grid, threads, params, smem),), stream)
+
+    def launch_graph(self, steps, stream: int) -> None:
+        """Launch ``steps`` (``(fn, grid, threads, params, smem)`` each, each
+        after the one before) as one graph on ``stream``, built on first use
+        for these kernels and this stream; one by one where no graph can be
+        built (:meth:`_new_node`).  The caller holds :attr:`inline_lock`."""
+        key = (*(step[0] for step in steps), stream)
+        node = self._nodes.get(key)
+        if node is None:
+            node = self._new_node(tuple(step[:4] for step in steps), key)
+        if node is not None:
+            node.launch_steps([step[1:] for step in steps], stream)
+        else:
+            for fn, grid, threads, params, smem in steps:
+                self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
 
     def _new_node(self, steps, key: tuple) -> KernelNode | None:
         """A new graph for ``key`` (the caller holds :attr:`inline_lock`, which
