@@ -88,6 +88,15 @@ def array_key(obj) -> tuple:
     return key
 
 
+def _listed(side):
+    return side if isinstance(side, (list, tuple)) else (side,)
+
+
+def arrays_of(src, dst) -> list:
+    """Every array of a ``(src, dst)`` argument pair."""
+    return [*_listed(src), *_listed(dst)]
+
+
 class _Entry:
     __slots__ = ("__weakref__", "op", "refs", "dead", "generation")
 
@@ -138,9 +147,7 @@ class OpCache:
         return entry.op
 
     def put(self, key: tuple, op, src, dst) -> None:
-        items = [*(src if isinstance(src, (list, tuple)) else (src,))]
-        items += [*(dst if isinstance(dst, (list, tuple)) else (dst,))]
-        entry = _Entry(op, [_owner(o) for o in items])
+        entry = _Entry(op, [_owner(o) for o in arrays_of(src, dst)])
         with self._lock:
             self._entries.pop(key, None)
             if len(self._entries) >= self._size:
