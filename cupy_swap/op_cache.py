@@ -1,16 +1,9 @@
-"""``swap()``'s cache of prepared ops, keyed by the memory the arrays
-describe rather than by the array objects, so fresh views of the same
-memory (``[pool[:, layer] for layer in ...]`` built per call, as servers do)
-find the op their first call built.
-
-The key of one array is what a layout depends on: the memory's owner (the
-object whose death frees it), the first element's address, shape, strides
-and dtype, and for NumPy destinations their writeability.  Anything that
-changes in place (``a.shape = ...``, torch's ``set_``) changes the key.  An
-entry holds the owners weakly and dies with any of them, so a freed and
-reused address never finds an op built for the old memory, and the cache
-keeps no array alive.  Registering or unregistering pinned memory
-invalidates every entry (host aliases may have changed).
+"""``swap()``'s cache of prepared ops, keyed by the memory the arrays describe
+(owner, address, shape, strides, dtype, NumPy writeability), so fresh views
+of the same memory, built per call as servers do, find the op their first
+call built.  An entry holds the owners weakly and dies with any of them (a
+reused address never finds an op built for the old memory); registering or
+unregistering pinned memory invalidates every entry.
 """
 
 from __future__ import annotations
