@@ -163,20 +163,9 @@ def chunk_sizes(n: int, bytes_per_pair: int, max_rows: int) -> list[int]:
 
 
 def host_runs(host_blocks: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """Sort the pairs by host block and find runs of consecutive host blocks.
-
-    Parameters
-    ----------
-    host_blocks : numpy.ndarray of shape (N,), int64
-
-    Returns
-    -------
-    order : numpy.ndarray of shape (N,) or None
-        Pair order by host block; None when already ascending.
-    sorted_blocks : numpy.ndarray of shape (N,)
-    run_starts : numpy.ndarray of shape (R,)
-        Index (into the sorted pairs) where each run starts.
-    """
+    """Sort the pairs by host block and find runs of consecutive host blocks:
+    ``(order, sorted_blocks, run_starts)``, ``order`` None when the (N,)
+    ``host_blocks`` already ascend, ``run_starts`` indexing the sorted pairs."""
     step = np.diff(host_blocks)
     order = None
     if step.size and step.min() <= 0:
@@ -222,17 +211,9 @@ class StagedPlan:
 
 
 def plan_chunks(mapping: np.ndarray, sizes: list[int], host_column: int = 0) -> StagedPlan:
-    """Cut a staged swap into chunks of ``sizes`` pairs.
-
-    Parameters
-    ----------
-    mapping : numpy.ndarray of shape (N, 2), int64
-        Checked ``(src_block, dst_block)`` rows, ``N >= 1``.
-    sizes : list of int
-        Pairs per chunk, summing to ``N`` (see :func:`chunk_sizes`).
-    host_column : int
-        0 for a swap-in (host blocks are the sources), 1 for a swap-out.
-    """
+    """Cut a checked ``(N, 2)`` mapping (``N >= 1``) into chunks of ``sizes``
+    pairs (see :func:`chunk_sizes`); ``host_column`` 0 for a swap-in, 1 for
+    a swap-out."""
     if host_column:
         mapping = mapping[:, ::-1]  # (host_block, gpu_block) rows
     n = mapping.shape[0]

@@ -135,7 +135,8 @@ class _PinnedBuffer:
     releaser once every array on it is gone.  ``only_gpu``: see
     :func:`zeros_pinned_for_gpu`."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, only_gpu: int | None = None):
+    def __init__(self, shape, dtype, only_gpu: int | None = None):
+        shape, dtype = _normalize_shape(shape), np.dtype(dtype)
         release.start()
         runtime = _runtime()
         nbytes = math.prod(shape) * dtype.itemsize
@@ -275,8 +276,6 @@ def empty_pinned(shape, dtype="float32") -> np.ndarray:
         C-contiguous array of ``shape``; the memory is freed when the array and
         every view of it are gone.
     """
-    shape = _normalize_shape(shape)
-    dtype = np.dtype(dtype)
     return np.asarray(_PinnedBuffer(shape, dtype))
 
 
@@ -294,7 +293,7 @@ def zeros_pinned_for_gpu(shape, dtype, device: int) -> np.ndarray:
     rows, status words): allocated with it current, its ``cudaFreeHost``
     waits for that GPU alone, not holding up the others' swap calls
     (benchmarks/probes/release_lock_probe.py)."""
-    a = np.asarray(_PinnedBuffer(_normalize_shape(shape), np.dtype(dtype), only_gpu=device))
+    a = np.asarray(_PinnedBuffer(shape, dtype, only_gpu=device))
     a.fill(0)
     return a
 
