@@ -359,15 +359,18 @@ class BlockSwapper:
         return SwapPlan(layout, check_mapping_for(layout, block_mapping, self.max_blocks))
 
     # ------------------------------------------------------------ internals
-    def _swap(self, src, dst, *args):
-        """``swap()``: the cached op of ``(src, dst)``, then its hot path."""
+    def _swap(self, src, dst, block_mapping, stream, want, mode, wait_for, timing, check):
+        """``swap()``: the cached op of ``(src, dst)``, then its hot path (explicit
+        arguments: a ``*args`` call costs about 0.25 us more on CPython 3.11)."""
         caller = self._get_device()
         if caller != self.device:
-            return self._on_own_device(self._swap_here, caller, src, dst, *args)
-        return self._op(src, dst)._run(caller, *args)
+            return self._on_own_device(
+                self._swap_here, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing, check
+            )
+        return self._swap_here(caller, src, dst, block_mapping, stream, want, mode, wait_for, timing, check)
 
-    def _swap_here(self, caller, src, dst, *args):
-        return self._op(src, dst)._run(caller, *args)
+    def _swap_here(self, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing, check):
+        return self._op(src, dst)._run(caller, block_mapping, stream, want, mode, wait_for, timing, check)
 
     def _on_own_device(self, fn, caller: int, *args):
         """``fn(caller, *args)`` with this swapper's GPU current (conversions,
