@@ -1,31 +1,17 @@
 """Swaps inside CUDA graphs whose mapping changes on every replay.
 
-A :class:`GraphSwap` fixes the parts (``src``/``dst`` arrays) and owns one
-descriptor buffer in device memory at a fixed address.  :meth:`launch` is
-the piece you capture: one kernel launch whose arguments point at that buffer
-and which reads the pair count and the pairs from it when it runs (the grid
-is sized for ``max_blocks``, so any N from 0 to ``max_blocks`` works).
+A :class:`GraphSwap` fixes the parts and owns a descriptor buffer in device
+memory at a fixed address.  :meth:`launch`, the piece you capture, is one
+kernel launch that reads the pair count and pairs from that buffer when it
+runs (its grid is sized for ``max_blocks``).  Between replays,
+:meth:`set_mapping` checks the mapping, writes it into a free slot of the
+swapper's pinned descriptor ring and enqueues that slot's upload into the
+buffer on ``stream``: stream-ordered, after every replay already queued there
+and before the next one.  Replay on the stream you pass to ``set_mapping``.
 
-Between replays the host calls :meth:`set_mapping`, which
-
-1. checks the mapping (the same checks as ``swap``),
-2. writes header, part table and pairs into a free slot of the swapper's
-   pinned descriptor ring (a slot is reused only after the event behind its
-   last use has completed, so no queued upload still reads it), and
-3. enqueues the upload of that slot into the fixed device buffer on
-   ``stream`` (:meth:`cupy_swap.cuda.launcher.Launcher.stage_descriptor`).
-
-Because that upload is stream-ordered, it runs after every replay already
-queued on ``stream`` and before the next one: the host never writes memory a
-queued replay may still read.  Replay on the stream you pass to
-``set_mapping`` (or order the two streams yourself).
-
-Lifetime: the descriptor buffer is ``cudaMalloc``'d (never from CuPy's
-pool) and zeroed before the constructor returns.  When the GraphSwap is
-closed or dropped, the buffer is freed once the uploads and eager launches
-queued on it have completed; once :meth:`launch` was captured into a graph,
-it is kept for the life of the process instead, and so are the ``src`` and
-``dst`` arrays, since the graph may be replayed at any time.
+The buffer is freed once the work queued on it has completed when the
+GraphSwap is closed or dropped; once :meth:`launch` was captured, it (and
+the ``src`` and ``dst`` arrays) is kept for the life of the process.
 """
 
 from __future__ import annotations
@@ -46,18 +32,6 @@ class GraphSwap:
     """A graph-capturable swap of fixed parts with a per-replay mapping.
 
     Made by :meth:`BlockSwapper.graph_swap`.
-
-    Parameters
-    ----------
-    launcher : cupy_swap.cuda.launcher.Launcher
-        The swapper's launcher: kernel functions, launch shape, descriptor ring.
-    layout : Layout
-        The checked, resolved parts.  Host parts must be mapped pinned
-        memory (the kernel path).
-    held : tuple
-        The caller's ``(src, dst)``, kept alive.
-    max_blocks : int
-        Most pairs one replay may carry.
 
     Examples
     --------
@@ -101,9 +75,8 @@ class GraphSwap:
 
     def close(self) -> None:
         """Give the descriptor buffer back once the work queued on it has
-        completed; if a launch was captured into a graph, the buffer is kept
-        for the life of the process instead (the graph may be replayed at
-        any time).  The object cannot be used afterwards."""
+        completed (kept for good if a launch was captured).  The object
+        cannot be used afterwards."""
         with self._lock:
             self._finalizer()
 
@@ -169,11 +142,10 @@ class GraphSwap:
 
 
 class _DescriptorState:
-    """A GraphSwap's descriptor buffer and what gates its release: the
-    events of the uploads and launches that may not have completed (not one
-    per stream: a destroyed stream's handle can come back as another's), and
-    whether a launch was captured (then it is never released, nor are the
-    caller's arrays ``held``, which a replay writes)."""
+    """A GraphSwap's descriptor buffer and what gates its release: the events
+    of uploads and launches that may not have completed (not one per stream:
+    a destroyed stream's handle can come back as another's), and whether a
+    launch was captured (then neither it nor the arrays ``held`` are freed)."""
 
     __slots__ = ("ptr", "device", "events", "captured", "held")
 
@@ -209,7 +181,7 @@ def _wait_all(events: list) -> None:
 
 def _zero_now(ptr: int, nbytes: int, device: int) -> None:
     """Zero device memory and wait for it, on a private stream (legal while
-    another stream captures a graph, and ordered before any later use)."""
+    another stream captures)."""
     from cupy.cuda import runtime
 
     with on_device(device), release.relaxed_capture_mode():

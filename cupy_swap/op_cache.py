@@ -1,16 +1,9 @@
-"""``swap()``'s cache of prepared ops, keyed by the memory the arrays
-describe rather than by the array objects, so fresh views of the same
-memory (``[pool[:, layer] for layer in ...]`` built per call, as servers do)
-find the op their first call built.
-
-The key of one array is what a layout depends on: the memory's owner (the
-object whose death frees it), the first element's address, shape, strides
-and dtype, and for NumPy destinations their writeability.  Anything that
-changes in place (``a.shape = ...``, torch's ``set_``) changes the key.  An
-entry holds the owners weakly and dies with any of them, so a freed and
-reused address never finds an op built for the old memory, and the cache
-keeps no array alive.  Registering or unregistering pinned memory
-invalidates every entry (host aliases may have changed).
+"""``swap()``'s cache of prepared ops, keyed by the memory the arrays describe
+(owner, address, shape, strides, dtype, NumPy writeability), so fresh views
+of the same memory, built per call as servers do, find the op their first
+call built.  An entry holds the owners weakly and dies with any of them (a
+reused address never finds an op built for the old memory); registering or
+unregistering pinned memory invalidates every entry.
 """
 
 from __future__ import annotations
@@ -88,6 +81,15 @@ def array_key(obj) -> tuple:
     return key
 
 
+def _listed(side):
+    return side if isinstance(side, (list, tuple)) else (side,)
+
+
+def arrays_of(src, dst) -> list:
+    """Every array of a ``(src, dst)`` argument pair."""
+    return [*_listed(src), *_listed(dst)]
+
+
 class _Entry:
     __slots__ = ("__weakref__", "op", "refs", "dead", "generation")
 
@@ -138,9 +140,7 @@ class OpCache:
         return entry.op
 
     def put(self, key: tuple, op, src, dst) -> None:
-        items = [*(src if isinstance(src, (list, tuple)) else (src,))]
-        items += [*(dst if isinstance(dst, (list, tuple)) else (dst,))]
-        entry = _Entry(op, [_owner(o) for o in items])
+        entry = _Entry(op, [_owner(o) for o in arrays_of(src, dst)])
         with self._lock:
             self._entries.pop(key, None)
             if len(self._entries) >= self._size:

@@ -14,26 +14,13 @@ __all__ = ["copy_list", "pair_copies", "copy_count"]
 
 
 def copy_list(layout, mapping: np.ndarray):
-    """Destination, source and size arrays of every copy of a swap, built by
-    NumPy arithmetic over all parts at once (no per-part or per-copy Python).
-
-    Parameters
-    ----------
-    layout : Layout
-        Resolved layout.
-    mapping : numpy.ndarray of shape (N, 2), int64
-
-    Returns
-    -------
-    dsts, srcs, sizes : numpy.ndarray of uint64, each of shape (C,)
-        Part-major: packed parts one copy per run of consecutive blocks,
-        then strided parts one copy per block.
-    """
+    """``(dsts, srcs, sizes)``, uint64 arrays of shape (C,), of every copy of
+    an ``(N, 2)`` mapping over a resolved layout, by NumPy arithmetic over all
+    parts at once: packed parts one copy per run, then strided parts one
+    copy per block."""
     packed, strided = _groups(layout)
     out = []
     if packed is not None:
-        # The run search costs more than it saves when the sampled steps show
-        # no run: every row is then a copy of its own (still correct).
         starts = run_starts(mapping)
         if starts.shape[0] == mapping.shape[0]:  # no runs (random blocks): every row is one
             out.append(_copies(packed, mapping, None))
@@ -94,10 +81,9 @@ def _packed(part) -> bool:
 
 
 def pair_copies(layout, s: int, d: int) -> tuple[list, list, list]:
-    """:func:`copy_list` of the one-pair mapping ``[(s, d)]``, in plain Python
-    over each moving part's addresses and strides, read from the parts once
-    per layout (a one-block swap is one memcpy per part: little else may
-    stand around it)."""
+    """:func:`copy_list` of the one-pair mapping ``[(s, d)]``, as lists, in
+    plain Python over a per-layout table (little else may stand around a
+    one-block swap's memcpys)."""
     table = layout.pair_table
     if table is None:
         table = layout.pair_table = [

@@ -1,17 +1,9 @@
-"""The layout of a swap: its parts, checked once, and the mapping-independent
-facts the hot path and the router read.  NumPy only.
-
-A swap has two halves with different lifetimes:
-
-* the **layout**: which arrays on each side, their geometry, direction,
-  device-visible addresses and vector width.  Engines pass the same arrays
-  call after call, so the swapper checks a layout once and caches it.
-* the **mapping**: new on every call; checked every time.
-
-Every check that can fail runs before a launch, so a rejected call changes no
-byte.  Checks that need no GPU (pairing, geometry, direction, mapping,
-overlap) live here and are tested in CI; resolving host aliases and device
-ordinals asks the driver (:mod:`cupy_swap.cuda.resolve`) and comes last.
+"""The layout of a swap: its parts, checked once (engines pass the same arrays
+call after call), and the mapping-independent facts the hot path and the
+router read.  The mapping is new on every call and checked every time.
+NumPy only; resolving host aliases asks the driver
+(:mod:`cupy_swap.cuda.resolve`).  Every check runs before a launch, so a
+rejected call changes no byte.
 """
 
 from __future__ import annotations
@@ -69,13 +61,10 @@ class Layout:
         Bytes one mapping row moves (all parts), the smallest and the
         largest part's block.
     host_groups : list of CopyGroup or None
-        The host side's parts as whole-row copy groups, or None when they
-        cannot be copied run by run, or there is no host side (see
+        The host side's parts as whole-row copy groups, or None (see
         :mod:`cupy_swap.core.staged_plan`).
     staging_layout : Layout or None
-        Staged swaps: the resolved layout of the kernel half (staging arena
-        -> GPU for swap-ins, GPU -> staging arena for swap-outs), filled in
-        by the swapper.
+        Staged swaps: the resolved layout of the kernel half.
     """
 
     src: list
@@ -187,9 +176,8 @@ def _meeting_spans(src: list[Part], dst: list[Part]) -> list[tuple[int, int]]:
 
 def _interleaved(a: Part, b: Part) -> bool:
     """True when two parts with one block stride occupy disjoint byte ranges
-    of every stride period (e.g. ``cache[:, 0]`` and ``cache[:, 1]`` of a
-    block-first cache): no block of one can overlap a block of the other,
-    whatever the mapping."""
+    of every stride period (``cache[:, 0]`` and ``cache[:, 1]``), so no
+    mapping makes their blocks overlap."""
     stride = a.block_stride
     if stride != b.block_stride or stride <= 0 or stride < max(a.block_bytes, b.block_bytes):
         return False
@@ -199,21 +187,9 @@ def _interleaved(a: Part, b: Part) -> bool:
 
 
 def check_layout(src, dst, convert=None) -> Layout:
-    """Run every mapping-independent check that needs no GPU.
-
-    Parameters
-    ----------
-    src, dst : array or sequence of arrays
-        Parts; each of shape ``(num_blocks, *block_shape)``.
-    convert : callable, optional
-        ``convert(obj, name)`` views a foreign array (torch, DLPack) as a
-        NumPy or CuPy array (:func:`cupy_swap.cuda.arrays.convert_array`).
-
-    Returns
-    -------
-    Layout
-        With addresses, width and table still unset (see :func:`resolve_layout`).
-    """
+    """Run every mapping-independent check that needs no GPU (``convert`` as
+    in :func:`~cupy_swap.core.parts.as_parts`); addresses, width and table
+    are still unset (see :func:`resolve_layout`)."""
     return layout_from_parts(as_parts(src, "src", convert), as_parts(dst, "dst", convert))
 
 

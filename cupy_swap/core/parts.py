@@ -1,28 +1,16 @@
-"""Turn the arrays a caller passes into *parts*: plain descriptions of memory.
+"""Turn the arrays a caller passes into *parts*: plain descriptions of memory
+(no GPU needed).
 
-A part is one array taking part in a swap (say layer 3's V cache).  Axis 0
-indexes blocks; one block ``a[i]`` must be C-contiguous; the stride between
-blocks is free, so views such as ``host_cache[:, layer, 0]`` of a block-first
-cache ``[num_blocks, layers, 2, ...]`` are parts too.
+A part is one array of a swap (say layer 3's V cache).  Axis 0 indexes
+blocks; one block ``a[i]`` must be C-contiguous; the stride between blocks
+is free, so views such as ``host_cache[:, layer, 0]`` are parts too.
 
-Nothing here touches the GPU: a part only records addresses and geometry, so
-the checks run (and are tested) on machines without one.
-
-Element types NumPy lacks
--------------------------
-The swap copies bytes, so an array whose element type NumPy (and CuPy) cannot
-represent -- torch's ``bfloat16``, ``float8_*``, ``complex32``, sub-byte and
-bit types -- is viewed as an integer type of the same width, and its part's
-``dtype`` is an :class:`ElementType` that keeps the caller's type for the
-pairing check and for error messages.  A source part and its destination
-pair when their element types are the same; in addition an element type
-NumPy lacks pairs with a NumPy integer type of its width (``uint8`` storage
-for ``torch.float8_e4m3fn``: NumPy arrays, or vLLM's uint8 fp8 caches, cannot
-hold the type itself) and with a NumPy type of the same name (ml_dtypes'
-``float8_e4m3fn``).  Two different such types never pair
-(``torch.float8_e4m3fn`` with ``torch.float8_e5m2``: the same bytes mean
-other numbers), nor does one with a NumPy float (``torch.bfloat16`` with
-``float16``).
+An element type NumPy lacks (torch's ``bfloat16``, ``float8_*`` ...) is
+viewed as the integer type of its width, and the part's ``dtype`` is an
+:class:`ElementType` keeping the caller's type.  It pairs with the same
+type, with a NumPy integer type of its width (vLLM's uint8 fp8 caches) and
+with a NumPy type of its name (ml_dtypes' ``float8_e4m3fn``); never with
+another such type or a NumPy float (the same bytes mean other numbers).
 """
 
 from __future__ import annotations
@@ -50,12 +38,9 @@ class ElementType:
     carrier : numpy.dtype
         The integer type of the same width whose array holds the bytes.
 
-    Comparing with ``==`` is the pairing rule of the module docstring, not
-    identity: equal to the same type (by name, whichever framework prefix),
-    to a NumPy integer type of the same width, and to a NumPy type of the
-    same name; so it is not transitive (``torch.float8_e4m3fn == uint8 ==
-    torch.float8_e5m2``, yet the two float8 types differ).  ``str()`` is
-    ``name``, which is what pairing errors print.
+    ``==`` is the pairing rule of the module docstring (not transitive:
+    ``torch.float8_e4m3fn == uint8 == torch.float8_e5m2``); ``str()`` is
+    ``name``.
     """
 
     name: str
@@ -92,9 +77,8 @@ class ElementType:
 
 
 class TypedView(NamedTuple):
-    """What a ``convert`` callable returns for an array of a type NumPy
-    lacks: a NumPy or CuPy ``array`` over the same memory, holding the bytes
-    as ``dtype.carrier``, and the caller's element type ``dtype``."""
+    """What ``convert`` returns for an array of a type NumPy lacks: an array
+    over the same memory as ``dtype.carrier``, and the caller's type."""
 
     array: Any
     dtype: ElementType
@@ -129,9 +113,8 @@ class Part:
     writeable : bool
         False for read-only NumPy arrays.
 
-    A part holds no reference to the caller's array, so a cached layout
-    never keeps a dropped cache alive; the caller keeps its arrays alive
-    while swaps on them are queued (as with any asynchronous copy).
+    A part holds no reference to the caller's array (a cached layout never
+    keeps a dropped cache alive).
     """
 
     name: str
@@ -165,9 +148,8 @@ def _is_block_contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:
 
 
 def _describe(array, name: str, convert=None) -> Part:
-    """Describe one array as a part, or raise naming ``name``; ``convert``
-    views other arrays (torch, DLPack) as NumPy or CuPy ones (or returns a
-    :class:`TypedView` of them)."""
+    """Describe one array as a part, or raise naming ``name`` (``convert``: as
+    in :func:`as_parts`)."""
     cupy = sys.modules.get("cupy")
     if isinstance(array, np.ndarray):
         location, device = HOST, None
@@ -229,13 +211,8 @@ _ARRAY_PROTOCOLS = ("__cuda_array_interface__", "__dlpack__", "__array_interface
 
 
 def _offers(obj, attr: str) -> bool:
-    """True when ``obj`` defines ``attr``, even if reading it fails.
-
-    ``hasattr`` lets any exception but AttributeError out: torch's
-    ``__cuda_array_interface__`` raises KeyError for the dtypes it cannot
-    describe (float8, bfloat16 ...).  Such an object still is an array; the
-    conversion that follows reports what it cannot use, naming the argument.
-    """
+    """True when ``obj`` defines ``attr``, even if reading it raises (torch's
+    ``__cuda_array_interface__`` does for bfloat16: still an array)."""
     try:
         return readable(obj, attr, "")
     except TypeError:  # it raised: offered, not served
@@ -243,15 +220,8 @@ def _offers(obj, attr: str) -> bool:
 
 
 def readable(obj, attr: str, name: str) -> bool:
-    """True when ``obj`` has a readable ``attr``, False when it has none.
-
-    Raises
-    ------
-    TypeError
-        Naming the argument ``name``, when reading ``attr`` raises anything
-        but AttributeError (an array protocol the object offers but cannot
-        serve); the cause is chained.
-    """
+    """True when ``obj`` has a readable ``attr``, False when it has none;
+    TypeError naming ``name`` when reading it raises anything else."""
     try:
         getattr(obj, attr)
     except AttributeError:
@@ -290,13 +260,8 @@ def as_parts(obj, name: str, convert=None) -> list[Part]:
     name : str
         Argument name for error messages (``"src"`` or ``"dst"``).
     convert : callable, optional
-        ``convert(obj, name)``: a NumPy or CuPy view of a foreign array, or
-        None (:func:`cupy_swap.cuda.arrays.convert_array`).
-
-    Returns
-    -------
-    list of Part
-        One part per array, in order.
+        ``convert(obj, name)``: a NumPy or CuPy view (or :class:`TypedView`) of
+        a foreign array, or None (:func:`cupy_swap.cuda.arrays.convert_array`).
     """
     if _is_single_array(obj):
         return [_describe(obj, name, convert)]

@@ -1,27 +1,20 @@
 """Staged swaps: the copy engines move host runs, the SMs scatter or gather.
 
-SM loads of host memory are the weak PCIe path: on an H200 a kernel reads
-host memory at 0.87-0.92 of ``cudaMemcpy``, and in full duplex SM traffic
-holds both directions to about 60 GB/s together, where the copy engines
-reach 97-100 (``benchmarks/NOTES.md``).  The copy engines pay about 1 us per
-copy, so they only suit long contiguous ranges.  A swap whose host blocks
-lie in a few long runs (a KV tier that hands out host slots in order) gets
-both: each run is one copy-engine transfer to or from a GPU staging arena,
-and a kernel moves blocks between the arena and their GPU blocks, which may
-be anywhere, at HBM speed (a scatter after a swap-in's copies, a gather
-before a swap-out's).
+SM traffic is the weak PCIe path (on an H200, kernel reads of host memory
+reach 0.87-0.92 of ``cudaMemcpy``, and full duplex about 60 GB/s against the
+copy engines' 97-100: ``benchmarks/NOTES.md``), while the copy engines pay
+about 1 us per copy.  A swap whose host blocks lie in a few long runs gets
+both: each run is one copy to or from a GPU staging arena, and a kernel moves
+blocks between the arena and their GPU blocks at HBM speed.  The swap is cut
+into chunks placed in a ring of staging rows, so one chunk's kernel half
+overlaps the next one's transfer.
 
-The swap is cut into a few chunks placed in a ring of staging rows, so the
-kernel half of one chunk overlaps the transfer of the next, and consecutive
-swaps use different rows: a chunk waits only for the work that last read
-the rows it overwrites.
-
-This module holds the geometry and the row ring (NumPy only, tested on
-CPU); :mod:`cupy_swap.cuda.stager` owns the arena and enqueues the work.
+NumPy only; :mod:`cupy_swap.cuda.stager` owns the arena and enqueues the work.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,14 +70,9 @@ class CopyGroup:
 
 
 def copy_groups(parts: list[Part]) -> list[CopyGroup] | None:
-    """Group host parts into :class:`CopyGroup` s.
-
-    A packed array (``block_stride == block_bytes``) is a group of its own;
-    views ``pool[:, i]`` of a block-first pool form one group when together
-    they cover every byte of a row.  Returns None when some part's rows hold
-    bytes that are not part of the swap (copying whole runs would move them
-    too) or its blocks are not in ascending order.
-    """
+    """Group host parts into :class:`CopyGroup` s (a packed array alone, views
+    ``pool[:, i]`` that together cover every byte of a row), or None when a
+    part's rows hold bytes outside the swap or its blocks descend."""
     groups: list[CopyGroup] = []
     members: list[int] = []
     for i in sorted(range(len(parts)), key=lambda i: (parts[i].ptr, i)):
@@ -131,12 +119,9 @@ def groups_problem(parts: list[Part]) -> str:
 
 
 def staging_parts(host: list[Part], groups: list[CopyGroup], base: int, rows: int, device: int) -> list[Part]:
-    """The parts of the staging arena at ``base``, ``rows`` blocks deep:
-    group ``g`` occupies ``rows * row_bytes`` bytes after the groups before
-    it, with the same row geometry as on the host, so each run copies byte
-    for byte.  Part ``i`` mirrors the host part ``host[i]`` (dtype, block
-    shape).  A chunk takes the same rows of every group, so one part table
-    serves them all."""
+    """The parts of the staging arena at ``base``, ``rows`` blocks deep: each
+    group's region has its host row geometry (runs copy byte for byte), and
+    part ``i`` mirrors ``host[i]``."""
     out: list[Part | None] = [None] * len(host)
     for g, region in zip(groups, group_regions(groups, rows)):
         for i, off in zip(g.parts, g.offsets):
@@ -158,11 +143,7 @@ def staging_parts(host: list[Part], groups: list[CopyGroup], base: int, rows: in
 
 def group_regions(groups: list[CopyGroup], rows: int) -> list[int]:
     """Byte offset of each group's region in an arena ``rows`` blocks deep."""
-    offsets, at = [], 0
-    for g in groups:
-        offsets.append(at)
-        at += rows * g.row_bytes
-    return offsets
+    return [0, *itertools.accumulate(rows * g.row_bytes for g in groups[:-1])]
 
 
 def chunk_sizes(n: int, bytes_per_pair: int, max_rows: int) -> list[int]:
@@ -182,20 +163,9 @@ def chunk_sizes(n: int, bytes_per_pair: int, max_rows: int) -> list[int]:
 
 
 def host_runs(host_blocks: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """Sort the pairs by host block and find runs of consecutive host blocks.
-
-    Parameters
-    ----------
-    host_blocks : numpy.ndarray of shape (N,), int64
-
-    Returns
-    -------
-    order : numpy.ndarray of shape (N,) or None
-        Pair order by host block; None when already ascending.
-    sorted_blocks : numpy.ndarray of shape (N,)
-    run_starts : numpy.ndarray of shape (R,)
-        Index (into the sorted pairs) where each run starts.
-    """
+    """Sort the pairs by host block and find runs of consecutive host blocks:
+    ``(order, sorted_blocks, run_starts)``, ``order`` None when the (N,)
+    ``host_blocks`` already ascend, ``run_starts`` indexing the sorted pairs."""
     step = np.diff(host_blocks)
     order = None
     if step.size and step.min() <= 0:
@@ -206,11 +176,10 @@ def host_runs(host_blocks: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, n
 
 @dataclass
 class StagedPlan:
-    """A staged swap-in cut into chunks, before staging rows are chosen.
+    """A staged swap cut into chunks, before staging rows are chosen.
 
-    Copies are *pieces*: runs of consecutive host blocks cut at chunk edges.
-    Pieces are few on the path ``auto`` takes (about one per chunk), so they
-    are kept as Python lists: cheaper than NumPy arrays at that size.
+    Copies are *pieces*: runs of consecutive host blocks cut at chunk edges;
+    few (about one per chunk), so Python lists are cheaper than NumPy.
 
     Attributes
     ----------
@@ -240,31 +209,17 @@ class StagedPlan:
     def num_chunks(self) -> int:
         return len(self.sizes)
 
-    @property
-    def num_copies_per_group(self) -> int:
-        return len(self.piece_rows)
-
 
 def plan_chunks(mapping: np.ndarray, sizes: list[int], host_column: int = 0) -> StagedPlan:
-    """Cut a staged swap into chunks of ``sizes`` pairs.
-
-    Parameters
-    ----------
-    mapping : numpy.ndarray of shape (N, 2), int64
-        Checked ``(src_block, dst_block)`` rows, ``N >= 1``.
-    sizes : list of int
-        Pairs per chunk, summing to ``N`` (see :func:`chunk_sizes`).
-    host_column : int
-        0 for a swap-in (host blocks are the sources), 1 for a swap-out.
-    """
+    """Cut a checked ``(N, 2)`` mapping (``N >= 1``) into chunks of ``sizes``
+    pairs (see :func:`chunk_sizes`); ``host_column`` 0 for a swap-in, 1 for
+    a swap-out."""
     if host_column:
         mapping = mapping[:, ::-1]  # (host_block, gpu_block) rows
     n = mapping.shape[0]
     if sum(sizes) != n or min(sizes) < 1:
         raise ValueError(f"sizes: expected positive chunk sizes summing to {n}, got {sizes}")
-    starts = [0]
-    for size in sizes:
-        starts.append(starts[-1] + size)
+    starts = [0, *itertools.accumulate(sizes)]
     step = np.diff(mapping[:, 0])
     if not step.size or step.min() == step.max() == 1:
         # One ascending run (a tier that hands out host slots in order): a
@@ -290,23 +245,9 @@ def plan_chunks(mapping: np.ndarray, sizes: list[int], host_column: int = 0) -> 
 
 
 def chunk_copies(plan: StagedPlan, groups: list[CopyGroup], regions: list[int], base: int, chunk_rows: list):
-    """The copy-engine copies of every chunk.
-
-    Parameters
-    ----------
-    plan : StagedPlan
-    groups, regions : list
-        Host copy groups and their regions in the staging arena.
-    base : int
-        Staging arena address.
-    chunk_rows : list of int
-        Per chunk, the first arena row it is placed at.
-
-    Returns
-    -------
-    list of (list, list, list)
-        Per chunk: destination addresses, host addresses, byte counts.
-    """
+    """Per chunk, the copy-engine copies ``(arena addresses, host addresses,
+    byte counts)``, given the groups' ``regions`` in the arena at ``base``
+    and each chunk's first arena row."""
     starts = plan.starts
     rows = [chunk_rows[c] + r - starts[c] for r, c in zip(plan.piece_rows, plan.piece_chunks)]
     per_group = [
@@ -346,25 +287,14 @@ def kernel_pairs(plan: StagedPlan, chunk_rows: list, gpu_first: bool = False) ->
 
 
 class RowRing:
-    """Placement of chunks in a ring of staging rows.
+    """Placement of chunks in a ring of ``rows`` staging rows.
 
-    Each chunk takes the next ``count`` consecutive rows (wrapping to row 0
-    when they do not fit).  Rows stay busy until the event recorded behind
-    the last work that reads them (a swap-in's scatter, a swap-out's
-    copies).  A new chunk gets the events of every busy region it overlaps,
-    for the stream that fills its rows to wait on; the part of a region it
-    does not cover stays busy, since that stream differs from call to call
-    (a swap-out's gathers run on the caller's stream).  A chunk of the same
-    swap that it overlaps is named by index instead (its event is not
-    recorded yet).
-
-    Parameters
-    ----------
-    rows : int
-        Rows in the ring.
-    barriers : sequence of events, optional
-        Events every row waits for before its first reuse (the work that
-        read the arena under an earlier layout).
+    Each chunk takes the next ``count`` consecutive rows (wrapping to row 0).
+    Rows stay busy until the event behind the last work that reads them; a
+    new chunk gets the events of every busy region it overlaps (the rest of
+    such a region stays busy: the stream that waits differs from call to
+    call), or the index of an overlapped chunk of the same swap (its event
+    is not recorded yet).  ``barriers``: events every row waits for first.
     """
 
     def __init__(self, rows: int, barriers=()):
@@ -374,16 +304,8 @@ class RowRing:
         self.busy: list[list] = [[0, rows, ev, -1] for ev in barriers]
 
     def place(self, count: int, chunk: int) -> tuple[int, list, list]:
-        """Rows for chunk ``chunk`` of ``count`` rows.
-
-        Returns
-        -------
-        first_row : int
-        events : list
-            Events of earlier swaps' work that read these rows (each once).
-        chunks : list of int
-            Earlier chunks of this swap that read them.
-        """
+        """``(first row, events of earlier swaps' work that read the rows,
+        earlier chunks of this swap that read them)`` for chunk ``chunk``."""
         if not 1 <= count <= self.rows:
             raise ValueError(f"count: expected 1 to {self.rows} rows, got {count}")
         if self.head + count > self.rows:

@@ -13,22 +13,7 @@ __all__ = ["convert_array"]
 
 # torch dtypes NumPy and CuPy have under the same name.
 _PLAIN = frozenset(
-    (
-        "bool",
-        "uint8",
-        "int8",
-        "uint16",
-        "int16",
-        "uint32",
-        "int32",
-        "uint64",
-        "int64",
-        "float16",
-        "float32",
-        "float64",
-        "complex64",
-        "complex128",
-    )
+    "bool uint8 int8 uint16 int16 uint32 int32 uint64 int64 float16 float32 float64 complex64 complex128".split()
 )
 # A tensor leaves torch as the integer type of its width: every torch >= 2.4
 # exports these through DLPack and .numpy(), which is not so for bool, the
@@ -45,36 +30,17 @@ def _torch_tensor(obj):
 
 
 def convert_array(obj, name: str):
-    """View ``obj``'s memory as a CuPy or NumPy array, copying nothing.
+    """View ``obj``'s memory as a CuPy or NumPy array, copying nothing, or None
+    when ``obj`` is no array this library understands.
 
-    Parameters
-    ----------
-    obj : object
-        A torch tensor, or an object exposing ``__cuda_array_interface__``,
-        ``__array_interface__`` or ``__dlpack__`` (tried in that order).
-    name : str
-        Argument name for error messages (``"src[3]"``).
-
-    Returns
-    -------
-    cupy.ndarray, numpy.ndarray, TypedView or None
-        torch CUDA tensors become CuPy arrays (read by ``data_ptr()``,
-        ``stride()`` and ``shape``: no DLPack, so nothing is recorded on a
-        stream that may be capturing a graph), torch CPU
-        tensors NumPy arrays over the same storage (pinned or not: the
-        caller checks).  A tensor of a type NumPy lacks (``bfloat16``,
-        ``float8_*``, ``complex32`` ...) comes as a
-        :class:`~cupy_swap.core.parts.TypedView`: its bytes as the integer
-        type of its width (uint8, int16, int32, int64; a width without one is
-        viewed as uint8, which widens the last axis) and its torch type.
-        None when ``obj`` is no array this library understands.
-
-    Raises
-    ------
-    TypeError
-        Naming ``name``: a tensor on another device, not dense, with a
-        conjugate or negative bit set, or whose memory torch cannot view;
-        an object whose array protocol raises when read.
+    Torch CUDA tensors become CuPy arrays read from ``data_ptr()`` and
+    ``stride()`` (no DLPack: nothing is recorded on a stream that may be
+    capturing), CPU tensors NumPy arrays; a type NumPy lacks comes as a
+    :class:`~cupy_swap.core.parts.TypedView` of the integer type of its width
+    (uint8 where there is none, widening the last axis).  Other objects go
+    through ``__cuda_array_interface__``, ``__array_interface__`` or
+    ``__dlpack__``, in that order.  TypeError, naming ``name``, for a tensor
+    that cannot be viewed or a protocol that raises.
     """
     torch = _torch_tensor(obj)
     if torch is not None:
@@ -147,9 +113,8 @@ def _torch_view(obj, torch, name: str):
 
 
 def _cupy_view(t):
-    """A CuPy array over a CUDA tensor's memory, built from its address,
-    strides and shape (CuPy's ``UnownedMemory`` with the device given makes
-    no CUDA call; the tensor is kept as the memory's owner)."""
+    """A CuPy array over a CUDA tensor's memory, owned by the tensor
+    (``UnownedMemory`` with the device given makes no CUDA call)."""
     import cupy
 
     itemsize = t.element_size()

@@ -1,20 +1,11 @@
 """Whether CUDA can be used here at all, and why not, in words that point at the fix.
 
-The CUDA runtime reports a machine with no NVIDIA driver at all as
-``cudaErrorInsufficientDriver: CUDA driver version is insufficient``, the
-same error as a driver that is really too old.  :func:`probe_driver` asks
-``libcuda.so.1`` directly (no CuPy, no CUDA runtime) and tells the cases
-apart: no driver, a driver that sees no device, a driver that does not
-start, a driver older than the runtime.  A missing CuPy is a case of its
-own, with the install command of this project's extras.
-
-Library entry points turn such failures into :class:`CudaUnavailableError`::
-
-    with translate_unavailable("BlockSwapper()"):
-        device = runtime.getDevice()
-
-Any other exception passes through unchanged.  Nothing here imports CuPy at
-module level, and nothing runs until an error is being explained.
+The CUDA runtime reports a machine with no NVIDIA driver as
+``cudaErrorInsufficientDriver``, like a driver really too old;
+:func:`probe_driver` asks ``libcuda.so.1`` directly to tell the cases apart.
+Library entry points turn such failures (and a missing CuPy) into
+:class:`CudaUnavailableError` with :func:`translate_unavailable`; any other
+exception passes through unchanged.  Nothing here imports CuPy at module level.
 """
 
 from __future__ import annotations
@@ -66,12 +57,8 @@ _CUDA_ERROR_CLASSES = ("CUDARuntimeError", "CUDADriverError")
 
 
 class CudaUnavailableError(RuntimeError):
-    """CUDA cannot be used here: CuPy is missing, there is no NVIDIA driver,
-    the driver sees no GPU or does not start, or it is older than the CUDA
-    runtime CuPy uses.
-
-    The message names the cause and the fix; the CUDA error it stands for is
-    its ``__cause__``.
+    """CUDA cannot be used here; the message names the cause and the fix, and
+    the CUDA error it stands for is its ``__cause__``.
 
     Attributes
     ----------
@@ -91,16 +78,9 @@ def _cuda_version(v: int) -> str:
 
 
 def probe_driver():
-    """What the NVIDIA driver says, through ``libcuda.so.1`` directly (no
-    CuPy, no CUDA runtime).
-
-    Returns
-    -------
-    None or dict
-        None when ``libcuda.so.1`` cannot be loaded (no driver); else
-        ``{"init": CUresult of cuInit(0), "version": driver CUDA version
-        (e.g. 12040) or None, "devices": device count or None}``.
-    """
+    """What ``libcuda.so.1`` says (no CuPy): None when it cannot be loaded,
+    else ``{"init": CUresult of cuInit(0), "version": e.g. 12040 or None,
+    "devices": device count or None}``."""
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -144,19 +124,8 @@ def _install_hint() -> str:
 
 
 def cupy_missing_message(exc: BaseException) -> str:
-    """The message for a failed ``import cupy``: CuPy is missing (or broken),
-    and the install command of this project's CUDA extras.
-
-    Parameters
-    ----------
-    exc : BaseException
-        The ImportError ``import cupy`` raised.
-
-    Returns
-    -------
-    str
-        Starts with :data:`CUPY_MISSING` when the module is not there at all.
-    """
+    """The message for the ImportError of ``import cupy``, with the install
+    command; it starts with :data:`CUPY_MISSING` when CuPy is not there at all."""
     head = CUPY_MISSING if getattr(exc, "name", None) == "cupy" else _CUPY_BROKEN
     return f"{head} ({exc}); {_install_hint()}"
 
@@ -198,40 +167,21 @@ def _diagnose(what: str, driver, runtime_version) -> tuple[str, str]:
 
 
 def explain_no_gpu(what: str, driver, runtime_version) -> str:
-    """Why no GPU answered, in words that point at the real fix.
-
-    The CUDA runtime reports a missing driver as "driver version is
-    insufficient"; that is only said when a driver is there and really
-    older than the runtime.
-
-    Parameters
-    ----------
-    what : str
-        What failed: :func:`cupy_swap.tools.bench.gpu_status`'s reason, or
-        the text of a CUDA error.
-    driver : dict or None
-        What :func:`probe_driver` found.
-    runtime_version : int or None
-        The CUDA runtime version CuPy loaded (:func:`runtime_version`).
-
-    Returns
-    -------
-    str
-        The cause and the fix; ``what`` itself when the probe adds nothing.
-    """
+    """Why no GPU answered (``what``: a CUDA error's text or
+    ``gpu_status``'s reason), given :func:`probe_driver`'s ``driver`` and
+    :func:`runtime_version`: the cause and the fix, or ``what`` itself when
+    the probe adds nothing."""
     return _diagnose(what, driver, runtime_version)[1]
 
 
 def no_gpu_message(what: str) -> str:
-    """The whole no-GPU message for ``what`` (probing the driver and the
-    runtime now), without a ``cupy_swap:`` prefix."""
+    """:func:`explain_no_gpu` of ``what``, probing now."""
     return explain_no_gpu(what, probe_driver(), runtime_version())
 
 
 def _unavailable_status(exc: BaseException):
-    """The availability code of a CuPy CUDA error, or None for any other
-    exception (matched by class name and ``status``, so CuPy need not be
-    importable)."""
+    """The availability code of a CuPy CUDA error (matched by class name: CuPy
+    need not import), or None."""
     if type(exc).__name__ not in _CUDA_ERROR_CLASSES:
         return None
     status = getattr(exc, "status", None)
@@ -242,27 +192,10 @@ def _unavailable_status(exc: BaseException):
 
 
 def cuda_unavailable_error(exc: BaseException, what: str | None = None) -> CudaUnavailableError | None:
-    """The :class:`CudaUnavailableError` that ``exc`` stands for, or None.
-
-    Parameters
-    ----------
-    exc : BaseException
-        An exception from a CUDA call: CuPy's ``CUDARuntimeError`` or
-        ``CUDADriverError`` with a code that means CUDA cannot be used here
-        (no driver, no device, driver too old or mismatched, initialization
-        failed, devices unavailable), or the ImportError of ``import cupy``.
-    what : str, optional
-        The call that failed (e.g. ``"BlockSwapper()"``); the message then
-        starts with ``"{what}: "``.
-
-    Returns
-    -------
-    CudaUnavailableError or None
-        The error, its message naming the real cause (the driver is probed
-        now), not yet raised and without a ``__cause__``; None when ``exc``
-        is not an availability problem (a bad argument, out of memory, an
-        ImportError of another module).
-    """
+    """The :class:`CudaUnavailableError` (not raised, no ``__cause__``) that
+    ``exc`` stands for: a CuPy CUDA error whose code means CUDA cannot be
+    used here, or the ImportError of CuPy; else None.  ``what`` names the
+    failed call (e.g. ``"BlockSwapper()"``) at the start of the message."""
     if isinstance(exc, ImportError):
         package = (getattr(exc, "name", None) or "").split(".")[0]
         if package not in ("cupy", "cupy_backends", "cupyx") and "CuPy" not in str(exc):
@@ -277,27 +210,9 @@ def cuda_unavailable_error(exc: BaseException, what: str | None = None) -> CudaU
 
 @contextmanager
 def translate_unavailable(what: str):
-    """Raise :class:`CudaUnavailableError` ``from`` the exception of the block
-    when that exception means CUDA cannot be used here; let any other one
-    (and a CudaUnavailableError from a nested call) through unchanged.
-
-    Parameters
-    ----------
-    what : str
-        The call to name in the message, e.g. ``"BlockSwapper()"`` or
-        ``"empty_pinned()"``.
-
-    Examples
-    --------
-    As a context manager or, being a :func:`contextlib.contextmanager`, as a
-    decorator::
-
-        with translate_unavailable("empty_pinned()"):
-            ptr = runtime.hostAlloc(nbytes, flags)
-
-        @translate_unavailable("BlockSwapper()")
-        def __init__(self, ...): ...
-    """
+    """Context manager or decorator: raise :class:`CudaUnavailableError`
+    (naming the call ``what``, e.g. ``"BlockSwapper()"``) from an exception
+    that means CUDA cannot be used here; let any other one through."""
     try:
         yield
     except CudaUnavailableError:

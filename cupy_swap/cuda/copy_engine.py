@@ -2,14 +2,8 @@
 source and destination, per part.  Uses no SMs.
 
 Copies go out as one ``cuMemcpyBatchAsync`` call where the driver has it
-(CUDA 12.8+; called through ctypes with NumPy pointer arrays, so a batch of
-thousands costs microseconds, not a Python loop), else as one
-``cudaMemcpyAsync`` per copy.  The batch call rejects the legacy default
-stream, which two raw handles name: 0 (the NULL stream: the symbol loaded
-here is not the per-thread ``_ptsz`` one) and 1 (``cudaStreamLegacy`` /
-``CU_STREAM_LEGACY``, e.g. ``stream=1`` or a ``cupy.cuda.ExternalStream(1)``),
-so swaps on either use the loop.  2 (``cudaStreamPerThread``) is a real
-stream to the driver and takes the batch.
+(CUDA 12.8+; through ctypes with NumPy pointer arrays: a batch of thousands
+costs microseconds), else as one ``cudaMemcpyAsync`` per copy.
 """
 
 from __future__ import annotations
@@ -30,9 +24,10 @@ _KINDS = {"in": 1, "out": 2, "gpu->gpu": 3}
 
 _CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
 
-# Raw handles of the legacy default stream (NULL and CU_STREAM_LEGACY): the
-# batch call refuses them (CUresult 1, CUDA_ERROR_INVALID_VALUE, for handle 1
-# on an H200 with driver 580), the loop works.
+# Raw handles of the legacy default stream (NULL, which the non-_ptsz symbol
+# takes as legacy, and CU_STREAM_LEGACY): the batch call refuses them
+# (CUDA_ERROR_INVALID_VALUE on an H200, driver 580).  2, the per-thread
+# stream, takes the batch.
 _LEGACY_STREAM_HANDLES = (0, 1)
 
 
@@ -48,7 +43,6 @@ class DmaCopier:
         self._attrs = MemcpyAttributes(srcAccessOrder=_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM)
         self._attr_idx = (ctypes.c_size_t * 1)(0)
         self._fail = ctypes.c_size_t(0)
-        self.use_batch = True
         self._batch = None  # (fn, takes_fail_index), loaded on first use
         self._memcpy = None
 
@@ -66,18 +60,10 @@ class DmaCopier:
         return self.issue(dsts, srcs, sizes, stream, kind, capturing)
 
     def issue(self, dsts, srcs, sizes, stream: int, kind: int, capturing: bool = False) -> int:
-        """Enqueue copies ``srcs[i] -> dsts[i]`` of ``sizes[i]`` bytes on
-        ``stream``: one ``cuMemcpyBatchAsync`` where possible, else one
-        ``cudaMemcpyAsync`` (of memcpy ``kind``) each.  While ``stream``
-        captures a graph, copies go one by one (plain memcpy nodes), and so
-        they do on the legacy default stream (handles 0 and 1), which the
-        batch call refuses.
-
-        Parameters
-        ----------
-        dsts, srcs, sizes : numpy.ndarray of uint64, or lists of int
-            Each of shape (C,).
-        """
+        """Enqueue copies ``srcs[i] -> dsts[i]`` of ``sizes[i]`` bytes (uint64
+        arrays or int lists) on ``stream``: one ``cuMemcpyBatchAsync`` where
+        possible, else one ``cudaMemcpyAsync`` of memcpy ``kind`` each (while
+        capturing: plain memcpy nodes, and on the legacy default stream)."""
         if self._memcpy is None:
             from cupy.cuda import runtime
 
@@ -87,7 +73,7 @@ class DmaCopier:
         if count == 1:
             self._memcpy(int(dsts[0]), int(srcs[0]), int(sizes[0]), kind, stream)
             return 1
-        fn, takes_fail = self._batch if self.use_batch else (None, False)
+        fn, takes_fail = self._batch
         if fn is not None and count > 1 and stream not in _LEGACY_STREAM_HANDLES and not capturing:
             if isinstance(dsts, list):
                 dsts, srcs, sizes = (np.array(x, dtype=np.uint64) for x in (dsts, srcs, sizes))

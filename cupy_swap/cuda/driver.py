@@ -1,8 +1,6 @@
-"""The few CUDA driver entry points CuPy does not wrap, called through ctypes
-(no compiled extension, no extra dependency): ``cuMemcpyBatchAsync`` and
-the three calls that build a one-kernel graph and set its node's parameters.
-(Stream-capture status comes from CuPy's ``streamIsCapturing``, a quarter
-of the ctypes call's host time: :func:`cupy_swap.cuda.streams.stream_is_capturing`.)"""
+"""The few CUDA driver entry points CuPy does not wrap, called through ctypes:
+``cuMemcpyBatchAsync``, the calls that build a one-kernel graph and set its
+node's parameters, and the primary-context listing."""
 
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from typing import NamedTuple
 
 __all__ = ["libcuda", "memcpy_batch", "KernelNodeParams", "graph_calls", "devices_in_use"]
 
-# Each loader below runs once per process (functools.cache; two threads racing
-# the first call both get equivalent handles, so no lock is needed).
+# Loaders run once per process (two threads racing get equivalent handles).
 
 
 @functools.cache
@@ -29,16 +26,10 @@ _CUDA_ERROR_NOT_INITIALIZED = 3
 
 
 def devices_in_use() -> list[int]:
-    """The GPUs (ordinals) whose primary context is active in this process:
-    every GPU that CuPy, torch or cupy_swap has used here.  Empty where there
-    is no driver or it was never initialized (then nothing was queued).
-
-    Raises
-    ------
-    RuntimeError
-        When the driver answers with any other error: a caller that frees
-        memory must not take "no GPU" for an answer it did not get.
-    """
+    """The GPUs whose primary context is active in this process (every GPU
+    used here); empty without a driver or before it is initialized.  Any
+    other driver error raises RuntimeError: a caller that frees memory must
+    not take "no GPU" for an answer it did not get."""
     lib = libcuda()
     if lib is None:
         return []
@@ -76,9 +67,8 @@ class MemcpyAttributes(ctypes.Structure):
 
 @functools.cache
 def memcpy_batch():
-    """``(function, takes_fail_index)`` for ``cuMemcpyBatchAsync`` in its
-    CUDA 13 form (``_v2``, no failure index) or its CUDA 12.8 form (with
-    one); ``(None, False)`` where the driver has neither."""
+    """``(function, takes_fail_index)``: ``cuMemcpyBatchAsync_v2`` (CUDA 13) or
+    ``cuMemcpyBatchAsync`` (12.8, with a failure index), or ``(None, False)``."""
     lib = libcuda()
     found = (None, False)
     if lib is not None:

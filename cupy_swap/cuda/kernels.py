@@ -1,10 +1,7 @@
-"""Find, assemble and compile the CUDA sources in ``kernels_cu/``.
-
-Sources are compiled lazily, on the first swap on a device, through
-``cupy.RawModule`` (NVRTC) and kept per device.  ``#include "x.cuh"`` lines
-are inlined here, so the text CuPy hashes for its disk cache is the whole
-program: editing any kernel file changes the cache key.  A content hash is
-also passed as a macro, which makes the key visible in compile options.
+"""Find, assemble and compile the CUDA sources in ``kernels_cu/``, lazily per
+device through ``cupy.RawModule`` (NVRTC).  ``#include "x.cuh"`` lines are
+inlined here, so the text CuPy hashes for its disk cache is the whole
+program; a content hash also goes into the compile options.
 """
 
 from __future__ import annotations
@@ -30,9 +27,8 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
 def kernel_dir() -> Path:
-    """Folder holding the ``*.cu`` sources: inside the installed package
-    (wheels carry them as ``cupy_swap/kernels_cu``), else the source tree's
-    top-level ``kernels_cu`` (editable installs, running from a checkout)."""
+    """Folder holding the ``*.cu`` sources: ``cupy_swap/kernels_cu`` in a
+    wheel, else the checkout's top-level ``kernels_cu``."""
     here = Path(__file__).resolve().parent.parent  # the cupy_swap package
     for candidate in (here / "kernels_cu", here.parent / "kernels_cu"):
         if (candidate / MAIN_SOURCE).is_file():
@@ -74,14 +70,7 @@ def compile_options() -> tuple[str, ...]:
 
 def compile_with_nvrtc(arch: str) -> bytes:
     """Compile the sources to a cubin for ``arch`` (e.g. ``"sm_90"``) with
-    NVRTC directly, without a GPU.  Used by the CPU tests to prove that the
-    sources compile wherever NVRTC is installed.
-
-    Raises
-    ------
-    RuntimeError
-        With NVRTC's log when compilation fails.
-    """
+    NVRTC, without a GPU (the CPU tests); RuntimeError with NVRTC's log."""
     from cupy_backends.cuda.libs import nvrtc
 
     prog = nvrtc.createProgram(kernel_source(), MAIN_SOURCE, [], [])
@@ -115,10 +104,8 @@ def _module(device: int):
 
 
 def get_function(device: int, name: str) -> int:
-    """``CUfunction`` handle of kernel ``name`` (see :mod:`cupy_swap.cuda.abi`)
-    on ``device``, compiled and loaded on first use (NVRTC through
-    ``cupy.RawModule``; CuPy caches the binary on disk, keyed by the full
-    source and options)."""
+    """``CUfunction`` handle of kernel ``name`` on ``device``, compiled and
+    loaded on first use."""
     key = (device, name)
     fn = _functions.get(key)
     if fn is None:

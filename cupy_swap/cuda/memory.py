@@ -1,11 +1,7 @@
-"""Page-locked host memory and the device alias that kernels use to reach it.
-
-Kernels never dereference a host pointer directly: they read and write host
-memory through the device address that CUDA maps it to
-(``cudaHostGetDevicePointer``; here read from ``cudaPointerGetAttributes``).
-Memory that this module allocates or registers is remembered in a small
-registry, so finding the alias of an array inside it costs a bisection, not a
-driver call.
+"""Page-locked host memory and the device alias that kernels use to reach it
+(read from ``cudaPointerGetAttributes``).  Memory this module allocates or
+registers is kept in a sorted registry, so finding an array's alias costs a
+bisection, not a driver call.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ import math
 import mmap
 import os
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,8 +37,7 @@ _MEMORY_TYPE_HOST = 1
 
 
 def uva_disabled_by_env() -> bool:
-    """True when ``CUPY_SWAP_DISABLE_UVA=1`` asks the library to act as if host
-    memory could not be mapped (used to test the copy-engine fallback)."""
+    """``CUPY_SWAP_DISABLE_UVA=1``: act as if host memory could not be mapped."""
     return os.environ.get("CUPY_SWAP_DISABLE_UVA", "") not in ("", "0")
 
 
@@ -49,13 +45,9 @@ _mapping_status: dict[int, tuple[bool, str]] = {}
 
 
 def host_mapping_status(device: int) -> tuple[bool, str]:
-    """Whether kernels on ``device`` can reach pinned host memory through a
-    device alias, and why not when they cannot.
-
-    Needs unified addressing and ``canMapHostMemory``; ``CUPY_SWAP_DISABLE_UVA=1``
-    forces "no" (to exercise the copy-engine fallback).  Cached per device;
-    the environment variable is read every time.
-    """
+    """``(mapped, why)``: whether kernels on ``device`` can reach pinned host
+    memory through a device alias (cached per device; the environment
+    variable is read every time)."""
     if uva_disabled_by_env():
         return False, "CUPY_SWAP_DISABLE_UVA is set"
     status = _mapping_status.get(device)
@@ -78,16 +70,13 @@ def host_pinned_unmapped(ptr: int) -> bool:
     return _runtime().pointerGetAttributes(ptr).type == _MEMORY_TYPE_HOST
 
 
-class _Range:
+class _Range(NamedTuple):
     """One pinned host range that cupy_swap allocated or registered."""
 
-    __slots__ = ("start", "end", "alias_offset", "owned")
-
-    def __init__(self, start: int, end: int, alias_offset: int | None, owned: bool):
-        self.start = start
-        self.end = end
-        self.alias_offset = alias_offset  # device alias minus host address; None: unmapped
-        self.owned = owned  # released by cupy_swap (empty_pinned, shared_pinned) vs register_host
+    start: int
+    end: int
+    alias_offset: int | None  # device alias minus host address; None: unmapped
+    owned: bool  # released by cupy_swap (empty_pinned, shared_pinned) vs register_host
 
 
 class _Registry:
@@ -110,17 +99,13 @@ class _Registry:
             if i < len(self._starts) and self._starts[i] == start:
                 self._starts.pop(i)
                 return self._ranges.pop(i)
-            return None
 
     def find(self, ptr: int, nbytes: int) -> _Range | None:
         """The range holding all of ``[ptr, ptr + nbytes)``, if any."""
         with self._lock:
             i = bisect.bisect_right(self._starts, ptr) - 1
-            if i >= 0:
-                r = self._ranges[i]
-                if ptr + nbytes <= r.end:
-                    return r
-            return None
+            if i >= 0 and ptr + nbytes <= self._ranges[i].end:
+                return self._ranges[i]
 
 
 _registry = _Registry()
@@ -128,9 +113,8 @@ _generation = [0]
 
 
 def generation() -> int:
-    """Counter bumped whenever a registered range goes away or existing memory
-    is registered, so cached host aliases (see ``BlockSwapper``) know to
-    resolve again."""
+    """Bumped when existing memory is registered or unregistered: cached
+    layouts resolve their host aliases again."""
     return _generation[0]
 
 
@@ -142,20 +126,17 @@ def _runtime():
 
 def _device_alias(ptr: int) -> int:
     """Device address of pinned host address ``ptr`` (0 if not pinned/mapped)."""
-    runtime = _runtime()
-    attrs = runtime.pointerGetAttributes(ptr)
-    if attrs.type != _MEMORY_TYPE_HOST:
-        return 0
-    return int(attrs.devicePointer)
+    attrs = _runtime().pointerGetAttributes(ptr)
+    return int(attrs.devicePointer) if attrs.type == _MEMORY_TYPE_HOST else 0
 
 
 class _PinnedBuffer:
-    """Owner of one cudaHostAlloc allocation, exposed to NumPy as an array.
-    When it (so every array on it) is gone, the releaser thread frees it
-    (:func:`release_owned`).  ``only_gpu``: allocate with that GPU current,
-    for memory only its work touches (see :func:`zeros_pinned_for_gpu`)."""
+    """Owner of one cudaHostAlloc allocation, exposed to NumPy; freed by the
+    releaser once every array on it is gone.  ``only_gpu``: see
+    :func:`zeros_pinned_for_gpu`."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, only_gpu: int | None = None):
+    def __init__(self, shape, dtype, only_gpu: int | None = None):
+        shape, dtype = _normalize_shape(shape), np.dtype(dtype)
         release.start()
         runtime = _runtime()
         nbytes = math.prod(shape) * dtype.itemsize
@@ -173,26 +154,14 @@ class _PinnedBuffer:
         finally:
             runtime.setDevice(caller_device)
         _registry.add(_Range(ptr, ptr + max(nbytes, 1), alias - ptr if alias else None, True))
-        free = functools.partial(release_owned, ptr, _free_host, device, only_gpu is None)
+        free = functools.partial(release_owned, ptr, runtime.freeHost, device, only_gpu is None)
         self._finalizer = release.when_dropped(self, free, None, f"pinned buffer {ptr:#x}")
         self.__array_interface__ = array_interface(ptr, shape, dtype)
 
 
 def array_interface(ptr: int, shape: tuple[int, ...], dtype: np.dtype) -> dict:
-    """NumPy's ``__array_interface__`` of a C-contiguous array at host address
-    ``ptr``, for an owner object that NumPy then keeps alive as the base."""
-    return {
-        "shape": shape,
-        "typestr": dtype.str,
-        "descr": dtype.descr,
-        "data": (ptr, False),
-        "strides": None,
-        "version": 3,
-    }
-
-
-def _free_host(ptr: int) -> None:
-    _runtime().freeHost(ptr)
+    """``__array_interface__`` of a C-contiguous array at host address ``ptr``."""
+    return {"shape": shape, "typestr": dtype.str, "descr": dtype.descr, "data": (ptr, False), "version": 3}
 
 
 # One private page of this process, registered and unregistered by
@@ -211,25 +180,17 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def wait_for_gpus_in_use() -> None:
-    """Return once the work queued on every GPU this process uses (every
-    stream) when the call starts has completed; the last of them is left
-    current.
-
-    The frees alone are not enough on a machine with several GPUs: on two
-    H200s (benchmarks/probes/free_host_probe.py) ``cudaFreeHost`` waited
-    for the queued work of the GPU the memory was allocated on only, and
-    ``cudaHostUnregister`` for that of the current GPU only, so a swap
-    queued on the other GPU wrote freed memory (an illegal address).
-    Unregistering a private page with a GPU current waits for that GPU and,
-    unlike ``cudaDeviceSynchronize``, leaves a graph that another thread is
-    capturing valid (benchmarks/probes/capture_probe.py).  Call it in
+    """Return once the work queued on every GPU this process uses when the
+    call starts has completed (the last GPU is left current).  Call it in
     relaxed capture mode.
 
-    Raises
-    ------
-    RuntimeError
-        When the driver cannot list the GPUs in use, or a wait fails (the
-        page is then set aside, so a later call starts clean).
+    The frees alone wait for one GPU only (``cudaFreeHost``: the allocating
+    one; ``cudaHostUnregister``: the current one; two H200s,
+    benchmarks/probes/free_host_probe.py).  Unregistering a private page
+    with each GPU current waits for it and, unlike ``cudaDeviceSynchronize``,
+    leaves another thread's capture valid (benchmarks/probes/capture_probe.py).
+    Raises RuntimeError when the GPUs in use cannot be listed or a wait
+    fails (the page is then set aside).
     """
     runtime = _runtime()
     with _wait_lock:
@@ -247,17 +208,10 @@ def wait_for_gpus_in_use() -> None:
 
 
 def release_owned(ptr: int, free, device: int | None = None, every_gpu: bool = True) -> None:
-    """Release a range cupy_swap owns (every array over it is gone), on the
-    releaser thread: unpublish it (no lookup finds it), wait for the work
-    queued on every GPU in use (:func:`wait_for_gpus_in_use`; with
-    ``every_gpu`` False, memory only ``device``'s work touches, the free's
-    own wait is enough), then ``free(ptr)`` (``cudaFreeHost``, or
-    ``cudaHostUnregister`` and unmap) with ``device`` current.
-    The releaser runs in relaxed capture mode, which permits these calls
-    while another thread captures.  ``tests/test_lifetimes_gpu.py`` and
-    ``tests/test_multi_gpu.py`` check the wait: the swaps queued on a
-    dropped pool, on one GPU or two, have completed when its release has.  A
-    failure propagates to the releaser, which reports it."""
+    """On the releaser thread, once every array over an owned range is gone:
+    unpublish it, wait for every GPU in use (with ``every_gpu`` False, the
+    free's own wait for ``device`` is enough), then ``free(ptr)`` with
+    ``device`` current (tests/test_lifetimes_gpu.py, tests/test_multi_gpu.py)."""
     _registry.remove(ptr)  # owned ranges: no array over them, so no cached layout (no generation bump)
     try:
         if every_gpu:
@@ -271,19 +225,15 @@ def release_owned(ptr: int, free, device: int | None = None, every_gpu: bool = T
 
 
 def release_dropped(timeout: float | None = None) -> bool:
-    """Wait until every pinned buffer or pool dropped so far (and any other
-    memory cupy_swap handed to its releaser thread) has been released.
-    Dropped memory is released soon after the drop anyway; call this where
-    the release must have happened, e.g. before measuring free memory.
-    Returns False if ``timeout`` seconds passed first."""
+    """Wait until the memory dropped so far has been released (it is soon
+    anyway), e.g. before measuring free memory.  False if ``timeout``
+    seconds passed first."""
     return release.drain(timeout)
 
 
 def register_range(ptr: int, nbytes: int, owned: bool = False) -> int:
-    """Page-lock ``[ptr, ptr + nbytes)`` (``cudaHostRegister``, portable and
-    mapped), remember it, and return its device alias (0: not mapped).
-    ``owned``: cupy_swap releases it (a shared pool), so
-    :func:`unregister_host` refuses it."""
+    """Page-lock and publish ``[ptr, ptr + nbytes)``; its device alias (0: not
+    mapped).  ``owned`` (a shared pool): :func:`unregister_host` refuses it."""
     release.start()
     runtime = _runtime()
     runtime.hostRegister(ptr, nbytes, _PORTABLE_MAPPED)
@@ -326,8 +276,6 @@ def empty_pinned(shape, dtype="float32") -> np.ndarray:
         C-contiguous array of ``shape``; the memory is freed when the array and
         every view of it are gone.
     """
-    shape = _normalize_shape(shape)
-    dtype = np.dtype(dtype)
     return np.asarray(_PinnedBuffer(shape, dtype))
 
 
@@ -341,12 +289,11 @@ def zeros_pinned(shape, dtype="float32") -> np.ndarray:
 
 
 def zeros_pinned_for_gpu(shape, dtype, device: int) -> np.ndarray:
-    """Zeroed pinned memory that only GPU ``device``'s work reads or writes
-    (the library's descriptor rows and status words).  Allocated with that
-    GPU current, it is freed by ``cudaFreeHost``, which waits for that GPU's
-    queued work, without waiting for the other GPUs (which would hold up
-    their swap calls meanwhile: benchmarks/probes/release_lock_probe.py)."""
-    a = np.asarray(_PinnedBuffer(_normalize_shape(shape), np.dtype(dtype), only_gpu=device))
+    """Zeroed pinned memory only GPU ``device``'s work touches (descriptor
+    rows, status words): allocated with it current, its ``cudaFreeHost``
+    waits for that GPU alone, not holding up the others' swap calls
+    (benchmarks/probes/release_lock_probe.py)."""
+    a = np.asarray(_PinnedBuffer(shape, dtype, only_gpu=device))
     a.fill(0)
     return a
 
@@ -390,14 +337,11 @@ def register_host(array: np.ndarray) -> None:
 def unregister_host(array: np.ndarray) -> None:
     """Undo :func:`register_host` for the same array (same start address).
 
-    In order: the range is unpublished (swaps and cached layouts no longer
-    find it: a later swap on it raises); the call waits for the work queued
-    on every GPU this process uses (so no queued swap touches the memory
-    once this returns); the range is unpinned with ``cudaHostUnregister``;
-    then it is forgotten.  The waits, made in relaxed capture mode, leave a
-    graph another thread is capturing valid.  If CUDA refuses, the range is
-    published again and the error raised, so the call can be retried.  Do
-    not replay graphs that swap to or from the range afterwards.
+    The range is unpublished (a later swap on it raises), the call waits for
+    the work queued on every GPU this process uses (leaving another thread's
+    capture valid), then unpins it.  If CUDA refuses, the range is published
+    again, so the call can be retried.  Do not replay graphs that swap to or
+    from the range afterwards.
 
     Raises
     ------
@@ -448,13 +392,9 @@ byte_span = getattr(getattr(np.lib, "array_utils", None), "byte_bounds", None) o
 
 
 def host_alias(ptr: int, nbytes: int) -> int:
-    """Device address of host range ``[ptr, ptr + nbytes)``, or 0 when the
-    range is not in page-locked memory that is mapped for the GPU.
-
-    Ranges from :func:`empty_pinned` and :func:`register_host` resolve from the
-    registry; other pinned memory (``cupyx.empty_pinned``, ``torch``'s
-    ``pin_memory()``) is asked of the driver.
-    """
+    """Device address of host range ``[ptr, ptr + nbytes)``, or 0 when it is
+    not in mapped page-locked memory (the registry first, then the driver for
+    other pinned memory: ``cupyx.empty_pinned``, torch's ``pin_memory()``)."""
     r = _registry.find(ptr, max(nbytes, 1))
     if r is not None:
         return 0 if r.alias_offset is None else ptr + r.alias_offset

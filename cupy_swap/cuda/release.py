@@ -1,26 +1,14 @@
 """Memory the library allocates goes back only after the GPU work that
 touches it has completed, and never inside a swap.
 
-An owner (a swapper's descriptor ring and staging arenas, a ``GraphSwap``'s
-descriptor, a pinned buffer, a shared pool) hands its memory over with
-:func:`defer` when it is closed or garbage-collected: a *gate* (a callable
-that blocks until the GPU work that may read or write the memory has
-completed) and a *release* (the callable that frees it).  One daemon thread,
-the releaser, runs them in order: gate, then release.  So
-
-* a finalizer only enqueues (``queue.SimpleQueue.put`` is safe inside a
-  finalizer that interrupted any code, a locked section included), and the
-  memory is freed soon after the drop, not at some later registry call;
-* nothing waits or frees inside a swap, or in whichever thread the garbage
-  collector happened to run;
-* the releaser sets its stream-capture interaction mode to *relaxed*, so a
-  free or a device drain there never invalidates a CUDA graph that another
-  thread is capturing;
-* a release that fails is reported (``RuntimeWarning``), never swallowed.
-
-Memory that a captured CUDA graph reads is never handed here: the graph may
-be replayed at any time, so it is kept for the life of the process
-(:func:`keep_for_process`).
+An owner hands its memory over with :func:`defer` when it is closed or
+garbage-collected: a *gate* (blocks until the GPU work that may touch the
+memory has completed) and a *release* (frees it).  One daemon thread, the
+releaser, runs them in order, so a finalizer only enqueues
+(``SimpleQueue.put`` is safe anywhere), nothing waits inside a swap, and the
+releaser's *relaxed* capture mode keeps another thread's capture valid.  A
+failed release is reported (``RuntimeWarning``).  Memory a captured graph
+reads is kept for the life of the process instead (:func:`keep_for_process`).
 """
 
 from __future__ import annotations
@@ -60,21 +48,9 @@ _CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 
 
 def defer(release, gate=None, what: str = "memory") -> None:
-    """Queue ``gate()`` then ``release()`` for the releaser thread.
-
-    Safe to call from a finalizer (it only enqueues).  The thread is
-    started by :func:`start` (owners call it when they allocate, outside any
-    finalizer); if it is not running yet the work waits in the queue.
-
-    Parameters
-    ----------
-    release : callable
-        Frees the memory; runs once, after ``gate``.
-    gate : callable, optional
-        Blocks until no queued GPU work touches the memory any more.
-    what : str
-        How a failure report names the memory.
-    """
+    """Queue ``gate()`` then ``release()`` for the releaser thread (which
+    owners :func:`start` when they allocate); ``what`` names the memory in a
+    failure report.  Safe in a finalizer: it only enqueues."""
     _queue.put((release, gate, what))
 
 
@@ -85,17 +61,15 @@ def when_dropped(owner, release, gate=None, what: str = "memory") -> weakref.fin
 
 
 def finalizer(owner, fn, *args) -> weakref.finalize:
-    """``weakref.finalize(owner, fn, *args)`` that is not run at interpreter
-    exit: the process's memory goes with it, and unpinning a large pool
-    there would only delay the exit."""
+    """``weakref.finalize`` not run at exit (unpinning a large pool there
+    would only delay it)."""
     f = weakref.finalize(owner, fn, *args)
     f.atexit = False
     return f
 
 
 def start() -> None:
-    """Start the releaser thread (once per process, and again in a forked
-    child)."""
+    """Start the releaser thread (once per process and forked child)."""
     if _thread and _thread[0].is_alive():
         return
     with _start_lock:
@@ -107,13 +81,8 @@ def start() -> None:
 
 
 def drain(timeout: float | None = None) -> bool:
-    """Wait until everything deferred before this call has been released.
-
-    Returns
-    -------
-    bool
-        False when ``timeout`` seconds passed first.
-    """
+    """Wait until everything deferred before this call has been released;
+    False when ``timeout`` seconds passed first."""
     start()
     done = threading.Event()
     _queue.put((done.set, None, None))
@@ -127,9 +96,8 @@ def keep_for_process(obj) -> None:
 
 @contextlib.contextmanager
 def relaxed_capture_mode():
-    """Make this thread's stream-capture interaction mode *relaxed* inside
-    the block: allocation calls there neither fail nor invalidate a capture
-    in progress (``cuThreadExchangeStreamCaptureMode``)."""
+    """This thread's capture interaction mode *relaxed* inside the block:
+    allocations there neither fail nor invalidate a capture in progress."""
     saved = _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
     try:
         yield
@@ -154,19 +122,10 @@ def _exchange_capture_mode(mode: int) -> int | None:
 
 
 def device_malloc(nbytes: int, device: int) -> int:
-    """``cudaMalloc`` on ``device``, outside CuPy's stream-ordered pool: no
-    memory that queued work of some stream still uses is handed out, and
-    the block never returns to the pool while ours.  Free it with
-    :func:`device_free` (from a release).
-
-    When the device is full, CuPy's pool gives back its cached blocks and
-    the allocation is tried once more, as CuPy's own allocator does.
-
-    Raises
-    ------
-    cupy.cuda.memory.OutOfMemoryError
-        Still no room.
-    """
+    """``cudaMalloc`` on ``device``, outside CuPy's stream-ordered pool (whose
+    blocks queued work may still use); free it with :func:`device_free`.
+    When the device is full, CuPy's pool gives back its cached blocks and the
+    allocation is tried once more; then ``OutOfMemoryError``."""
     import cupy
     from cupy.cuda import runtime
 
@@ -198,6 +157,8 @@ def device_free(ptr: int, device: int) -> None:
 
 
 def _run(work: queue.SimpleQueue) -> None:
+    with contextlib.suppress(Exception):  # frees here never break another thread's capture
+        _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
     while True:
         try:
             _release_next(work)
@@ -206,9 +167,6 @@ def _run(work: queue.SimpleQueue) -> None:
 
 
 def _release_next(work: queue.SimpleQueue) -> None:
-    if not getattr(_this_thread, "relaxed", False):
-        _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
-        _this_thread.relaxed = True
     release, gate, what = work.get()
     try:
         if gate is not None:
@@ -222,9 +180,6 @@ def _release_next(work: queue.SimpleQueue) -> None:
                 RuntimeWarning,
                 stacklevel=1,
             )
-
-
-_this_thread = threading.local()  # a releaser thread sets its capture mode once
 
 
 def _after_fork_in_child() -> None:

@@ -14,9 +14,8 @@ __all__ = ["resolve_layout"]
 
 
 def _resolve_part(part: Part, device: int, mapped: bool) -> int | None:
-    """Device-visible base address of a part; None for host parts on systems
-    where host memory cannot be mapped (the copy-engine path uses the host
-    address instead)."""
+    """Device-visible base address of a part; None for pinned host parts where
+    host memory cannot be mapped (the copy engines use the host address)."""
     if part.location == DEVICE:
         if part.device != device:
             raise ValueError(

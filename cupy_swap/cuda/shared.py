@@ -1,27 +1,17 @@
 """A pinned host pool shared by processes: POSIX shared memory, page-locked
-and mapped for kernels in every process that opens it.
+and mapped for kernels in every process that opens it, so a block swapped
+out by one process can be swapped in by another.
 
-One process creates the pool (``create=True``); others open it by name on
-any GPU.  Each process's array maps the same physical pages, registered with
-``cudaHostRegister`` (portable, mapped), so kernels of every process and GPU
-reach it through their device alias and a block swapped out by one process
-can be swapped in by another.  The segment lives in ``/dev/shm`` (tmpfs) as
-``cupy_swap.<name>``: a one-page header (magic, dtype, shape, a ready flag)
-and the data, page-aligned, after it.
-
-Lifetime, as POSIX shared memory:
-
-* the name exists from ``create=True`` until :func:`unlink_shared` (usually
-  the creator at shutdown); later opens need it;
-* the memory exists while the name exists or any process still maps it;
-  a process's mapping lasts until its array and every view are gone, or
-  the process exits (killed mid-swap included: the pool and the other
-  processes' swaps are unaffected; only the blocks the dead process was
-  writing hold undefined bytes).
+The segment is ``/dev/shm/cupy_swap.<name>``: a one-page header (magic,
+dtype, shape, a ready byte), then the data, page-aligned.  As with any POSIX
+shared memory, the name lasts until :func:`unlink_shared`, and the memory
+while the name exists or any process maps it (a process killed mid-swap
+leaves only the blocks it was writing undefined).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import json
@@ -43,9 +33,8 @@ _MAGIC = b"cupy_swap shared pool v1\n"
 
 
 def header_bytes(page_bytes: int) -> int:
-    """Bytes before a pool's data: at least one page, so the data starts
-    page-aligned (4 KiB pages on x86-64, 64 KiB on many aarch64 hosts; every
-    process of one host agrees)."""
+    """Bytes before a pool's data: at least one page (64 KiB on many aarch64
+    hosts), so the data starts page-aligned."""
     return max(4096, page_bytes)
 
 
@@ -104,23 +93,8 @@ def _read_header(head: bytes, name: str) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def open_segment(name: str, shape, dtype, create: bool):
-    """Create or open the segment of pool ``name`` and map it.
-
-    Returns
-    -------
-    (mmap.mmap, int)
-        The mapping (header and data) and the data's byte count.
-
-    Raises
-    ------
-    FileExistsError
-        ``create=True`` and the name is taken.
-    FileNotFoundError
-        ``create=False`` and no pool has that name.
-    ValueError
-        ``create=False`` and the pool's shape or dtype differ from the ones
-        asked for; a zero-byte pool.
-    """
+    """Create or open the segment of pool ``name`` and map it: ``(mapping of
+    header and data, data bytes)``; raises as :func:`shared_pinned`."""
     path = segment_path(name)
     shape = memory._normalize_shape(shape)
     dtype = np.dtype(dtype)
@@ -195,54 +169,35 @@ def _open(name: str, path: str, shape, dtype: np.dtype, nbytes: int):
         os.close(fd)
 
 
-def _address(mm) -> int:
-    import ctypes
-
-    view = ctypes.c_char.from_buffer(mm)  # a buffer export, released at once
-    try:
-        return ctypes.addressof(view)
-    finally:
-        del view
-
-
 class _SharedBuffer:
-    """Owner of one process's mapping of a pool, exposed to NumPy.  The
-    range stays registered until this object (so every array on it) is
-    gone; then the releaser thread unpublishes it, unregisters the range
-    (which waits for the work queued on the GPU) and closes the mapping
+    """Owner of one process's mapping of a pool, exposed to NumPy; once every
+    array on it is gone, the releaser unregisters and unmaps it
     (:func:`cupy_swap.cuda.memory.release_owned`)."""
 
     def __init__(self, mm, nbytes: int, shape, dtype: np.dtype, name: str):
         self.name = name
-        ptr = _address(mm) + HEADER_BYTES
+        # The buffer export dies with the temporary, so mm can close later.
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(mm)) + HEADER_BYTES
         try:
             memory.register_range(ptr, nbytes, owned=True)
         except Exception as e:
             mm.close()
             raise _register_error(e, name, nbytes) from None
         device = memory._runtime().getDevice()
-        unpin = functools.partial(memory.release_owned, ptr, _Release(mm, name), device)
+        unpin = functools.partial(memory.release_owned, ptr, functools.partial(_unpin, mm), device)
         self._finalizer = release.when_dropped(self, unpin, None, f"shared pool {name!r}")
         self.__array_interface__ = memory.array_interface(ptr, shape, dtype)
 
 
-class _Release:
-    """Unregister a dropped pool range, then unmap it.  Pages are unmapped
-    only once CUDA has let go of them: if the unregistration fails, the
-    mapping is kept (until the process exits) and the error propagates to
-    the releaser, which reports it, rather than leave CUDA a registered
-    range with no memory behind."""
-
-    def __init__(self, mm, name: str):
-        self.mm, self.name = mm, name
-
-    def __call__(self, ptr: int) -> None:
-        try:
-            memory._runtime().hostUnregister(ptr)
-        except BaseException:
-            release.keep_for_process(self.mm)  # CUDA may still hold the pages: never unmap them
-            raise
-        self.mm.close()
+def _unpin(mm, ptr: int) -> None:
+    """Unregister a dropped pool range, then unmap it (never before: CUDA
+    would keep a registered range with no memory behind)."""
+    try:
+        memory._runtime().hostUnregister(ptr)
+    except BaseException:
+        release.keep_for_process(mm)  # CUDA may still hold the pages: never unmap them
+        raise
+    mm.close()
 
 
 def _register_error(e: Exception, name: str, nbytes: int) -> Exception:
@@ -269,11 +224,10 @@ def _register_error(e: Exception, name: str, nbytes: int) -> Exception:
 def shared_pinned(name: str, shape, dtype="float32", *, create: bool = False) -> np.ndarray:
     """A pinned host pool shared by every process that opens ``name``.
 
-    Page-locked and mapped for kernels of every GPU in this process, like
-    :func:`cupy_swap.empty_pinned`, but backed by POSIX shared memory, so
+    Like :func:`cupy_swap.empty_pinned`, but backed by POSIX shared memory, so
     other processes (one per GPU, as inference servers run) open the same
-    bytes: a block one process swaps out, another can swap in.  MLA models
-    keep one copy of the latent KV for all tensor-parallel ranks this way.
+    bytes: a block one process swaps out, another can swap in (e.g. one copy
+    of an MLA model's latent KV for all tensor-parallel ranks).
 
     Parameters
     ----------

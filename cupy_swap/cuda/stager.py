@@ -27,10 +27,8 @@ _H2D, _D2H = 1, 2
 
 
 class _ArenaUsers:
-    """What may still read or write the arena: the row ring (its events
-    mark the last work on each region) and the copy stream.  Kept apart
-    from the Stager so its finalizer can wait for them without keeping it
-    alive."""
+    """What may still touch the arena: the row ring and the copy stream (apart
+    from the Stager, so its finalizer's gate does not keep it alive)."""
 
     __slots__ = ("ring", "stream")
 
@@ -40,9 +38,8 @@ class _ArenaUsers:
 
 
 def _wait_for_users(users: _ArenaUsers) -> None:
-    """Block until no queued work touches the arena.  Event and stream waits
-    only: staged swaps are never captured, and unlike a device-wide
-    synchronize these leave a capture on another thread valid."""
+    """Block until no queued work touches the arena (event and stream waits:
+    unlike a device synchronize, they leave another thread's capture valid)."""
     if users.ring is not None:
         for event in users.ring.events():
             event.synchronize()
@@ -51,21 +48,14 @@ def _wait_for_users(users: _ArenaUsers) -> None:
 
 
 class Stager:
-    """The staging arena, the stream its copies run on, the row ring, and a
-    pool of events.  Memory is allocated on first use.
-
-    Parameters
-    ----------
-    device : int
-    staging_bytes : int
-        GPU memory for staging.
-    """
+    """A staging arena of ``staging_bytes`` on ``device`` (allocated on first
+    use), the stream its copies run on, the row ring, and a pool of events."""
 
     def __init__(self, device: int, staging_bytes: int):
         self.device = device
         self.staging_bytes = staging_bytes // 256 * 256
         self.lock = threading.Lock()
-        self._memory = None
+        self.base = None  # the arena's address, once allocated
         self._closed = False
         self._users = _ArenaUsers()
         self.geometry = None  # row sizes of the groups the ring is laid out for
@@ -76,12 +66,10 @@ class Stager:
         return self.staging_bytes // bytes_per_pair if bytes_per_pair else 0
 
     def ensure(self) -> None:
-        """Allocate the arena and the copy stream (once; call with ``lock``
-        held).  Raises CuPy's ``OutOfMemoryError`` when the arena does not
-        fit."""
+        """Allocate the arena and the copy stream (once, ``lock`` held)."""
         if self._closed:
             raise RuntimeError("swap: the BlockSwapper that made this stager is closed")
-        if self._memory is not None:
+        if self.base is not None:
             return
         import cupy
 
@@ -95,24 +83,22 @@ class Stager:
         with cupy.cuda.Device(self.device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.start = cupy.cuda.Event(disable_timing=True)
-        self.base = ptr
-        self._memory = ptr  # last: it marks the stager ready
+        self.base = ptr  # last: it marks the stager ready
 
     # The row ring and the copy stream live in ``_users`` (see _ArenaUsers).
     ring = property(lambda self: self._users.ring, lambda self, r: setattr(self._users, "ring", r))
     stream = property(lambda self: self._users.stream, lambda self, s: setattr(self._users, "stream", s))
 
     def close(self) -> None:
-        """Hand the arena to the releaser: freed once the work the row ring
-        and the copy stream say may touch it has completed."""
+        """Hand the arena to the releaser (freed once its users are done)."""
         with self.lock:  # after any staged swap being enqueued
             self._closed = True
-            if self._memory is not None:
+            if self.base is not None:
                 self._finalizer()
 
     def layout_for(self, groups: list[CopyGroup], bytes_per_pair: int) -> None:
-        """Lay the ring out for ``groups``.  Work that read the arena under
-        another layout stays a barrier for every row."""
+        """Lay the ring out for ``groups`` (work under another layout stays a
+        barrier for every row)."""
         geometry = tuple(g.row_bytes for g in groups)
         if geometry != self.geometry:
             barriers = self.ring.events() if self.ring is not None else []
@@ -129,9 +115,8 @@ class Stager:
             return cupy.cuda.Event(disable_timing=True)
 
     def release(self, events) -> None:
-        """Return events whose waits are enqueued (a wait keeps the record it
-        saw, so the event can be recorded again), unless busy rows still
-        wait for them."""
+        """Pool events whose waits are enqueued (a wait keeps the record it saw),
+        unless busy rows still wait for them."""
         held = self.ring.holds() if self.ring is not None else set()
         pooled = {id(e) for e in self._events}
         for event in events:
@@ -144,18 +129,13 @@ class Stager:
     ) -> None:
         """Enqueue a staged swap; its descriptor slot is appended to ``held``.
 
-        A swap-in runs, per chunk: on the stager's copy stream, waits for
-        the scatters that last read the chunk's staging rows, the
-        copy-engine copies of its host runs and an event; on ``handle``, a
-        wait for that event, the scatter kernel over the chunk's pairs, and
-        an event that frees the rows.  Copies that need no scatter of this
-        swap go out first, so the link starts moving while the host writes
-        the descriptor.  A swap-out mirrors it: gather on ``handle``, copies
-        on the copy stream, and ``handle`` finally waits for the last copy.
-        One descriptor holds every chunk's pairs; each launch takes its
-        range.  All staged swaps of one direction share the copy stream, so
-        one also starts after the work queued before any earlier one on its
-        own stream."""
+        A swap-in, per chunk: on the copy stream, waits for the work that last
+        read the chunk's rows, its copies and an event; on ``handle``, a wait
+        for that event, the scatter over the chunk's pairs, and an event that
+        frees the rows.  Copies that wait for no scatter of this swap go out
+        before the descriptor is written.  A swap-out mirrors it, and
+        ``handle`` finally waits for the last copy.  One descriptor holds
+        every chunk's pairs; each launch takes its range."""
         with self.lock:
             self.ensure()
             try:
@@ -167,7 +147,6 @@ class Stager:
     def _enqueue(
         self, layout: Layout, plan: StagedPlan, handle: int, held: list, launcher, dma, serial
     ) -> None:
-        """The body of :meth:`enqueue` (``lock`` held)."""
         from cupy.cuda import runtime as rt
 
         st = self
@@ -231,13 +210,10 @@ class Stager:
             rt.streamWaitEvent(handle, freed[-1].ptr, 0)  # the swap ends when its last copy has landed
 
     def _fence_after_failure(self, handle: int) -> None:
-        """A staged swap failed halfway: mark every row it placed as read by
-        work that ends after everything it may have queued on either stream,
-        so the ring stays sound.  If no event can be recorded, wait on the
-        host for every stream that may touch the arena and every event a
-        busy row waits for, after which no row is busy and the ring starts
-        afresh; if even that fails (a broken context), drop only this
-        swap's unsettled rows and keep every other row's barrier."""
+        """A staged swap failed halfway: fence every row it placed behind all it
+        may have queued on either stream.  If no event can be recorded, wait
+        on the host and start the ring afresh; if even that fails (a broken
+        context), drop this swap's unsettled rows, keeping other barriers."""
         from cupy.cuda import runtime as rt
 
         st = self
@@ -263,8 +239,7 @@ class Stager:
             st.ring.drop_unsettled()
 
     def _wait_all(self, stream: int, events: list) -> None:
-        """Make ``stream`` wait for ``events``, then give them back to the
-        pool (a wait keeps the record it saw)."""
+        """Make ``stream`` wait for ``events``, then pool them."""
         from cupy.cuda import runtime
 
         for ev in events:
@@ -272,9 +247,8 @@ class Stager:
         self.release(events)
 
     def _staging_layout(self, layout: Layout, arena_rows: int, serial) -> Layout:
-        """The resolved kernel half of a staged swap: staging arena -> GPU
-        (swap-in) or GPU -> staging arena (swap-out); cached on the layout,
-        as the arena's address and depth never change."""
+        """The resolved kernel half of a staged swap (arena -> GPU or GPU ->
+        arena), cached on the layout: the arena never moves."""
         half = layout.staging_layout
         if half is None:
             host = layout.src if layout.direction == IN else layout.dst

@@ -1,7 +1,6 @@
-"""Streams and events: the raw handle of a ``stream=`` argument, the events
-``wait_for=`` turns into, capture status, and the handle a swap returns (a
-``cupy.cuda.Event`` recorded after the copy that can also report the swap's
-device time), recycled through :class:`EventPool`."""
+"""Streams and events: ``stream=`` and ``wait_for=`` arguments as raw handles,
+capture status, and the ``SwapEvent`` a swap returns (recycled through
+:class:`EventPool`)."""
 
 from __future__ import annotations
 
@@ -88,21 +87,17 @@ def swap_event_class():
 
 
 class Wait(NamedTuple):
-    """One ``wait_for`` entry, ready to enqueue: the event to wait on, the
-    object that keeps it alive until then, and whether the stream it was
-    recorded on is capturing a graph (waiting on it joins the capture).
-    ``event_ptr`` 0 (:data:`NO_WAIT`) means there is nothing to wait for:
-    callers enqueue no wait for it."""
+    """One ``wait_for`` entry, ready to enqueue: the event (0: nothing to wait
+    for), what keeps it alive, and whether its stream is capturing a graph
+    (waiting on it joins the capture)."""
 
     event_ptr: int
     keepalive: object
     capturing: bool
 
 
-# What an unrecorded torch event turns into: torch creates the CUDA event on
-# its first record(), so until then ``cuda_event`` is 0, and torch's own
-# Event.wait() / Stream.wait_event() enqueue nothing for it.  Handing 0 to
-# cudaStreamWaitEvent would fail with "invalid resource handle" instead.
+# An unrecorded torch event (``cuda_event`` 0 until its first record()): torch
+# waits for nothing on it, where cudaStreamWaitEvent(0) would fail.
 NO_WAIT = Wait(0, None, False)
 
 
@@ -112,22 +107,13 @@ _DEFAULT_STREAM_HANDLES = (0, 1, 2)
 
 
 def wait_handle(item, device: int | None = None, caller_device: int | None = None) -> Wait:
-    """Turn one ``wait_for`` entry into an event to wait on.
+    """Turn one ``wait_for`` entry into a :class:`Wait`.
 
-    Events are waited on as they are (a stream may wait for an event of
-    another GPU).  A torch event that was never recorded is :data:`NO_WAIT`:
-    torch's own waits skip it (it has no CUDA event yet), and so does a
-    swap; a CuPy event that was never recorded is waited on as CUDA does,
-    which completes at once.  Streams get an event recorded on them now, on
-    the GPU the stream belongs to: its own for CuPy and torch stream
-    objects; the caller's (``caller_device``) for the default streams
-    (CuPy's ``Stream.null`` and ``Stream.ptds``, raw handles 0, 1, 2); the
-    swapper's (``device``) for other raw handles, as for ``stream=``.
-
-    Returns
-    -------
-    Wait
-        :data:`NO_WAIT` (``event_ptr`` 0) when there is nothing to wait for.
+    Events are waited on as they are (an unrecorded torch event is
+    :data:`NO_WAIT`).  Streams get an event recorded on them now, on the GPU
+    they belong to: a stream object's own, the caller's (``caller_device``)
+    for the default streams (handles 0, 1, 2), the swapper's (``device``)
+    for other raw handles.
     """
     import cupy
 
@@ -162,7 +148,7 @@ def wait_handle(item, device: int | None = None, caller_device: int | None = Non
 
 def torch_stream_getter(device: int):
     """A function returning torch's current stream handle on ``device``
-    (torch's raw accessor where it has one: a fraction of a microsecond)."""
+    (torch's raw accessor where it has one: the faster)."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -220,7 +206,7 @@ def stream_on_device(stream, device: int) -> int:
 
 @contextlib.contextmanager
 def on_device(device: int):
-    """Make GPU ``device`` current inside the block (and restore the caller's)."""
+    """Make GPU ``device`` current inside the block."""
     from cupy.cuda import runtime
 
     prev = runtime.getDevice()
@@ -234,14 +220,8 @@ def on_device(device: int):
 
 
 def stream_is_capturing(stream: int) -> bool:
-    """True while ``stream`` (a raw handle) is capturing a CUDA graph.
-
-    Raises
-    ------
-    RuntimeError
-        When the driver refuses the query (for example the legacy default
-        stream while another stream captures in global mode).
-    """
+    """True while ``stream`` (a raw handle) is capturing a CUDA graph;
+    RuntimeError when the driver refuses the query."""
     from cupy.cuda import runtime
 
     try:
@@ -254,22 +234,12 @@ def stream_is_capturing(stream: int) -> bool:
 
 
 class EventPool:
-    """Swap events, recycled once nobody else holds them.
-
-    Creating a CUDA event costs about 1.8 us of host time on the device's
-    host, recording one 0.75 us (benchmarks/host_costs.py).  The pool keeps
-    the events it handed out, oldest first; when the oldest is referenced by
-    nothing but the pool (the caller dropped it, no ring slot gates on it),
-    it is recorded again for the next swap instead of a new one.  Re-recording
-    is safe then: a stream wait enqueued earlier keeps the record it saw.
-
-    Parameters
-    ----------
-    device : int
-        GPU the events are created on (the swapper's; callers make it current).
-    size : int
-        Events kept for reuse.
-    """
+    """Swap events, recycled once nobody else holds them: creating an event
+    costs about 1.8 us of host time, recording one 0.75 us
+    (benchmarks/host_costs.py).  When the oldest of the last ``size`` events
+    handed out is referenced by the pool alone, it is recorded again instead
+    of a new one (a wait enqueued earlier keeps the record it saw).  Events
+    are made on the current GPU."""
 
     def __init__(self, size: int = 64):
         self._cls = swap_event_class()
@@ -279,8 +249,7 @@ class EventPool:
         self._free_refs = _unshared_refcount()
 
     def take(self, timed: bool):
-        """An event for a swap (not recorded yet), with ``start`` None.
-        Timed swaps get a new event (their start event is kept with it)."""
+        """An unrecorded event for a swap; timed swaps get a new one."""
         issued = self._issued
         if not timed and issued:
             event = issued[0]
@@ -301,10 +270,8 @@ class EventPool:
 
 
 def _unshared_refcount() -> int:
-    """What ``sys.getrefcount`` says, in :meth:`EventPool.take`'s own code
-    shape, of an object that only a deque holds.  Measured, not assumed:
-    interpreters differ in whether the local name and the argument count
-    (CPython 3.14 borrows references that older versions counted)."""
+    """``sys.getrefcount`` of an object only a deque holds, in
+    :meth:`EventPool.take`'s code shape: measured, as interpreters differ."""
     issued = collections.deque([object()])
     event = issued[0]
     return sys.getrefcount(event)
