@@ -53,7 +53,7 @@ class _Decided:
             swapper._status.base
             and layout.kernel_ok
             and not layout.meeting
-            and layout.dst_limit < abi.CHECK_KEY_LIMIT
+            and max(layout.src_limit, layout.dst_limit) < abi.CHECK_KEY_LIMIT
         )
         self.generation = memory.generation()
         # Torch callers are ordered on torch's current stream by default.
@@ -283,7 +283,7 @@ class PreparedSwap:
         if not op.launch_checks:
             raise ValueError(
                 "block_mapping: a mapping on the GPU is checked by the copy launch, which cannot check this swap "
-                "(parts that may share bytes, more than 2**32 - 1 destination blocks, or status records that "
+                "(parts that may share bytes, 2**32 - 1 or more source or destination blocks, or status records that "
                 "cannot be mapped); pass the rows on the host"
             )
         limit = self._swapper._launcher.check_rows_max

@@ -26,16 +26,28 @@ __device__ __forceinline__ int find_part(const SwapPart* parts, int n_parts, u64
 // Check every row of a swap before any CTA writes (see swap_abi.cuh):
 // bounds, then destinations through an open-addressing table of
 // (block, lowest row) in dynamic shared memory, 2 x 32-bit words a slot,
-// at least 2 n slots (the host sizes the launch's dynamic shared memory
-// with table_slots()).  The first bad row wins: a destination seen before
+// at least 2 n slots.  The first bad row wins: a destination seen before
 // reports the later of the two rows, so the lowest report is the first row
-// that repeats an earlier one.  Returns the verdict, the same in every CTA.
+// that repeats an earlier one.  Each row is read once per CTA, coalesced,
+// and kept in shared memory behind the table (32-bit source and
+// destination blocks: the host checks layouts with more blocks itself), so
+// the copy reads its indices from there, wherever they came from (kernel
+// parameter, device memory or a pinned slot's device alias).  The host
+// sizes the dynamic shared memory with check_shared_bytes().  Returns the
+// verdict, the same in every CTA.
 #define CUPY_SWAP_EMPTY 0xffffffffu
 
 __device__ __forceinline__ unsigned table_slots(u64 n_pairs) {
     unsigned slots = 2;
     while (slots < 2 * n_pairs) slots <<= 1;
     return slots;
+}
+
+// The rows a checked launch keeps: (source, destination) blocks of row i at
+// [2 i] and [2 i + 1], after the check's table.
+__device__ __forceinline__ unsigned* checked_rows(u64 n_pairs) {
+    extern __shared__ unsigned table[];
+    return table + 2 * table_slots(n_pairs);
 }
 
 __device__ bool check_rows(const SwapHeader& h, const i64* __restrict__ src_index,
@@ -46,6 +58,7 @@ __device__ bool check_rows(const SwapHeader& h, const i64* __restrict__ src_inde
     const unsigned slots = table_slots(n);
     unsigned* keys = table;
     unsigned* rows = table + slots;
+    unsigned* kept = table + 2 * slots;
     if (threadIdx.x == 0) bad = ~0ull;
     for (unsigned i = threadIdx.x; i < slots; i += blockDim.x) {
         keys[i] = CUPY_SWAP_EMPTY;
@@ -55,6 +68,8 @@ __device__ bool check_rows(const SwapHeader& h, const i64* __restrict__ src_inde
     const int shift = 32 - __ffs(slots) + 1;  // slots == 1 << (32 - shift)
     for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
         const i64 s = src_index[i * step], d = dst_index[i * step];
+        kept[2 * i] = (unsigned)s;
+        kept[2 * i + 1] = (unsigned)d;
         if (s < 0 || s >= h.src_limit) {
             atomicMin(&bad, (i << 2) | 1);
         } else if (d < 0 || d >= h.dst_limit) {
@@ -95,9 +110,9 @@ __device__ bool check_rows(const SwapHeader& h, const i64* __restrict__ src_inde
 // block indices anywhere the SM can read (kernel parameters, device memory,
 // or a pinned buffer's device alias), row i at src_index[i * step] and
 // dst_index[i * step].
-template <typename T>
+template <typename T, typename I>
 __device__ __forceinline__ void copy_units(const SwapPart* parts, int n_parts, u64 units_per_pair,
-                                           const i64* __restrict__ src_index, const i64* __restrict__ dst_index,
+                                           const I* __restrict__ src_index, const I* __restrict__ dst_index,
                                            int step, u64 n_pairs) {
     const u64 total = n_pairs * units_per_pair;
     // 32-bit division is several times cheaper than 64-bit; use it whenever
@@ -128,8 +143,8 @@ __device__ __forceinline__ void copy_units(const SwapPart* parts, int n_parts, u
                 }
                 const SwapPart& part = parts[find_part(parts, n_parts, rest)];
                 const u64 in_block = rest - part.first_unit;
-                src[k] = reinterpret_cast<const T*>(part.src + src_index[pair * step] * part.src_stride) + in_block;
-                dst[k] = reinterpret_cast<T*>(part.dst + dst_index[pair * step] * part.dst_stride) + in_block;
+                src[k] = reinterpret_cast<const T*>(part.src + (u64)src_index[pair * step] * part.src_stride) + in_block;
+                dst[k] = reinterpret_cast<T*>(part.dst + (u64)dst_index[pair * step] * part.dst_stride) + in_block;
             }
         }
 #pragma unroll
@@ -141,6 +156,23 @@ __device__ __forceinline__ void copy_units(const SwapPart* parts, int n_parts, u
             if (dst[k]) *dst[k] = val[k];
         }
     }
+}
+
+// Copy a swap's rows, checked first when the header asks (status != 0):
+// then the copy reads the rows the check kept in shared memory.  False
+// when the check found a bad row (nothing is written).
+template <typename T>
+__device__ __forceinline__ bool check_and_copy(const SwapHeader& h, const SwapPart* parts, int n_parts,
+                                               u64 units_per_pair, const i64* src_index, const i64* dst_index,
+                                               int step, u64 n_pairs) {
+    if (!h.status) {
+        copy_units<T, i64>(parts, n_parts, units_per_pair, src_index, dst_index, step, n_pairs);
+        return true;
+    }
+    if (!check_rows(h, src_index, dst_index, step)) return false;
+    const unsigned* kept = checked_rows((u64)h.n_pairs);
+    copy_units<T, unsigned>(parts, n_parts, units_per_pair, kept, kept + 1, 2, n_pairs);
+    return true;
 }
 
 // Part table into shared memory.
@@ -168,8 +200,9 @@ __device__ __forceinline__ void swap_descriptor(const u64* __restrict__ desc, in
     __syncthreads();
     const u64 n_pairs = n_pairs_arg < 0 ? (u64)header.n_pairs : (u64)n_pairs_arg;
     const i64* pairs = reinterpret_cast<const i64*>(desc + CUPY_SWAP_HEADER_WORDS + (u64)n_parts * CUPY_SWAP_PART_WORDS);
-    if (header.status && !check_rows(header, pairs, pairs + 1, 2)) return;
-    copy_units<T>(parts, n_parts, units_per_pair, pairs + 2 * first_pair, pairs + 2 * first_pair + 1, 2, n_pairs);
+    // Checked launches cover the whole descriptor (first_pair 0).
+    const i64* first = pairs + 2 * first_pair;
+    check_and_copy<T>(header, parts, n_parts, units_per_pair, first, first + 1, 2, n_pairs);
 }
 
 // Inline form: everything arrives in the parameter (a __grid_constant__
@@ -180,21 +213,21 @@ __device__ __forceinline__ void swap_inline(const SwapInline<P, N>& a) {
     const int n_parts = (int)a.header.n_parts;
     load_parts(parts, a.parts, n_parts);
     __syncthreads();
-    if (a.header.status && !check_rows(a.header, a.pairs, a.pairs + 1, 2)) return;
-    copy_units<T>(parts, n_parts, a.header.units_per_pair, a.pairs, a.pairs + 1, 2, (u64)a.header.n_pairs);
+    check_and_copy<T>(a.header, parts, n_parts, a.header.units_per_pair, a.pairs, a.pairs + 1, 2,
+                      (u64)a.header.n_pairs);
 }
 
-// A mapping on the GPU: header and part table in the parameter, block
-// indices by address, always checked in the launch.
+// By reference: header and part table in the parameter, block indices by
+// address (a mapping on the GPU, or host rows in a pinned ring slot, read
+// through its device alias), always checked in the launch.
 template <typename T, int P>
 __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
     __shared__ SwapPart parts[P];
     const int n_parts = (int)a.header.n_parts;
     load_parts(parts, a.parts, n_parts);
     __syncthreads();
-    const int step = (int)a.index_step;
-    if (a.header.status && !check_rows(a.header, a.src_index, a.dst_index, step)) return;
-    copy_units<T>(parts, n_parts, a.header.units_per_pair, a.src_index, a.dst_index, step, (u64)a.header.n_pairs);
+    check_and_copy<T>(a.header, parts, n_parts, a.header.units_per_pair, a.src_index, a.dst_index,
+                      (int)a.index_step, (u64)a.header.n_pairs);
 }
 
 // Plain C names so the host can look kernels up without name mangling:

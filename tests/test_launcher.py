@@ -76,7 +76,7 @@ def test_a_checked_launch_carries_its_status_record_and_number(fake_gpu):
     assert BoundKernel(lau, layout).launch([1, 2, 3, 4, 5, 6], 3, 9, False, status=0x7000, seq=42)
     words = lau.launches[-1][4]
     assert words[:7].tolist() == [3, 1, layout.units_per_pair, 64, 64, 0x7000, 42]
-    assert lau.smem == abi.check_shared_bytes(3) == 64  # 8 slots of 8 bytes: at least 2 per row
+    assert lau.smem == abi.check_shared_bytes(3) == 64 + 24  # 8 slots of 8 bytes (2 a row at least), 3 rows
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,7 @@ DESCRIPTOR_ARGS = (
 )
 FETCH_KERNEL = "cupy_swap_fetch"  # descriptor upload, 16-byte words
 STATUS_WORDS = 4  # SwapStatus: seq, kind, row, value
-CHECK_KEY_LIMIT = 0xFFFFFFFF  # the check's table holds destination blocks below this
+CHECK_KEY_LIMIT = 0xFFFFFFFF  # the check keeps source and destination blocks below this (32 bits)
 BYREF_PARTS = (16, 256)  # CUPY_SWAP_BYREF_TIERS
 FETCH_THREADS = 256
 
@@ -111,12 +111,13 @@ def byref_kernel(width: int, parts: int) -> str:
 
 def check_shared_bytes(n_pairs: int) -> int:
     """Dynamic shared memory the in-launch check of ``n_pairs`` rows needs:
-    a table of at least ``2 n`` slots (a power of two), 8 bytes each
-    (``table_slots`` in the ``.cu``)."""
+    its table of at least ``2 n`` slots (a power of two), 8 bytes each
+    (``table_slots`` in the ``.cu``), then the rows it keeps for the copy,
+    8 bytes each."""
     slots = 2
     while slots < 2 * n_pairs:
         slots <<= 1
-    return 8 * slots
+    return 8 * slots + 8 * n_pairs
 
 
 def set_check(header: np.ndarray, src_limit: int, dst_limit: int) -> None:

@@ -59,14 +59,16 @@ _STATIC_SHARED = 16 << 10  # above the copy kernels' own (12.4 KiB: the descript
 
 
 def _check_rows_max(device: int) -> int:
-    """Most rows one launch can check: its table (8 bytes a slot, a power
-    of two >= 2 rows) must fit the opt-in shared memory beside the kernel's
-    static part table (H200: 8192 rows in 128 KiB)."""
+    """Most rows one launch can check: a power of two whose table and kept
+    rows (:func:`~.abi.check_shared_bytes`) fit the opt-in shared memory
+    beside the kernel's static part table (H200: 8192 rows in 192 KiB)."""
     from cupy.cuda import runtime
 
     room = runtime.deviceGetAttribute(_SHARED_OPTIN, device) - _STATIC_SHARED
-    slots = 1 << max(1, (room // 8).bit_length() - 1)
-    return slots // 2
+    rows = 1 << 20
+    while rows > 1 and abi.check_shared_bytes(rows) > room:
+        rows >>= 1
+    return rows
 
 
 def launch_shape(units: int, max_ctas: int) -> tuple[int, int]:
@@ -298,12 +300,11 @@ class BoundKernel:
 
     def launch_slot(self, pairs, n: int, stream: int, held: list, status: int, seq: int) -> bool:
         """Launch over ``n`` host rows, checked in the launch, through a ring
-        slot: the rows go into the slot's pinned words, the graph's first
-        kernel uploads them into the slot's device buffer and the
-        by-reference kernel checks and reads them there (rows in device
-        memory cost the check nothing; read from the parameter they cost it
-        every CTA's constant-cache misses: ``benchmarks/NOTES.md``, item 43).
-        The slot is appended to ``held`` (the caller gates it with
+        slot: the rows go into the slot's pinned words and the by-reference
+        kernel reads them through the slot's device alias, once per CTA,
+        as it checks them, then copies from the rows its check kept in
+        shared memory (``benchmarks/NOTES.md``, item 43).  The slot is
+        appended to ``held`` (the caller gates it with
         :meth:`Launcher.release`).  False, with nothing taken or launched,
         where this layout has no by-reference kernel or the ring is not
         mapped."""
@@ -320,13 +321,11 @@ class BoundKernel:
         slot = lau.acquire(held)
         slot.table_serial = -1  # the rows overwrite a cached descriptor
         slot.host_words[: 2 * n] = pairs if type(pairs) is list else pairs.reshape(-1)
-        fetch = (lau.fetch_fn, min(FETCH_MAX_CTAS, -(-n // abi.FETCH_THREADS)), abi.FETCH_THREADS)
-        fetch_ptr = slot.fetch_args.set(slot.device_ptr, n)  # 2n words: n 16-byte words
         grid, threads, smem = self.shape(n, True)
-        rows = slot.device_ptr
+        rows = slot.host_alias
         with lau.inline_lock:
             ptr = args.set(n, status, seq, rows, rows + 8, 2)
-            lau.launch_graph(((*fetch, fetch_ptr, 0), (args.fn, grid, threads, ptr, smem)), stream)
+            lau.launch_graph(((args.fn, grid, threads, ptr, smem),), stream)
         return True
 
     def launch_rows(self, rows, stream: int, capturing: bool, status: int, seq: int) -> None:
@@ -435,10 +434,6 @@ class Launcher:
                     driver.funcSetAttribute(fn, _MAX_DYNAMIC_SHARED, smem)
             self._loaded[name] = fn
         return fn
-
-    @property
-    def fetch_fn(self) -> int:
-        return self.function(abi.FETCH_KERNEL)
 
     def byref_args(self, layout) -> abi.ByRefArgs:
         """The parameter of ``layout``'s launches over a mapping on the GPU.
