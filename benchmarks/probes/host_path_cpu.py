@@ -66,8 +66,7 @@ class _Launcher(launcher.Launcher):
         # One ring slot of NumPy words (no device buffer behind it), never in use.
         slot = launcher._Slot.__new__(launcher._Slot)
         slot.lock, slot.event, slot.table_serial = threading.Lock(), None, -1
-        slot.host_words, slot.device_ptr = np.zeros(2 * 8192, np.int64), 0x5000
-        slot.fetch_args = abi.FetchArgs(0x6000)
+        slot.host_words, slot.device_ptr, slot.host_alias = np.zeros(2 * 8192, np.int64), 0x5000, 0x7000
         self._slots, self._next, self.slots_mapped = [slot], 0, True
         self._finalizer = types.SimpleNamespace(alive=True)
 
