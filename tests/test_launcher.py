@@ -225,7 +225,7 @@ def test_a_swap_that_gets_its_slot_after_close_raises_and_frees_the_slot():
 
 
 def test_a_kernel_node_launch_sets_the_nodes_parameters_then_launches():
-    """``KernelNode.launch_steps`` (the eager paths) writes grid, CTA
+    """``KernelNode.launch_one`` (the eager inline path) writes grid, CTA
     size and parameter pointer into the node's struct before the driver
     reads it, then launches the graph once; a refused update raises before
     any launch."""
@@ -244,11 +244,11 @@ def test_a_kernel_node_launch_sets_the_nodes_parameters_then_launches():
         return status[0]
 
     node._set, node._launch = set_params, lambda e, s: calls.append(("launch", e, s))
-    node.launch_steps([(8, 1024, 4096, 0)], stream=5)
+    node.launch_one(8, 1024, 4096, stream=5)
     assert calls == [("set", "node", 8, 1024, 4096), ("launch", 99, 5)]
     status[0], calls[:] = 1, []
     with pytest.raises(RuntimeError, match="cuGraphExecKernelNodeSetParams"):
-        node.launch_steps([(4, 256, 8192, 0)], stream=5)
+        node.launch_one(4, 256, 8192, stream=5)
     assert calls == [("set", "node", 4, 256, 8192)]  # nothing launched
 
 
@@ -264,8 +264,7 @@ def test_launch_inline_uses_the_streams_node_and_launches_plainly_while_capturin
         def __init__(self, key):
             self.key = key
 
-        def launch_steps(self, steps, stream):
-            ((grid, threads, params, _smem),) = steps
+        def launch_one(self, grid, threads, params, stream, smem):
             launched.append(("node", self.key, grid, threads, params, stream))
 
     lau = Launcher.__new__(Launcher)

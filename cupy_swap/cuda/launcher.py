@@ -83,14 +83,13 @@ def launch_shape(units: int, max_ctas: int) -> tuple[int, int]:
 
 
 class KernelNode:
-    """An instantiated graph of kernels launched on one stream, each after
-    the one before: :meth:`launch_steps` sets the nodes' grids and
-    parameters (the driver copies the parameter values then) and launches
-    the graph once.
+    """An instantiated graph of one kernel launched on one stream:
+    :meth:`launch_one` sets the node's grid and parameters (the driver
+    copies the parameter values then) and launches the graph once.
 
     Launches of one graph run one after another, so each stream gets its own
     graph (swaps on two streams stay concurrent).  Callers serialize
-    :meth:`launch_steps` (the launcher's inline lock).
+    :meth:`launch_one` (the launcher's inline lock).
 
     Parameters
     ----------
@@ -129,15 +128,15 @@ class KernelNode:
             for p, n, a in zip(self.params, self.nodes, ptrs)
         ]
 
-    def launch_steps(self, steps, stream: int) -> None:
-        """Set every node's ``(grid, threads, args_ptr, smem)``, in order,
-        then launch the graph on ``stream``."""
-        for (params, args), (grid, threads, args_ptr, smem) in zip(self._calls, steps):
-            params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
-            params.sharedMemBytes = smem
-            status = self._set(*args)
-            if status:
-                _check(status, "cuGraphExecKernelNodeSetParams")
+    def launch_one(self, grid: int, threads: int, args_ptr: int, stream: int, smem: int = 0) -> None:
+        """Set the node's grid, parameters and ``smem`` (bytes of dynamic
+        shared memory), then launch the graph on ``stream``."""
+        ((params, args),) = self._calls
+        params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
+        params.sharedMemBytes = smem
+        status = self._set(*args)
+        if status:
+            _check(status, "cuGraphExecKernelNodeSetParams")
         self._launch(self.exec, stream)
 
     def destroy(self) -> None:
@@ -325,7 +324,7 @@ class BoundKernel:
         rows = slot.host_alias
         with lau.inline_lock:
             ptr = args.set(n, status, seq, rows, rows + 8, 2)
-            lau.launch_graph(((args.fn, grid, threads, ptr, smem),), stream)
+            lau.launch_inline(args.fn, grid, threads, stream, ptr, False, smem)
         return True
 
     def launch_rows(self, rows, stream: int, capturing: bool, status: int, seq: int) -> None:
@@ -475,27 +474,16 @@ class Launcher:
     def launch_inline(
         self, fn: int, grid: int, threads: int, stream: int, params: int, capturing: bool, smem: int = 0
     ) -> None:
-        """Launch ``fn`` through this stream's kernel node, or plainly while
-        ``stream`` captures.  The caller holds :attr:`inline_lock`."""
-        if capturing:
-            self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
-        else:
-            self.launch_graph(((fn, grid, threads, params, smem),), stream)
-
-    def launch_graph(self, steps, stream: int) -> None:
-        """Launch ``steps`` (``(fn, grid, threads, params, smem)`` each, each
-        after the one before) as one graph on ``stream``, built on first use
-        for these kernels and this stream; one by one where no graph can be
+        """Launch ``fn`` through this stream's kernel node (built on first
+        use), or plainly while ``stream`` captures or when no node can be
         built (:meth:`_new_node`).  The caller holds :attr:`inline_lock`."""
-        key = (*(step[0] for step in steps), stream)
-        node = self._nodes.get(key)
-        if node is None:
-            node = self._new_node(tuple(step[:4] for step in steps), key)
+        node = None if capturing else self._nodes.get((fn, stream))
+        if node is None and not capturing:
+            node = self._new_node(((fn, grid, threads, params),), (fn, stream))
         if node is not None:
-            node.launch_steps([step[1:] for step in steps], stream)
+            node.launch_one(grid, threads, params, stream, smem)
         else:
-            for fn, grid, threads, params, smem in steps:
-                self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
+            self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
 
     def _new_node(self, steps, key: tuple) -> KernelNode | None:
         """A new graph for ``key`` (the caller holds :attr:`inline_lock`, which
