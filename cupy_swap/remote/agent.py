@@ -157,12 +157,13 @@ def default_path(local: PoolLayout, remote: PoolLayout) -> str:
     """The path a ``write`` takes when none is given: ``"staged"`` for a GPU
     pool when both pools have staging runs, ``"direct"`` otherwise.
 
-    Why: host pools gain nothing from staging (two extra host copies; on the
-    2-core CPU machine 32 KiB x 1250 moved at 1.1 GB/s staged against 4-7
-    direct), while a GPU pool without GPUDirect RDMA moved 0.33-0.52 GB/s
-    one descriptor per block on the H200 host (DESIGN.md) where one large
-    host run moves at 3.0-3.2.  The GPU half of this choice waits on the
-    device sweep (``bench --remote --from gpu``); pass ``path=`` to override.
+    Why (``benchmarks/NOTES.md``, item 44): host pools gain nothing from
+    staging (two extra host copies; on the 2-core CPU machine 32 KiB x 1250
+    moved at 1.2 GB/s staged against 3.6 direct).  GPU pools over the H200
+    host's loopback moved 2 MiB x 16 at 1.00 GB/s staged against 0.52 direct
+    (host -> GPU) and 3.18 against 2.19 (GPU -> GPU), within 8 % of direct
+    elsewhere (32 KiB x 1250: 3.14 against 3.25 GPU -> GPU).  Pass ``path=``
+    to override.
     """
     if local.mem == "VRAM" and local.staging and remote.staging:
         return STAGED

@@ -22,6 +22,11 @@ from .layout import PartLayout
 
 __all__ = ["host_bytes", "alloc_staging", "HostStager", "GpuStager"]
 
+# Host blocks of at least this many bytes are gathered one row copy at a
+# time (1250 x 32 KiB: 9.3 ms against 29.4 for np.take; 4 KiB: 1.5 against
+# 2.1; 512 B: 1.1 against 0.2; benchmarks/NOTES.md, item 44).
+ROW_COPY_BYTES = 4096
+
 
 class _Interface:
     """Lets NumPy view foreign host bytes while keeping their owner alive."""
@@ -69,9 +74,14 @@ class HostStager:
 
     def gather(self, src: np.ndarray, stream=None):
         """Copy blocks ``src`` (shape (n,)) into send slots ``0..n-1``; returns None (done)."""
-        n = src.shape[0]
+        n, rows = src.shape[0], None
         for part, run in zip(self.parts, self.send):
-            np.take(part, src, axis=0, out=run[:n])
+            if part.shape[1] < ROW_COPY_BYTES:
+                np.take(part, src, axis=0, out=run[:n])
+                continue
+            rows = src.tolist() if rows is None else rows
+            for i, j in enumerate(rows):  # one copy a row: np.take moves large rows 3x slower
+                run[i] = part[j]
         return None
 
     def scatter(self, dst: np.ndarray, offset: int = 0):
