@@ -14,23 +14,11 @@ import cupy_swap as cs
 from cupy_swap.prepared import HOST_CHECK_ROWS
 from cupy_swap.tools.bench import random_mapping
 
-from .gpu_helpers import POISON, poison, rand_fill, require_gpu, spin
+from .gpu_helpers import DIRECTIONS, POISON, make, poison, rand_fill, require_gpu, spin, to_host
 
 pytestmark = pytest.mark.gpu
 
 cp = require_gpu()
-
-
-def _side(rng, blocks, block, parts, where):
-    if where == "host":
-        arrays = [cs.empty_pinned((blocks, block), np.uint8) for _ in range(parts)]
-    else:
-        arrays = [cp.empty((blocks, block), cp.uint8) for _ in range(parts)]
-    return arrays
-
-
-def _as_numpy(a):
-    return a if isinstance(a, np.ndarray) else cp.asnumpy(a)
 
 
 @pytest.mark.parametrize("direction", ["in", "out"])
@@ -39,9 +27,9 @@ def _as_numpy(a):
 def test_rows_through_a_slot_land_exactly(rng, direction, parts, n):
     blocks = 4200 if n > 1250 else 1300
     block = {1: 80, 3: 52, 64: 48}[parts]  # 52: 4-byte units
-    host = _side(rng, blocks, block, parts, "host")
-    gpu = _side(rng, blocks, block, parts, "gpu")
-    src, dst = (host, gpu) if direction == "in" else (gpu, host)
+    skind, dkind = DIRECTIONS[direction]
+    src = [make(skind, (blocks, block), np.uint8) for _ in range(parts)]
+    dst = [make(dkind, (blocks, block), np.uint8) for _ in range(parts)]
     for a in src:
         rand_fill(a, rng)
     for a in dst:
@@ -55,7 +43,7 @@ def test_rows_through_a_slot_land_exactly(rng, direction, parts, n):
     assert op._decided.kernel._byref, "the swap went through a ring slot (by-reference kernel)"
     untouched = np.setdiff1d(np.arange(blocks), m[:, 1])
     for s, d in zip(src, dst):
-        s, d = _as_numpy(s), _as_numpy(d)
+        s, d = to_host(s), to_host(d)
         assert np.array_equal(d[m[:, 1]], s[m[:, 0]])
         assert (d[untouched] == POISON).all()
 
