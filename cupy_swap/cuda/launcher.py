@@ -93,48 +93,38 @@ class KernelNode:
 
     Parameters
     ----------
-    steps : sequence of (fn, grid, threads, args_ptr)
-        The kernels, in order; each waits for the one before.
+    fn, grid, threads, args_ptr : int
+        The kernel and a launch of it to build the node with.
     """
 
-    __slots__ = ("graph", "nodes", "exec", "params", "_calls", "_set", "_launch")
+    __slots__ = ("graph", "exec", "params", "_args", "_set", "_launch")
 
-    def __init__(self, steps):
+    def __init__(self, fn: int, grid: int, threads: int, args_ptr: int):
         from cupy.cuda import runtime
 
         calls = graph_calls()
-        self.params = [KernelNodeParams(f, g, 1, 1, t, 1, 1, 0, a, None) for f, g, t, a in steps]
-        ptrs = [ctypes.addressof(p) for p in self.params]
-        graph = ctypes.c_void_p()
+        self.params = KernelNodeParams(fn, grid, 1, 1, threads, 1, 1, 0, args_ptr, None)
+        ptr = ctypes.c_void_p(ctypes.addressof(self.params))
+        graph, node = ctypes.c_void_p(), ctypes.c_void_p()
         _check(calls.create(ctypes.byref(graph), 0), "cuGraphCreate")
-        self.graph, self.nodes = graph.value, []
+        self.graph = graph.value
         try:
-            for ptr in ptrs:
-                node = ctypes.c_void_p()
-                before = (ctypes.c_void_p * 1)(self.nodes[-1]) if self.nodes else None
-                count = ctypes.c_size_t(len(self.nodes) > 0)
-                added = calls.add_kernel_node(ctypes.byref(node), graph, before, count, ctypes.c_void_p(ptr))
-                _check(added, "cuGraphAddKernelNode")
-                self.nodes.append(node.value)
+            _check(calls.add_kernel_node(ctypes.byref(node), graph, None, 0, ptr), "cuGraphAddKernelNode")
             self.exec = runtime.graphInstantiate(self.graph)
         except BaseException:
             runtime.graphDestroy(self.graph)
             raise
         self._set, self._launch = calls.set_params, runtime.graphLaunch
-        # (params, arguments of cuGraphExecKernelNodeSetParams as c_void_p) per node
-        exec_ = ctypes.c_void_p(self.exec)
-        self._calls = [
-            (p, (exec_, ctypes.c_void_p(n), ctypes.c_void_p(a)))
-            for p, n, a in zip(self.params, self.nodes, ptrs)
-        ]
+        # The arguments of cuGraphExecKernelNodeSetParams, as c_void_p.
+        self._args = (ctypes.c_void_p(self.exec), node, ptr)
 
     def launch_one(self, grid: int, threads: int, args_ptr: int, stream: int, smem: int = 0) -> None:
         """Set the node's grid, parameters and ``smem`` (bytes of dynamic
         shared memory), then launch the graph on ``stream``."""
-        ((params, args),) = self._calls
+        params = self.params
         params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
         params.sharedMemBytes = smem
-        status = self._set(*args)
+        status = self._set(*self._args)
         if status:
             _check(status, "cuGraphExecKernelNodeSetParams")
         self._launch(self.exec, stream)
@@ -227,7 +217,7 @@ class BoundKernel:
         self.max_pairs = max((t.pairs for t in abi.TIERS if t.parts >= parts), default=-1)
         self._tiers = None  # [[tier, InlineArgs or None], ...], in TIERS order
         self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, smem, the budget they were made for)
-        self._byref = None  # abi.ByRefArgs, on the first launch by reference (False: none here)
+        self._byref = None  # abi.ByRefArgs, on the first launch by reference
         self.slots_ok = launcher.slots_mapped  # False once this layout has no by-reference kernel
 
     def shape(self, n: int, checked: bool) -> tuple:
@@ -307,16 +297,16 @@ class BoundKernel:
         :meth:`Launcher.release`).  False, with nothing taken or launched,
         where this layout has no by-reference kernel or the ring is not
         mapped."""
+        if not self.slots_ok:
+            return False
         lau = self._launcher
         args = self._byref
         if args is None:
             try:
                 args = self._byref = lau.byref_args(self.layout)
             except ValueError:  # more parts than this CUDA's by-reference kernels take
-                args = self._byref = False
-        if args is False or not self.slots_ok:
-            self.slots_ok = False
-            return False
+                self.slots_ok = False
+                return False
         slot = lau.acquire(held)
         slot.table_serial = -1  # the rows overwrite a cached descriptor
         slot.host_words[: 2 * n] = pairs if type(pairs) is list else pairs.reshape(-1)
@@ -331,7 +321,7 @@ class BoundKernel:
         """Launch over a mapping on the GPU (:class:`~.gpu_mapping.DeviceRows`),
         checked in the launch."""
         args = self._byref
-        if not args:  # None, or False: raises, saying why
+        if args is None:  # raises where there is no kernel, saying why
             args = self._byref = self._launcher.byref_args(self.layout)
         grid, threads, smem = self.shape(rows.n, True)
         with self._launcher.inline_lock:
@@ -382,7 +372,7 @@ class Launcher:
         # stream-ordered pool, and written only by uploads on the stream of
         # the swap that reads them (nothing to zero first).
         dev = release.device_malloc(ring_size * row_bytes, device)
-        self._nodes: dict[tuple, KernelNode] = {}  # (kernels..., stream) -> graph
+        self._nodes: dict[tuple, KernelNode] = {}  # (kernel, stream) -> graph
         self._graphs_ok = graph_calls() is not None
         free = functools.partial(_free_launcher, dev, device, self._nodes, self.inline_lock)
         try:
@@ -479,14 +469,14 @@ class Launcher:
         built (:meth:`_new_node`).  The caller holds :attr:`inline_lock`."""
         node = None if capturing else self._nodes.get((fn, stream))
         if node is None and not capturing:
-            node = self._new_node(((fn, grid, threads, params),), (fn, stream))
+            node = self._new_node(fn, grid, threads, params, stream)
         if node is not None:
             node.launch_one(grid, threads, params, stream, smem)
         else:
             self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
 
-    def _new_node(self, steps, key: tuple) -> KernelNode | None:
-        """A new graph for ``key`` (the caller holds :attr:`inline_lock`, which
+    def _new_node(self, fn: int, grid: int, threads: int, params: int, stream: int) -> KernelNode | None:
+        """A new graph for ``fn`` on ``stream`` (the caller holds :attr:`inline_lock`, which
         the release of the graphs takes too), or None: the launcher is
         closed, has its :data:`MAX_KERNEL_NODES`, or graphs cannot be built
         here (the failure is remembered; launches go out plainly)."""
@@ -494,7 +484,7 @@ class Launcher:
             return None
         try:
             with release.relaxed_capture_mode():  # legal while another thread captures
-                node = KernelNode(steps)
+                node = KernelNode(fn, grid, threads, params)
         except Exception as e:
             self._graphs_ok = False
             warnings.warn(
@@ -503,12 +493,8 @@ class Launcher:
                 stacklevel=2,
             )
             return None
-        self._nodes[key] = node
+        self._nodes[fn, stream] = node
         return node
-
-    def shape(self, units: int) -> tuple[int, int]:
-        """:func:`launch_shape` with this launcher's budget."""
-        return launch_shape(units, self.max_ctas)
 
     # --------------------------------------------------------- descriptors
     def launch_descriptor(
@@ -565,8 +551,8 @@ class Launcher:
         recorded = False
         try:
             slot = self.acquire(held)
+            slot.table_serial = -1  # the slot holds this descriptor, not a cached one
             words = abi.write_descriptor(slot.host_words, layout, mapping, True)
-            slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
             self.upload(slot, dst_ptr, words, stream)
             self._record(event.ptr, stream)
             recorded = True
@@ -593,7 +579,7 @@ class Launcher:
         """Launch over pairs ``first .. first + count - 1`` of the
         descriptor ``args`` points at (``smem``: its check's table)."""
         params = args.set(len(layout.src), layout.units_per_pair, count, first)
-        grid, threads = self.shape(count * layout.units_per_pair)
+        grid, threads = launch_shape(count * layout.units_per_pair, self.max_ctas)
         fn = self.function(abi.descriptor_kernel(layout.width))
         self.launch_kernel(fn, grid, threads, stream, params, smem)
 
@@ -603,7 +589,7 @@ class Launcher:
         replays; sized for ``max_pairs``)."""
         args = abi.DescriptorArgs(desc_ptr)
         args.set(len(layout.src), layout.units_per_pair, -1)
-        grid, threads = self.shape(max(max_pairs, 1) * layout.units_per_pair)
+        grid, threads = launch_shape(max(max_pairs, 1) * layout.units_per_pair, self.max_ctas)
         return self.function(abi.descriptor_kernel(layout.width)), grid, threads, args
 
     def acquire(self, held: list) -> _Slot:
