@@ -155,7 +155,7 @@ class _Slot:
     def __init__(self, host_words: np.ndarray, device_ptr: int):
         self.lock = threading.Lock()
         self.host_words = host_words.view(np.int64)
-        self.table_serial = -1  # which layout's part table the slot holds
+        self.table_serial = None  # whose part table the slot holds (not -1: an uncached layout's serial)
         self.host_ptr = host_words.ctypes.data
         self.device_ptr = device_ptr
         self.device_args = abi.DescriptorArgs(device_ptr)
@@ -308,7 +308,7 @@ class BoundKernel:
                 self.slots_ok = False
                 return False
         slot = lau.acquire(held)
-        slot.table_serial = -1  # the rows overwrite a cached descriptor
+        slot.table_serial = None  # the rows overwrite a cached descriptor
         slot.host_words[: 2 * n] = pairs if type(pairs) is list else pairs.reshape(-1)
         grid, threads, smem = self.shape(n, True)
         rows = slot.host_alias
@@ -511,36 +511,31 @@ class Launcher:
         self, layout, mapping, stream: int, capturing: bool, held: list, status: int = 0, seq: int = 0
     ) -> abi.DescriptorArgs:
         """Write a descriptor into a free slot (eager swaps: a ring slot,
-        locked and appended to ``held``; captured swaps: buffers of their
-        own, kept for good) and upload it on ``stream``; returns the
-        arguments that point the kernel at its device copy."""
-        if capturing:
-            return self._captured_descriptor(layout, mapping, stream)
-        slot = self.acquire(held)
+        locked and appended to ``held``; captured swaps: :meth:`_own_slot`)
+        and upload it on ``stream``; returns the arguments that point the
+        kernel at its device copy."""
+        slot = self._own_slot(layout, mapping) if capturing else self.acquire(held)
         fresh_table = slot.table_serial != layout.serial
-        slot.table_serial = -1  # until the write completes: an interrupted one leaves no table marked current
+        slot.table_serial = None  # until the write completes: an interrupted one marks no table current
         end = abi.write_descriptor(slot.host_words, layout, mapping, fresh_table, status, seq)
         slot.table_serial = layout.serial
         self.upload(slot, slot.device_ptr, end, stream)
         return slot.device_args
 
-    def _captured_descriptor(self, layout, mapping, stream: int) -> abi.DescriptorArgs:
-        """The descriptor of a swap being captured into a graph: every replay
-        uploads and reads it, so it gets its own pinned and device buffers,
-        sized for it and kept for the life of the process (a graph may be
-        replayed at any time, and CUDA tells no one when it is destroyed).
-        Allocated in relaxed capture mode, which a capture in progress
-        allows; the upload is captured with the launch."""
+    def _own_slot(self, layout, mapping) -> _Slot:
+        """A slot for a swap being captured into a graph: every replay
+        uploads and reads its descriptor, so it gets its own pinned and
+        device buffers, sized for it and kept for the life of the process (a
+        graph may be replayed at any time, and CUDA tells no one when it is
+        destroyed).  Allocated in relaxed capture mode, which a capture in
+        progress allows; the upload is captured with the launch."""
         n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
-        words = abi.HEADER_WORDS + layout.table.size + 2 * n
-        words += words & 1  # uploads move 16-byte words
+        words = abi.HEADER_WORDS + layout.table.size + 2 * n  # even: uploads move 16-byte words
         with release.relaxed_capture_mode():
             host = memory.zeros_pinned_for_gpu(words, np.int64, self.device)
             slot = _Slot(host, release.device_malloc(8 * words, self.device))
         release.keep_for_process(slot)
-        end = abi.write_descriptor(slot.host_words, layout, mapping, True)
-        self.upload(slot, slot.device_ptr, end, stream)
-        return slot.device_args
+        return slot
 
     def stage_descriptor(self, layout, mapping, dst_ptr: int, stream: int):
         """Write a descriptor through a ring slot into device memory at
@@ -551,7 +546,7 @@ class Launcher:
         recorded = False
         try:
             slot = self.acquire(held)
-            slot.table_serial = -1  # the slot holds this descriptor, not a cached one
+            slot.table_serial = None  # the slot holds this descriptor, not a cached one
             words = abi.write_descriptor(slot.host_words, layout, mapping, True)
             self.upload(slot, dst_ptr, words, stream)
             self._record(event.ptr, stream)
