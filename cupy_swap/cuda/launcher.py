@@ -1,5 +1,5 @@
 """Launch the swap kernel: inline parameters through a prebuilt graph for
-most swaps, a descriptor ring for the rest.
+most swaps, rows read by address for the rest.
 
 **Inline** (:class:`BoundKernel`): a swap of at most 64 parts and 1792
 pairs, or 256 parts and 1024, travels whole in the kernel's one parameter
@@ -11,6 +11,10 @@ stream, built on first use) and launches that graph: on the H200's host
 this costs less than ``cuLaunchKernel`` (``benchmarks/NOTES.md``, items 32
 and 34).  While the stream captures a graph the kernel is launched plainly,
 and the captured node keeps its pairs.
+
+**By reference** (:class:`~.abi.ByRefArgs`): rows on the GPU, and more
+than :data:`HOST_CHECK_ROWS` host rows checked in the launch, written into
+a ring slot's pinned words and read through their device alias.
 
 **Descriptor** (:class:`Launcher`'s ring): larger swaps, staged swaps (one
 descriptor serves every chunk) and graph replays.  Each swap writes its
@@ -197,13 +201,7 @@ def _wait(event) -> None:
 
 class BoundKernel:
     """The kernel launches of one resolved layout, ready for any mapping:
-    inline (host rows in the parameter) and by reference (rows on the GPU).
-
-    ``launch(pairs, n, stream, capturing, status, seq)`` picks the first
-    inline tier that holds the layout's parts and ``n`` pairs, writes the
-    pairs into that tier's parameter buffer and launches; it returns False
-    when no tier holds the swap (the caller then uses the descriptor ring).
-    """
+    host rows (:meth:`launch_host`) and rows on the GPU (:meth:`launch_rows`)."""
 
     __slots__ = ("_launcher", "layout", "_tiers", "_shapes", "max_pairs", "_byref", "slots_ok")
 
@@ -231,8 +229,8 @@ class BoundKernel:
         return shape[0], shape[1], shape[2] if checked else 0
 
     def launch(self, pairs, n: int, stream: int, capturing: bool, status: int = 0, seq: int = 0) -> bool:
-        """Launch over ``n`` pairs on ``stream``; False (nothing launched)
-        when no inline tier holds them.
+        """Launch over ``n`` pairs on ``stream`` with the smallest inline
+        tier that holds them; False (nothing launched) when none does.
 
         Parameters
         ----------
@@ -262,7 +260,8 @@ class BoundKernel:
             return False  # no tier this GPU has holds n pairs
         args = entry[1]
         if args is None:
-            args = entry[1] = self._bind_tier(entry[0])
+            fn = self._launcher.function(abi.inline_kernel(self.layout.width, entry[0]))
+            args = entry[1] = abi.InlineArgs(entry[0], self.layout, fn)
         grid, threads, smem = self.shape(n, status != 0)
         with self._launcher.inline_lock:  # one parameter buffer per tier and one node per stream
             words = args.words
@@ -285,7 +284,9 @@ class BoundKernel:
         if status and n > HOST_CHECK_ROWS and self.launch_slot(pairs, n, stream, held, status, seq):
             return
         if not self.launch(pairs, n, stream, capturing, status, seq):
-            self._launcher.launch_descriptor(self.layout, pairs, stream, capturing, held, status, seq)
+            lau = self._launcher
+            args = lau.write_slot(self.layout, pairs, stream, capturing, held, status, seq)
+            lau.launch_range(self.layout, args, 0, n, stream, abi.check_shared_bytes(n) if status else 0)
 
     def launch_slot(self, pairs, n: int, stream: int, held: list, status: int, seq: int) -> bool:
         """Launch over ``n`` host rows, checked in the launch, through a ring
@@ -327,10 +328,6 @@ class BoundKernel:
         with self._launcher.inline_lock:
             ptr = args.set(rows.n, status, seq, rows.src, rows.dst, rows.step)
             self._launcher.launch_inline(args.fn, grid, threads, stream, ptr, capturing, smem)
-
-    def _bind_tier(self, tier: abi.Tier) -> abi.InlineArgs:
-        fn = self._launcher.function(abi.inline_kernel(self.layout.width, tier))
-        return abi.InlineArgs(tier, self.layout, fn)
 
 
 class Launcher:
@@ -497,16 +494,6 @@ class Launcher:
         return node
 
     # --------------------------------------------------------- descriptors
-    def launch_descriptor(
-        self, layout, mapping, stream: int, capturing: bool, held: list, status: int = 0, seq: int = 0
-    ) -> None:
-        """Write ``mapping``'s descriptor into a slot (appended to ``held``;
-        the caller gates it with :meth:`release`) and launch over it
-        (``status`` not 0: checked in the launch)."""
-        args = self.write_slot(layout, mapping, stream, capturing, held, status, seq)
-        n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
-        self.launch_range(layout, args, 0, n, stream, abi.check_shared_bytes(n) if status else 0)
-
     def write_slot(
         self, layout, mapping, stream: int, capturing: bool, held: list, status: int = 0, seq: int = 0
     ) -> abi.DescriptorArgs:
