@@ -72,7 +72,7 @@ class Tier(NamedTuple):
     @property
     def words(self) -> int:
         """Size of its ``SwapInline`` parameter in 64-bit words."""
-        return HEADER_WORDS + self.parts * PART_WORDS + 2 * self.pairs
+        return descriptor_words(self.parts, self.pairs)
 
 
 TIERS = (Tier(4, 16), Tier(16, 192), Tier(64, 1792), Tier(256, 1024))  # CUPY_SWAP_TIERS, by parts

@@ -158,7 +158,7 @@ class _Slot:
 
     def __init__(self, host_words: np.ndarray, device_ptr: int):
         self.lock = threading.Lock()
-        self.host_words = host_words.view(np.int64)
+        self.host_words = host_words
         self.table_serial = None  # whose part table the slot holds (not -1: an uncached layout's serial)
         self.host_ptr = host_words.ctypes.data
         self.device_ptr = device_ptr
@@ -216,7 +216,7 @@ class BoundKernel:
         self._tiers = None  # [[tier, InlineArgs or None], ...], in TIERS order
         self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, smem, the budget they were made for)
         self._byref = None  # abi.ByRefArgs, on the first launch by reference
-        self.slots_ok = launcher.slots_mapped  # False once this layout has no by-reference kernel
+        self.slots_ok = launcher.slots_mapped  # False: ring not mapped, or no by-reference kernel here
 
     def shape(self, n: int, checked: bool) -> tuple:
         """``(grid, threads, smem)`` of a launch over ``n`` pairs (``smem``:
@@ -290,14 +290,11 @@ class BoundKernel:
 
     def launch_slot(self, pairs, n: int, stream: int, held: list, status: int, seq: int) -> bool:
         """Launch over ``n`` host rows, checked in the launch, through a ring
-        slot: the rows go into the slot's pinned words and the by-reference
-        kernel reads them through the slot's device alias, once per CTA,
-        as it checks them, then copies from the rows its check kept in
-        shared memory (``benchmarks/NOTES.md``, item 43).  The slot is
-        appended to ``held`` (the caller gates it with
-        :meth:`Launcher.release`).  False, with nothing taken or launched,
-        where this layout has no by-reference kernel or the ring is not
-        mapped."""
+        slot (appended to ``held``): the by-reference kernel reads the rows
+        in the slot's pinned words through its device alias, once per CTA
+        (``benchmarks/NOTES.md``, item 43).  False, with nothing taken or
+        launched, where this layout has no by-reference kernel or the ring
+        is not mapped."""
         if not self.slots_ok:
             return False
         lau = self._launcher
@@ -378,7 +375,7 @@ class Launcher:
             release.defer(free, None, "descriptor ring")
             raise
         self._next = 0
-        # Host rows go through slots only where the upload kernel reaches them.
+        # Host rows go through slots only where the kernel can read them there.
         self.slots_mapped = all(slot.host_alias for slot in self._slots)
         self._tiers: dict[int, list] = {}
         self._loaded: dict[str, int] = {}
