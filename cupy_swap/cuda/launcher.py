@@ -470,10 +470,11 @@ class Launcher:
             self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
 
     def _new_node(self, fn: int, grid: int, threads: int, params: int, stream: int) -> KernelNode | None:
-        """A new graph for ``fn`` on ``stream`` (the caller holds :attr:`inline_lock`, which
-        the release of the graphs takes too), or None: the launcher is
-        closed, has its :data:`MAX_KERNEL_NODES`, or graphs cannot be built
-        here (the failure is remembered; launches go out plainly)."""
+        """A new graph for ``fn`` on ``stream`` (the caller holds
+        :attr:`inline_lock`, which the release of the graphs takes too), or
+        None: the launcher is closed, has its :data:`MAX_KERNEL_NODES`, or
+        graphs cannot be built here (the failure is remembered; launches go
+        out plainly)."""
         if len(self._nodes) >= MAX_KERNEL_NODES or not self._finalizer.alive or not self._graphs_ok:
             return None
         try:
