@@ -3,17 +3,16 @@ lists, and the layout of the header, part table and pairs.  It mirrors
 ``kernels_cu/swap_abi.cuh``; ``tests/test_abi.py`` reads that file and checks
 that the two agree, and the ``.cuh`` asserts its struct sizes.
 
-Two forms carry a swap to the kernel (see the ``.cuh``):
+Three forms carry a swap to the kernel (see the ``.cuh``):
 
 * **inline**: one ``SwapInline<P, N>`` kernel parameter holding header, part
   table and pairs (:class:`InlineArgs` builds it);
 * **descriptor**: the same words back to back in a buffer
   (:func:`write_descriptor`), passed by address with
-  ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``.
-
-A mapping that lives on the GPU goes to a ``SwapByRef<P>`` kernel (header
-and part table in the parameter, block indices by address,
-:class:`ByRefArgs`).
+  ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``;
+* **by reference**: a ``SwapByRef<P>`` parameter holding header and part
+  table, the block indices by address (:class:`ByRefArgs`): a mapping on
+  the GPU, or host rows in a ring slot read through its device alias.
 
 Every form can check its rows inside the launch (header words 3-6: the
 bounds, the status address, the swap's number); the check needs
@@ -183,10 +182,9 @@ class InlineArgs:
         The tier's kernel function, kept with its buffer for the launcher.
     """
 
-    __slots__ = ("tier", "fn", "words", "pairs", "pairs_c", "ptr", "_array")
+    __slots__ = ("fn", "words", "pairs", "pairs_c", "ptr", "_array")
 
     def __init__(self, tier: Tier, layout, fn: int = 0):
-        self.tier = tier
         self.fn = fn  # the CUfunction of this tier (and width)
         self.words = np.zeros(tier.words, dtype=np.int64)
         write_layout(self.words, layout)
