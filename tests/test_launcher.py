@@ -234,12 +234,12 @@ def test_a_kernel_node_launch_sets_the_nodes_parameters_then_launches():
 
     calls, status = [], [0]
     node = KernelNode.__new__(KernelNode)
-    node.params = [KernelNodeParams(7, 1, 1, 1, 32, 1, 1, 0, None, None)]
+    node.params = KernelNodeParams(7, 1, 1, 1, 32, 1, 1, 0, None, None)
     node.exec = 99
-    node._calls = [(node.params[0], ("exec", "node", "params"))]
+    node._args = ("exec", "node", "params")
 
     def set_params(exec_, n, ptr):
-        p = node.params[0]
+        p = node.params
         calls.append(("set", n, p.gridDimX, p.blockDimX, p.kernelParams))
         return status[0]
 
@@ -273,9 +273,10 @@ def test_launch_inline_uses_the_streams_node_and_launches_plainly_while_capturin
         ("plain", fn, g, t, params, stream)
     )
 
-    def new_node(steps, key):
+    def new_node(fn, grid, threads, params, stream):
         if not can_build[0]:
             return None
+        key = (fn, stream)
         lau._nodes[key] = Node(key)
         launched.append(("built", key))
         return lau._nodes[key]

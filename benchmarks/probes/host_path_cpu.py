@@ -79,12 +79,11 @@ class _Launcher(launcher.Launcher):
     def inline_tiers(self, width):
         return list(abi.TIERS)
 
-    def _new_node(self, steps, key):
+    def _new_node(self, fn, grid, threads, params, stream):
         node = launcher.KernelNode.__new__(launcher.KernelNode)
-        node.params = [KernelNodeParams(1, 1, 1, 1, 1, 1, 1, 0, 0, None) for _ in steps]
-        node._set, node._launch, node.exec = _no_op, _no_op, 1
-        node._calls = [(p, (1, 2, 3)) for p in node.params]
-        self._nodes[key] = node
+        node.params = KernelNodeParams(1, 1, 1, 1, 1, 1, 1, 0, 0, None)
+        node._set, node._launch, node.exec, node._args = _no_op, _no_op, 1, (1, 2, 3)
+        self._nodes[fn, stream] = node
         return node
 
 

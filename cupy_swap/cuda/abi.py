@@ -3,17 +3,16 @@ lists, and the layout of the header, part table and pairs.  It mirrors
 ``kernels_cu/swap_abi.cuh``; ``tests/test_abi.py`` reads that file and checks
 that the two agree, and the ``.cuh`` asserts its struct sizes.
 
-Two forms carry a swap to the kernel (see the ``.cuh``):
+Three forms carry a swap to the kernel (see the ``.cuh``):
 
 * **inline**: one ``SwapInline<P, N>`` kernel parameter holding header, part
   table and pairs (:class:`InlineArgs` builds it);
 * **descriptor**: the same words back to back in a buffer
   (:func:`write_descriptor`), passed by address with
-  ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``.
-
-A mapping that lives on the GPU goes to a ``SwapByRef<P>`` kernel (header
-and part table in the parameter, block indices by address,
-:class:`ByRefArgs`).
+  ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``;
+* **by reference**: a ``SwapByRef<P>`` parameter holding header and part
+  table, the block indices by address (:class:`ByRefArgs`): a mapping on
+  the GPU, or host rows in a ring slot read through its device alias.
 
 Every form can check its rows inside the launch (header words 3-6: the
 bounds, the status address, the swap's number); the check needs
@@ -51,7 +50,7 @@ __all__ = [
     "byref_kernel",
     "ByRefArgs",
     "check_shared_bytes",
-    "set_check",
+    "write_layout",
 ]
 
 HEADER_WORDS = 8  # n_pairs, n_parts, units_per_pair, src_limit, dst_limit, status, seq, unused
@@ -72,7 +71,7 @@ class Tier(NamedTuple):
     @property
     def words(self) -> int:
         """Size of its ``SwapInline`` parameter in 64-bit words."""
-        return HEADER_WORDS + self.parts * PART_WORDS + 2 * self.pairs
+        return descriptor_words(self.parts, self.pairs)
 
 
 TIERS = (Tier(4, 16), Tier(16, 192), Tier(64, 1792), Tier(256, 1024))  # CUPY_SWAP_TIERS, by parts
@@ -120,10 +119,16 @@ def check_shared_bytes(n_pairs: int) -> int:
     return 8 * slots + 8 * n_pairs
 
 
-def set_check(header: np.ndarray, src_limit: int, dst_limit: int) -> None:
-    """Write the check's bounds into header words 3 and 4 (status and seq,
-    words 5 and 6, are written per launch; status 0 turns the check off)."""
-    header[3], header[4] = src_limit, dst_limit
+def write_layout(words: np.ndarray, layout, table_at: int = HEADER_WORDS) -> None:
+    """Write what every launch of ``layout`` shares: header words 1-4 (parts,
+    units per pair, the check's bounds) and the part table at ``table_at``.
+    The pair count, status and seq (words 0, 5, 6) are written per launch;
+    status 0 turns the check off."""
+    table = layout.table
+    words[1] = table.shape[0] // PART_WORDS
+    words[2] = layout.units_per_pair
+    words[3], words[4] = layout.src_limit, layout.dst_limit
+    words[table_at : table_at + table.shape[0]] = table
 
 
 def descriptor_words(num_parts: int, num_pairs: int) -> int:
@@ -151,16 +156,12 @@ def write_descriptor(
         Where the launch reports its check and the swap's number (status 0:
         no check in the launch).
     """
-    table = layout.table
-    t1 = HEADER_WORDS + table.shape[0]
+    t1 = HEADER_WORDS + layout.table.shape[0]
     flat = mapping if type(mapping) is list else mapping.reshape(-1)
     n = len(flat) // 2
     out[0], out[5], out[6] = n, status, seq
     if include_table:
-        out[1] = table.shape[0] // PART_WORDS
-        out[2] = layout.units_per_pair
-        set_check(out, layout.src_limit, layout.dst_limit)
-        out[HEADER_WORDS:t1] = table
+        write_layout(out, layout)
     out[t1 : t1 + 2 * n] = flat
     return t1 + 2 * n
 
@@ -181,17 +182,12 @@ class InlineArgs:
         The tier's kernel function, kept with its buffer for the launcher.
     """
 
-    __slots__ = ("tier", "fn", "words", "pairs", "pairs_c", "ptr", "_array")
+    __slots__ = ("fn", "words", "pairs", "pairs_c", "ptr", "_array")
 
     def __init__(self, tier: Tier, layout, fn: int = 0):
-        table = layout.table
-        self.tier = tier
         self.fn = fn  # the CUfunction of this tier (and width)
         self.words = np.zeros(tier.words, dtype=np.int64)
-        self.words[1] = table.shape[0] // PART_WORDS
-        self.words[2] = layout.units_per_pair
-        set_check(self.words, layout.src_limit, layout.dst_limit)
-        self.words[HEADER_WORDS : HEADER_WORDS + table.shape[0]] = table
+        write_layout(self.words, layout)
         start = HEADER_WORDS + tier.parts * PART_WORDS
         self.pairs = self.words[start:]  # (2 * tier.pairs,) view: row i at [2i, 2i + 1]
         # The same words as a ctypes array: a list of Python ints is stored
@@ -261,13 +257,9 @@ class ByRefArgs:
     __slots__ = ("fn", "words", "ptr", "_array")
 
     def __init__(self, parts: int, layout, fn: int):
-        table = layout.table
         self.fn = fn
         self.words = np.zeros(HEADER_WORDS + 4 + parts * PART_WORDS, dtype=np.int64)
-        self.words[1] = table.shape[0] // PART_WORDS
-        self.words[2] = layout.units_per_pair
-        set_check(self.words, layout.src_limit, layout.dst_limit)
-        self.words[HEADER_WORDS + 4 : HEADER_WORDS + 4 + table.shape[0]] = table
+        write_layout(self.words, layout, HEADER_WORDS + 4)  # after the index addresses and step
         self._array = (ctypes.c_void_p * 1)(self.words.ctypes.data)
         self.ptr = ctypes.addressof(self._array)
 

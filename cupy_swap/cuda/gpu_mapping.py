@@ -59,14 +59,14 @@ def device_rows(obj, device: int, max_blocks: int) -> DeviceRows | None:
                 f"indices), got shapes {getattr(obj[0], 'shape', None)} and {getattr(obj[1], 'shape', None)}"
             )
         for d in (a, b):
-            _check(d, obj, device)
+            _check(d, device)
         n = a[4][0]
         rows = DeviceRows(a[1], b[1], 1, n, obj)
     else:
         d = _describe(obj)
         if d is None:
             return None
-        _check(d, obj, device)
+        _check(d, device)
         if len(d[4]) != 2 or d[4][1] != 2:
             raise ValueError(
                 f"block_mapping: expected shape (N, 2) of (src_block, dst_block) rows, got {d[4]}"
@@ -81,7 +81,7 @@ def device_rows(obj, device: int, max_blocks: int) -> DeviceRows | None:
     return rows
 
 
-def _check(d, obj, device: int) -> None:
+def _check(d, device: int) -> None:
     owner, _, contiguous, int64, _ = d
     if not int64:
         raise TypeError("block_mapping: expected int64 block indices on the GPU; convert them first")

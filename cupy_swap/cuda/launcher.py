@@ -1,5 +1,5 @@
 """Launch the swap kernel: inline parameters through a prebuilt graph for
-most swaps, a descriptor ring for the rest.
+most swaps, rows read by address for the rest.
 
 **Inline** (:class:`BoundKernel`): a swap of at most 64 parts and 1792
 pairs, or 256 parts and 1024, travels whole in the kernel's one parameter
@@ -11,6 +11,10 @@ stream, built on first use) and launches that graph: on the H200's host
 this costs less than ``cuLaunchKernel`` (``benchmarks/NOTES.md``, items 32
 and 34).  While the stream captures a graph the kernel is launched plainly,
 and the captured node keeps its pairs.
+
+**By reference** (:class:`~.abi.ByRefArgs`): rows on the GPU, and more
+than :data:`HOST_CHECK_ROWS` host rows checked in the launch, written into
+a ring slot's pinned words and read through their device alias.
 
 **Descriptor** (:class:`Launcher`'s ring): larger swaps, staged swaps (one
 descriptor serves every chunk) and graph replays.  Each swap writes its
@@ -93,48 +97,38 @@ class KernelNode:
 
     Parameters
     ----------
-    steps : sequence of (fn, grid, threads, args_ptr)
-        The kernels, in order; each waits for the one before.
+    fn, grid, threads, args_ptr : int
+        The kernel and a launch of it to build the node with.
     """
 
-    __slots__ = ("graph", "nodes", "exec", "params", "_calls", "_set", "_launch")
+    __slots__ = ("graph", "exec", "params", "_args", "_set", "_launch")
 
-    def __init__(self, steps):
+    def __init__(self, fn: int, grid: int, threads: int, args_ptr: int):
         from cupy.cuda import runtime
 
         calls = graph_calls()
-        self.params = [KernelNodeParams(f, g, 1, 1, t, 1, 1, 0, a, None) for f, g, t, a in steps]
-        ptrs = [ctypes.addressof(p) for p in self.params]
-        graph = ctypes.c_void_p()
+        self.params = KernelNodeParams(fn, grid, 1, 1, threads, 1, 1, 0, args_ptr, None)
+        ptr = ctypes.c_void_p(ctypes.addressof(self.params))
+        graph, node = ctypes.c_void_p(), ctypes.c_void_p()
         _check(calls.create(ctypes.byref(graph), 0), "cuGraphCreate")
-        self.graph, self.nodes = graph.value, []
+        self.graph = graph.value
         try:
-            for ptr in ptrs:
-                node = ctypes.c_void_p()
-                before = (ctypes.c_void_p * 1)(self.nodes[-1]) if self.nodes else None
-                count = ctypes.c_size_t(len(self.nodes) > 0)
-                added = calls.add_kernel_node(ctypes.byref(node), graph, before, count, ctypes.c_void_p(ptr))
-                _check(added, "cuGraphAddKernelNode")
-                self.nodes.append(node.value)
+            _check(calls.add_kernel_node(ctypes.byref(node), graph, None, 0, ptr), "cuGraphAddKernelNode")
             self.exec = runtime.graphInstantiate(self.graph)
         except BaseException:
             runtime.graphDestroy(self.graph)
             raise
         self._set, self._launch = calls.set_params, runtime.graphLaunch
-        # (params, arguments of cuGraphExecKernelNodeSetParams as c_void_p) per node
-        exec_ = ctypes.c_void_p(self.exec)
-        self._calls = [
-            (p, (exec_, ctypes.c_void_p(n), ctypes.c_void_p(a)))
-            for p, n, a in zip(self.params, self.nodes, ptrs)
-        ]
+        # The arguments of cuGraphExecKernelNodeSetParams, as c_void_p.
+        self._args = (ctypes.c_void_p(self.exec), node, ptr)
 
     def launch_one(self, grid: int, threads: int, args_ptr: int, stream: int, smem: int = 0) -> None:
         """Set the node's grid, parameters and ``smem`` (bytes of dynamic
         shared memory), then launch the graph on ``stream``."""
-        ((params, args),) = self._calls
+        params = self.params
         params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
         params.sharedMemBytes = smem
-        status = self._set(*args)
+        status = self._set(*self._args)
         if status:
             _check(status, "cuGraphExecKernelNodeSetParams")
         self._launch(self.exec, stream)
@@ -164,8 +158,8 @@ class _Slot:
 
     def __init__(self, host_words: np.ndarray, device_ptr: int):
         self.lock = threading.Lock()
-        self.host_words = host_words.view(np.int64)
-        self.table_serial = -1  # which layout's part table the slot holds
+        self.host_words = host_words
+        self.table_serial = None  # whose part table the slot holds (not -1: an uncached layout's serial)
         self.host_ptr = host_words.ctypes.data
         self.device_ptr = device_ptr
         self.device_args = abi.DescriptorArgs(device_ptr)
@@ -207,13 +201,7 @@ def _wait(event) -> None:
 
 class BoundKernel:
     """The kernel launches of one resolved layout, ready for any mapping:
-    inline (host rows in the parameter) and by reference (rows on the GPU).
-
-    ``launch(pairs, n, stream, capturing, status, seq)`` picks the first
-    inline tier that holds the layout's parts and ``n`` pairs, writes the
-    pairs into that tier's parameter buffer and launches; it returns False
-    when no tier holds the swap (the caller then uses the descriptor ring).
-    """
+    host rows (:meth:`launch_host`) and rows on the GPU (:meth:`launch_rows`)."""
 
     __slots__ = ("_launcher", "layout", "_tiers", "_shapes", "max_pairs", "_byref", "slots_ok")
 
@@ -227,8 +215,8 @@ class BoundKernel:
         self.max_pairs = max((t.pairs for t in abi.TIERS if t.parts >= parts), default=-1)
         self._tiers = None  # [[tier, InlineArgs or None], ...], in TIERS order
         self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, smem, the budget they were made for)
-        self._byref = None  # abi.ByRefArgs, on the first launch by reference (False: none here)
-        self.slots_ok = launcher.slots_mapped  # False once this layout has no by-reference kernel
+        self._byref = None  # abi.ByRefArgs, on the first launch by reference
+        self.slots_ok = launcher.slots_mapped  # False: ring not mapped, or no by-reference kernel here
 
     def shape(self, n: int, checked: bool) -> tuple:
         """``(grid, threads, smem)`` of a launch over ``n`` pairs (``smem``:
@@ -241,8 +229,8 @@ class BoundKernel:
         return shape[0], shape[1], shape[2] if checked else 0
 
     def launch(self, pairs, n: int, stream: int, capturing: bool, status: int = 0, seq: int = 0) -> bool:
-        """Launch over ``n`` pairs on ``stream``; False (nothing launched)
-        when no inline tier holds them.
+        """Launch over ``n`` pairs on ``stream`` with the smallest inline
+        tier that holds them; False (nothing launched) when none does.
 
         Parameters
         ----------
@@ -272,7 +260,8 @@ class BoundKernel:
             return False  # no tier this GPU has holds n pairs
         args = entry[1]
         if args is None:
-            args = entry[1] = self._bind_tier(entry[0])
+            fn = self._launcher.function(abi.inline_kernel(self.layout.width, entry[0]))
+            args = entry[1] = abi.InlineArgs(entry[0], self.layout, fn)
         grid, threads, smem = self.shape(n, status != 0)
         with self._launcher.inline_lock:  # one parameter buffer per tier and one node per stream
             words = args.words
@@ -295,30 +284,29 @@ class BoundKernel:
         if status and n > HOST_CHECK_ROWS and self.launch_slot(pairs, n, stream, held, status, seq):
             return
         if not self.launch(pairs, n, stream, capturing, status, seq):
-            self._launcher.launch_descriptor(self.layout, pairs, stream, capturing, held, status, seq)
+            lau = self._launcher
+            args = lau.write_slot(self.layout, pairs, stream, capturing, held, status, seq)
+            lau.launch_range(self.layout, args, 0, n, stream, abi.check_shared_bytes(n) if status else 0)
 
     def launch_slot(self, pairs, n: int, stream: int, held: list, status: int, seq: int) -> bool:
         """Launch over ``n`` host rows, checked in the launch, through a ring
-        slot: the rows go into the slot's pinned words and the by-reference
-        kernel reads them through the slot's device alias, once per CTA,
-        as it checks them, then copies from the rows its check kept in
-        shared memory (``benchmarks/NOTES.md``, item 43).  The slot is
-        appended to ``held`` (the caller gates it with
-        :meth:`Launcher.release`).  False, with nothing taken or launched,
-        where this layout has no by-reference kernel or the ring is not
-        mapped."""
+        slot (appended to ``held``): the by-reference kernel reads the rows
+        in the slot's pinned words through its device alias, once per CTA
+        (``benchmarks/NOTES.md``, item 43).  False, with nothing taken or
+        launched, where this layout has no by-reference kernel or the ring
+        is not mapped."""
+        if not self.slots_ok:
+            return False
         lau = self._launcher
         args = self._byref
         if args is None:
             try:
                 args = self._byref = lau.byref_args(self.layout)
             except ValueError:  # more parts than this CUDA's by-reference kernels take
-                args = self._byref = False
-        if args is False or not self.slots_ok:
-            self.slots_ok = False
-            return False
+                self.slots_ok = False
+                return False
         slot = lau.acquire(held)
-        slot.table_serial = -1  # the rows overwrite a cached descriptor
+        slot.table_serial = None  # the rows overwrite a cached descriptor
         slot.host_words[: 2 * n] = pairs if type(pairs) is list else pairs.reshape(-1)
         grid, threads, smem = self.shape(n, True)
         rows = slot.host_alias
@@ -331,16 +319,12 @@ class BoundKernel:
         """Launch over a mapping on the GPU (:class:`~.gpu_mapping.DeviceRows`),
         checked in the launch."""
         args = self._byref
-        if not args:  # None, or False: raises, saying why
+        if args is None:  # raises where there is no kernel, saying why
             args = self._byref = self._launcher.byref_args(self.layout)
         grid, threads, smem = self.shape(rows.n, True)
         with self._launcher.inline_lock:
             ptr = args.set(rows.n, status, seq, rows.src, rows.dst, rows.step)
             self._launcher.launch_inline(args.fn, grid, threads, stream, ptr, capturing, smem)
-
-    def _bind_tier(self, tier: abi.Tier) -> abi.InlineArgs:
-        fn = self._launcher.function(abi.inline_kernel(self.layout.width, tier))
-        return abi.InlineArgs(tier, self.layout, fn)
 
 
 class Launcher:
@@ -382,7 +366,7 @@ class Launcher:
         # stream-ordered pool, and written only by uploads on the stream of
         # the swap that reads them (nothing to zero first).
         dev = release.device_malloc(ring_size * row_bytes, device)
-        self._nodes: dict[tuple, KernelNode] = {}  # (kernels..., stream) -> graph
+        self._nodes: dict[tuple, KernelNode] = {}  # (kernel, stream) -> graph
         self._graphs_ok = graph_calls() is not None
         free = functools.partial(_free_launcher, dev, device, self._nodes, self.inline_lock)
         try:
@@ -391,7 +375,7 @@ class Launcher:
             release.defer(free, None, "descriptor ring")
             raise
         self._next = 0
-        # Host rows go through slots only where the upload kernel reaches them.
+        # Host rows go through slots only where the kernel can read them there.
         self.slots_mapped = all(slot.host_alias for slot in self._slots)
         self._tiers: dict[int, list] = {}
         self._loaded: dict[str, int] = {}
@@ -479,22 +463,23 @@ class Launcher:
         built (:meth:`_new_node`).  The caller holds :attr:`inline_lock`."""
         node = None if capturing else self._nodes.get((fn, stream))
         if node is None and not capturing:
-            node = self._new_node(((fn, grid, threads, params),), (fn, stream))
+            node = self._new_node(fn, grid, threads, params, stream)
         if node is not None:
             node.launch_one(grid, threads, params, stream, smem)
         else:
             self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
 
-    def _new_node(self, steps, key: tuple) -> KernelNode | None:
-        """A new graph for ``key`` (the caller holds :attr:`inline_lock`, which
-        the release of the graphs takes too), or None: the launcher is
-        closed, has its :data:`MAX_KERNEL_NODES`, or graphs cannot be built
-        here (the failure is remembered; launches go out plainly)."""
+    def _new_node(self, fn: int, grid: int, threads: int, params: int, stream: int) -> KernelNode | None:
+        """A new graph for ``fn`` on ``stream`` (the caller holds
+        :attr:`inline_lock`, which the release of the graphs takes too), or
+        None: the launcher is closed, has its :data:`MAX_KERNEL_NODES`, or
+        graphs cannot be built here (the failure is remembered; launches go
+        out plainly)."""
         if len(self._nodes) >= MAX_KERNEL_NODES or not self._finalizer.alive or not self._graphs_ok:
             return None
         try:
             with release.relaxed_capture_mode():  # legal while another thread captures
-                node = KernelNode(steps)
+                node = KernelNode(fn, grid, threads, params)
         except Exception as e:
             self._graphs_ok = False
             warnings.warn(
@@ -503,58 +488,39 @@ class Launcher:
                 stacklevel=2,
             )
             return None
-        self._nodes[key] = node
+        self._nodes[fn, stream] = node
         return node
 
-    def shape(self, units: int) -> tuple[int, int]:
-        """:func:`launch_shape` with this launcher's budget."""
-        return launch_shape(units, self.max_ctas)
-
     # --------------------------------------------------------- descriptors
-    def launch_descriptor(
-        self, layout, mapping, stream: int, capturing: bool, held: list, status: int = 0, seq: int = 0
-    ) -> None:
-        """Write ``mapping``'s descriptor into a slot (appended to ``held``;
-        the caller gates it with :meth:`release`) and launch over it
-        (``status`` not 0: checked in the launch)."""
-        args = self.write_slot(layout, mapping, stream, capturing, held, status, seq)
-        n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
-        self.launch_range(layout, args, 0, n, stream, abi.check_shared_bytes(n) if status else 0)
-
     def write_slot(
         self, layout, mapping, stream: int, capturing: bool, held: list, status: int = 0, seq: int = 0
     ) -> abi.DescriptorArgs:
         """Write a descriptor into a free slot (eager swaps: a ring slot,
-        locked and appended to ``held``; captured swaps: buffers of their
-        own, kept for good) and upload it on ``stream``; returns the
-        arguments that point the kernel at its device copy."""
-        if capturing:
-            return self._captured_descriptor(layout, mapping, stream)
-        slot = self.acquire(held)
+        locked and appended to ``held``; captured swaps: :meth:`_own_slot`)
+        and upload it on ``stream``; returns the arguments that point the
+        kernel at its device copy."""
+        slot = self._own_slot(layout, mapping) if capturing else self.acquire(held)
         fresh_table = slot.table_serial != layout.serial
-        slot.table_serial = -1  # until the write completes: an interrupted one leaves no table marked current
+        slot.table_serial = None  # until the write completes: an interrupted one marks no table current
         end = abi.write_descriptor(slot.host_words, layout, mapping, fresh_table, status, seq)
         slot.table_serial = layout.serial
         self.upload(slot, slot.device_ptr, end, stream)
         return slot.device_args
 
-    def _captured_descriptor(self, layout, mapping, stream: int) -> abi.DescriptorArgs:
-        """The descriptor of a swap being captured into a graph: every replay
-        uploads and reads it, so it gets its own pinned and device buffers,
-        sized for it and kept for the life of the process (a graph may be
-        replayed at any time, and CUDA tells no one when it is destroyed).
-        Allocated in relaxed capture mode, which a capture in progress
-        allows; the upload is captured with the launch."""
+    def _own_slot(self, layout, mapping) -> _Slot:
+        """A slot for a swap being captured into a graph: every replay
+        uploads and reads its descriptor, so it gets its own pinned and
+        device buffers, sized for it and kept for the life of the process (a
+        graph may be replayed at any time, and CUDA tells no one when it is
+        destroyed).  Allocated in relaxed capture mode, which a capture in
+        progress allows; the upload is captured with the launch."""
         n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
-        words = abi.HEADER_WORDS + layout.table.size + 2 * n
-        words += words & 1  # uploads move 16-byte words
+        words = abi.HEADER_WORDS + layout.table.size + 2 * n  # even: uploads move 16-byte words
         with release.relaxed_capture_mode():
             host = memory.zeros_pinned_for_gpu(words, np.int64, self.device)
             slot = _Slot(host, release.device_malloc(8 * words, self.device))
         release.keep_for_process(slot)
-        end = abi.write_descriptor(slot.host_words, layout, mapping, True)
-        self.upload(slot, slot.device_ptr, end, stream)
-        return slot.device_args
+        return slot
 
     def stage_descriptor(self, layout, mapping, dst_ptr: int, stream: int):
         """Write a descriptor through a ring slot into device memory at
@@ -565,8 +531,8 @@ class Launcher:
         recorded = False
         try:
             slot = self.acquire(held)
+            slot.table_serial = None  # the slot holds this descriptor, not a cached one
             words = abi.write_descriptor(slot.host_words, layout, mapping, True)
-            slot.table_serial = -1  # the slot now holds this descriptor, not a cached one
             self.upload(slot, dst_ptr, words, stream)
             self._record(event.ptr, stream)
             recorded = True
@@ -593,7 +559,7 @@ class Launcher:
         """Launch over pairs ``first .. first + count - 1`` of the
         descriptor ``args`` points at (``smem``: its check's table)."""
         params = args.set(len(layout.src), layout.units_per_pair, count, first)
-        grid, threads = self.shape(count * layout.units_per_pair)
+        grid, threads = launch_shape(count * layout.units_per_pair, self.max_ctas)
         fn = self.function(abi.descriptor_kernel(layout.width))
         self.launch_kernel(fn, grid, threads, stream, params, smem)
 
@@ -603,7 +569,7 @@ class Launcher:
         replays; sized for ``max_pairs``)."""
         args = abi.DescriptorArgs(desc_ptr)
         args.set(len(layout.src), layout.units_per_pair, -1)
-        grid, threads = self.shape(max(max_pairs, 1) * layout.units_per_pair)
+        grid, threads = launch_shape(max(max_pairs, 1) * layout.units_per_pair, self.max_ctas)
         return self.function(abi.descriptor_kernel(layout.width)), grid, threads, args
 
     def acquire(self, held: list) -> _Slot:
