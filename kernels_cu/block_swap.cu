@@ -243,7 +243,7 @@ __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
 #if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 1))
 #define CUPY_SWAP_TIERS_HERE(X) CUPY_SWAP_TIERS(X)
 #else
-#define CUPY_SWAP_TIERS_HERE(X) X(4, 16) X(16, 192)
+#define CUPY_SWAP_TIERS_HERE(X) X(4, 16) X(16, 192) X(64, 16)
 #endif
 
 #define CUPY_SWAP_BYREF_KERNEL(P)                                                                          \
@@ -255,7 +255,7 @@ __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
 #if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 1))
 #define CUPY_SWAP_BYREF_TIERS_HERE(X) CUPY_SWAP_BYREF_TIERS(X)
 #else
-#define CUPY_SWAP_BYREF_TIERS_HERE(X) X(16)
+#define CUPY_SWAP_BYREF_TIERS_HERE(X) X(16) X(64)
 #endif
 
 #define CUPY_SWAP_WIDTH(TYPE, WIDTH)                                                                       \

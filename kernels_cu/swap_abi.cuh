@@ -73,11 +73,13 @@ struct SwapStatus {
 
 // Inline tiers (parts, pairs): the first that holds a swap is used.  The
 // last one takes every part count the kernel allows (layers x K/V of the
-// deepest models) with up to 1024 pairs.
+// deepest models) with up to 1024 pairs.  64 x 16 carries a short swap of
+// 32 layers x K/V in 3.3 KiB instead of 64 x 1792's 31 KiB: the driver
+// copies the whole parameter at every launch.
 // Parameters above 4 KiB need CUDA 12.1+ (compiler and driver): the largest
 // tiers exist only where the compiler has them, and the host falls back to
 // the descriptor when a tier's kernel is missing.
-#define CUPY_SWAP_TIERS(X) X(4, 16) X(16, 192) X(64, 1792) X(256, 1024)
+#define CUPY_SWAP_TIERS(X) X(4, 16) X(16, 192) X(64, 16) X(64, 1792) X(256, 1024)
 
 template <int P, int N>
 struct SwapInline {
@@ -96,7 +98,7 @@ struct SwapByRef {
     SwapPart parts[P];
 };
 
-#define CUPY_SWAP_BYREF_TIERS(X) X(16) X(256)
+#define CUPY_SWAP_BYREF_TIERS(X) X(16) X(64) X(256)
 
 static_assert(sizeof(SwapHeader) == 8 * CUPY_SWAP_HEADER_WORDS, "SwapHeader size");
 static_assert(sizeof(SwapPart) == 8 * CUPY_SWAP_PART_WORDS, "SwapPart size");
@@ -104,7 +106,9 @@ static_assert(sizeof(SwapStatus) == 8 * CUPY_SWAP_STATUS_WORDS, "SwapStatus size
 static_assert(sizeof(SwapInline<4, 16>) == 8 * (CUPY_SWAP_HEADER_WORDS + 4 * CUPY_SWAP_PART_WORDS + 2 * 16),
               "SwapInline<4, 16> size");
 static_assert(sizeof(SwapInline<16, 192>) <= 4096, "inline tier 16 x 192 exceeds the classic parameter limit");
+static_assert(sizeof(SwapInline<64, 16>) <= 4096, "inline tier 64 x 16 exceeds the classic parameter limit");
 static_assert(sizeof(SwapInline<64, 1792>) <= 32764, "inline tier 64 x 1792 exceeds the parameter limit");
 static_assert(sizeof(SwapInline<256, 1024>) <= 32764, "inline tier 256 x 1024 exceeds the parameter limit");
 static_assert(sizeof(SwapByRef<16>) == 8 * (CUPY_SWAP_HEADER_WORDS + 4 + 16 * CUPY_SWAP_PART_WORDS), "SwapByRef<16> size");
+static_assert(sizeof(SwapByRef<64>) <= 4096, "SwapByRef<64> exceeds the classic parameter limit");
 static_assert(sizeof(SwapByRef<256>) <= 32764, "SwapByRef<256> exceeds the parameter limit");

@@ -14,6 +14,8 @@ from cupy_swap.cuda import abi
 from cupy_swap.cuda.launcher import BoundKernel, launch_shape
 from cupy_swap.cuda.resolve import resolve_layout
 
+CLASSIC_TIERS = [t for t in abi.TIERS if 8 * t.words <= 4096]  # what CUDA < 12.1 compiles
+
 
 class _Launcher:
     def __init__(self, tiers=abi.TIERS):
@@ -82,13 +84,15 @@ def test_a_checked_launch_carries_its_status_record_and_number(fake_gpu):
 @pytest.mark.parametrize(
     "parts, n, tier",
     [
-        (1, 16, abi.TIERS[0]),
-        (1, 17, abi.TIERS[1]),
-        (4, 193, abi.TIERS[2]),
-        (5, 3, abi.TIERS[1]),
-        (17, 1, abi.TIERS[2]),
-        (65, 1, abi.TIERS[3]),
-        (256, 1024, abi.TIERS[3]),
+        (1, 16, abi.Tier(4, 16)),
+        (1, 17, abi.Tier(16, 192)),
+        (4, 193, abi.Tier(64, 1792)),
+        (5, 3, abi.Tier(16, 192)),
+        (17, 1, abi.Tier(64, 16)),  # a short swap of many parts: the small parameter
+        (64, 16, abi.Tier(64, 16)),
+        (64, 17, abi.Tier(64, 1792)),
+        (65, 1, abi.Tier(256, 1024)),
+        (256, 1024, abi.Tier(256, 1024)),
     ],
 )
 def test_smallest_tier_that_holds_the_swap(parts, n, tier, fake_gpu):
@@ -106,12 +110,9 @@ def test_too_large_or_turned_off_goes_to_the_ring(fake_gpu):
     assert not BoundKernel(lau, _layout(fake_gpu, 1)).launch(np.zeros((1793, 2), np.int64), 1793, 0, False)
     lau.max_inline_pairs = 0
     assert not BoundKernel(lau, _layout(fake_gpu, 1)).launch([0, 0], 1, 0, False)
-    old = _Launcher(tiers=abi.TIERS[:2])  # a compiler without parameters over 4 KiB
+    old = _Launcher(tiers=CLASSIC_TIERS)  # a compiler without parameters over 4 KiB
     bound = BoundKernel(old, _layout(fake_gpu, 1))
-    assert (
-        not bound.launch(np.zeros((193, 2), np.int64), 193, 0, False)
-        and bound.max_pairs == abi.TIERS[1].pairs
-    )
+    assert not bound.launch(np.zeros((193, 2), np.int64), 193, 0, False) and bound.max_pairs == 192
     assert lau.launches == [] and old.launches == []
 
 
@@ -131,11 +132,11 @@ def test_a_thread_that_sees_the_tiers_never_sees_a_larger_bound(fake_gpu):
     tiers were once published before the bound was lowered: a second
     thread in between passed the bound check, found no tier large enough
     and wrote 193 pairs into a 192-pair buffer (ValueError)."""
-    old = _Launcher(tiers=abi.TIERS[:2])
+    old = _Launcher(tiers=CLASSIC_TIERS)
     bound = BoundKernel(old, _layout(fake_gpu, 1))
     # The state another thread could observe between the two stores.
-    bound._tiers = [[t, None] for t in abi.TIERS[:2]]
-    bound.max_pairs = abi.TIERS[2].pairs
+    bound._tiers = [[t, None] for t in CLASSIC_TIERS]
+    bound.max_pairs = max(t.pairs for t in abi.TIERS)
     assert not bound.launch(np.zeros((193, 2), np.int64), 193, 0, False)  # the ring takes it
     assert old.launches == []
 

@@ -74,7 +74,13 @@ class Tier(NamedTuple):
         return descriptor_words(self.parts, self.pairs)
 
 
-TIERS = (Tier(4, 16), Tier(16, 192), Tier(64, 1792), Tier(256, 1024))  # CUPY_SWAP_TIERS, by parts
+TIERS = (
+    Tier(4, 16),
+    Tier(16, 192),
+    Tier(64, 16),
+    Tier(64, 1792),
+    Tier(256, 1024),
+)  # CUPY_SWAP_TIERS, by parts
 # (C type, name) of the descriptor kernel's arguments, in order.
 DESCRIPTOR_ARGS = (
     ("const u64*", "desc"),
@@ -86,7 +92,7 @@ DESCRIPTOR_ARGS = (
 FETCH_KERNEL = "cupy_swap_fetch"  # descriptor upload, 16-byte words
 STATUS_WORDS = 4  # SwapStatus: seq, kind, row, value
 CHECK_KEY_LIMIT = 0xFFFFFFFF  # the check keeps source and destination blocks below this (32 bits)
-BYREF_PARTS = (16, 256)  # CUPY_SWAP_BYREF_TIERS
+BYREF_PARTS = (16, 64, 256)  # CUPY_SWAP_BYREF_TIERS
 FETCH_THREADS = 256
 
 

@@ -431,7 +431,7 @@ class Launcher:
         if not kernels.has_function(self.device, name):
             raise ValueError(
                 f"block_mapping: a mapping on the GPU with {parts} parts needs CUDA 12.1 or later (kernel "
-                f"parameters over 4 KiB); pass the rows on the host or use at most {abi.BYREF_PARTS[0]} parts"
+                f"parameters over 4 KiB); pass the rows on the host or use at most {abi.BYREF_PARTS[-2]} parts"
             )
         return abi.ByRefArgs(tier, layout, self.function(name))
 
