@@ -8,10 +8,11 @@ enqueues the waits, asks whether the stream captures, launches once and
 records one event.  The copy launch checks the rows itself (bounds,
 duplicate destinations) before any byte is written and reports through the
 swapper's status board (:mod:`.cuda.status`).  That is how mappings on the
-GPU are checked, and host rows when asked (``check="launch"``); host rows
-are checked on the host by default, where the numbers came out cheaper
-(``benchmarks/NOTES.md``, item 42), and always where the launch cannot
-check: copy engines, staged swaps, captures, layouts whose parts may meet.
+GPU are checked, and host mappings of more than 16 rows, which travel in a
+pinned ring slot the kernel reads; up to 16 host rows are checked on the
+host, where the numbers came out cheaper (``benchmarks/NOTES.md``, items 42
+and 43), and so is everything the launch cannot check: copy engines,
+staged swaps, captures, layouts whose parts may meet.
 """
 
 from __future__ import annotations

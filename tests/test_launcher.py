@@ -225,6 +225,50 @@ def test_a_swap_that_gets_its_slot_after_close_raises_and_frees_the_slot():
     assert held == [] and not slot.lock.locked()
 
 
+def test_a_slot_is_queried_and_waited_for_in_relaxed_capture_mode(monkeypatch):
+    """Review finding: ``acquire`` queried (and waited for) the slot's last
+    event in the thread's own capture mode; in global mode that breaks
+    another thread's capture.  Every query and wait now runs relaxed."""
+    import cupy_swap.cuda.launcher as launcher_module
+
+    lau = _RingLauncher()
+    calls, mode = [], ["global"]
+
+    def relax():
+        calls.append("relax")
+        saved, mode[0] = mode[0], "relaxed"
+        return saved
+
+    def restore(saved):
+        calls.append("restore")
+        mode[0] = saved
+
+    class Event:
+        def __init__(self, done):
+            self._done = done
+
+        @property
+        def done(self):
+            calls.append(("query", mode[0]))
+            return self._done
+
+    monkeypatch.setattr(launcher_module.release, "relax_capture_mode", relax)
+    monkeypatch.setattr(launcher_module.release, "restore_capture_mode", restore)
+    monkeypatch.setattr(launcher_module, "_wait", lambda event: calls.append(("wait", mode[0])))
+    for done in (True, False):
+        lau._slots[0].event = Event(done)
+        held: list = []
+        lau.acquire(held)
+        held.pop().lock.release()
+    assert calls == ["relax", ("query", "relaxed"), "restore"] + [
+        "relax",
+        ("query", "relaxed"),
+        ("wait", "relaxed"),
+        "restore",
+    ]
+    assert mode[0] == "global" and lau.ring_waits == 1
+
+
 def test_a_kernel_node_launch_sets_the_nodes_parameters_then_launches():
     """``KernelNode.launch_one`` (the eager inline path) writes grid, CTA
     size and parameter pointer into the node's struct before the driver

@@ -79,3 +79,17 @@ def test_a_dead_releaser_is_started_again(monkeypatch):
     release.defer(lambda: done.append(1))
     assert release.drain(timeout=10) and done == [1]
     assert release._thread[0] is not dead and release._thread[0].is_alive()
+
+
+def test_the_releaser_relaxes_its_capture_mode_once_the_driver_takes_it(monkeypatch):
+    """Review finding: the releaser set its capture mode once, at thread
+    start, ignoring a refusal (the driver refuses before CUDA is
+    initialized); it then freed in global mode for good.  It now asks at
+    each release until the driver takes it, and then no more."""
+    answers, asked, done = [None, 0], [], []
+    monkeypatch.setattr(release, "_exchange_capture_mode", lambda mode: asked.append(mode) or answers.pop(0))
+    work, relaxed = release.queue.SimpleQueue(), [False]
+    for i in range(3):
+        work.put((lambda i=i: done.append(i), None, "test memory"))
+        release._release_next(work, relaxed)
+    assert done == [0, 1, 2] and len(asked) == 2 and relaxed == [True]

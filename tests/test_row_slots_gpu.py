@@ -1,6 +1,6 @@
 """Host rows through ring slots (GPU): more than ``HOST_CHECK_ROWS`` host
-rows are written into a pinned ring slot, uploaded by the launch's first
-kernel and checked and read by the by-reference kernel.  Exact against
+rows are written into a pinned ring slot, which the by-reference kernel
+reads through its device alias, checks, and copies by.  Exact against
 NumPy, with poisoned destinations; a bad row writes nothing; a slot is
 never rewritten while a queued swap still reads it (busy stream, ring
 wrapped many times, two threads)."""

@@ -584,10 +584,16 @@ class Launcher:
             if not self._finalizer.alive:  # closed while this swap waited for the slot
                 raise RuntimeError("swap: the BlockSwapper that made this object is closed")
             event = slot.event
-            if event is not None and not event.done:
-                with self._lock:
-                    self.ring_waits += 1
-                _wait(event)
+            if event is not None:
+                # A query or wait in global mode would break another thread's capture.
+                saved = release.relax_capture_mode()
+                try:
+                    if not event.done:
+                        with self._lock:
+                            self.ring_waits += 1
+                        _wait(event)
+                finally:
+                    release.restore_capture_mode(saved)
         except BaseException:
             slot.lock.release()  # not written: its event still gates it
             raise
@@ -604,8 +610,9 @@ class Launcher:
         try:
             if event is None:
                 try:
-                    event = self._event(disable_timing=True)
-                    self._record(event.ptr, stream)
+                    with release.relaxed_capture_mode():  # legal while another thread captures
+                        event = self._event(disable_timing=True)
+                        self._record(event.ptr, stream)
                 except Exception:
                     event = None
                     from cupy.cuda import runtime

@@ -94,6 +94,18 @@ def keep_for_process(obj) -> None:
     _kept.append(obj)
 
 
+def relax_capture_mode() -> int | None:
+    """Make this thread's capture interaction mode *relaxed*; returns the
+    mode to give :func:`restore_capture_mode` (the hot path's form of
+    :func:`relaxed_capture_mode`, without a generator)."""
+    return _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
+
+
+def restore_capture_mode(saved: int | None) -> None:
+    if saved is not None:
+        _exchange_capture_mode(saved)
+
+
 @contextlib.contextmanager
 def relaxed_capture_mode():
     """This thread's capture interaction mode *relaxed* inside the block:
@@ -157,17 +169,22 @@ def device_free(ptr: int, device: int) -> None:
 
 
 def _run(work: queue.SimpleQueue) -> None:
-    with contextlib.suppress(Exception):  # frees here never break another thread's capture
-        _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
+    relaxed = [False]
     while True:
         try:
-            _release_next(work)
+            _release_next(work, relaxed)
         except BaseException:  # never let the releaser die: drain() would wait for good
             pass
 
 
-def _release_next(work: queue.SimpleQueue) -> None:
+def _release_next(work: queue.SimpleQueue, relaxed: list) -> None:
     release, gate, what = work.get()
+    if not relaxed[0]:
+        # Frees and gate waits here never break another thread's capture.  Set
+        # once it takes: the thread may start before CUDA is initialized, and
+        # the driver refuses the call until then; something to release means
+        # CUDA is up.
+        relaxed[0] = _exchange_capture_mode(_CAPTURE_MODE_RELAXED) is not None
     try:
         if gate is not None:
             gate()
