@@ -154,3 +154,47 @@ def test_a_captured_swap_of_many_rows_is_checked_on_the_host(rng):
     graph.launch(stream)
     stream.synchronize()
     assert np.array_equal(cp.asnumpy(gpu)[m[:, 1]], host[m[:, 0]])
+
+
+def test_slot_swaps_while_another_thread_captures_in_global_mode(rng):
+    """Review finding: taking a slot queried (or waited for) its last event
+    in the thread's own capture mode, which a global-mode capture on another
+    thread forbids; the swap raised and the capture was invalidated.  The
+    query runs in relaxed mode."""
+    sw = cs.BlockSwapper(max_blocks=64, ring_size=2)
+    host = cs.empty_pinned((128, 256), np.uint8)
+    rand_fill(host, rng)
+    gpu = cp.empty((128, 256), cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    for _ in range(3):  # round the ring: every slot now has an event to query
+        sw.swap_in(host, gpu, random_mapping(32, 128, 128, rng), stream=stream).synchronize()
+    other = cp.cuda.Stream(non_blocking=True)
+    scratch = cp.zeros(16, cp.float32)
+    started, swapped, result = threading.Event(), threading.Event(), {}
+
+    def capture():
+        with cp.cuda.Device(sw.device):
+            other.begin_capture(cp.cuda.runtime.streamCaptureModeGlobal)
+            scratch.__iadd__(1)  # something to capture (on `other`: CuPy's current stream here)
+            started.set()
+            swapped.wait(30)
+            result["graph"] = other.end_capture()
+
+    thread = threading.Thread(target=capture)
+    with other:
+        thread.start()
+        started.wait(30)
+    maps = [np.column_stack((rng.permutation(128)[:32], 32 * i + rng.permutation(32))) for i in range(4)]
+    try:
+        for m in maps:  # through both slots twice: each waits for the event of the swap before
+            sw.swap_in(host, gpu, m, stream=stream)  # no synchronize(): not legal during the capture
+    finally:
+        swapped.set()
+        thread.join(30)
+    stream.synchronize()
+    out = cp.asnumpy(gpu)
+    for m in maps:
+        assert np.array_equal(out[m[:, 1]], host[m[:, 0]])
+    result["graph"].launch(other)  # the other thread's capture survived
+    other.synchronize()
+    assert float(scratch[0]) == 1.0
