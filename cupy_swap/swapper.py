@@ -59,8 +59,11 @@ class BlockSwapper:
         Most parts (arrays per side) one swap may carry. Default 256, the
         kernel's limit.
     ring_size : int, optional
-        Descriptor slots of kernel swaps; kernel swaps beyond this many still
-        queued make ``swap`` wait for the oldest. Default 16.
+        Ring slots of kernel swaps that do not travel whole in the kernel's
+        parameter (more than 16 host rows checked in the launch, more rows
+        than an inline tier holds, staged swaps); swaps beyond this many
+        still queued make ``swap`` wait on the host for the oldest. Default
+        16.
     capture_slots : int, optional
         Deprecated and ignored: captured swaps no longer take slots from a
         reserve (see :meth:`swap`).
