@@ -7,7 +7,12 @@ import time
 
 from .errors import RemoteError, TransferError
 
-__all__ = ["Transfer"]
+__all__ = ["Transfer", "SPIN_S"]
+
+# Seconds a wait polls without sleeping: a transfer's bytes move (over TCP)
+# only while someone polls, and a sleep of up to 1 ms cost 5-20 % of a
+# 32 MB host -> host write (benchmarks/NOTES.md, item 44).
+SPIN_S = 0.05
 
 
 class Transfer:
@@ -105,8 +110,9 @@ class Transfer:
         return True
 
     def wait(self, timeout: float | None = None) -> None:
-        """Poll until :meth:`done`: yielding the GIL between the first 200
-        polls (each poll also drives NIXL's progress), then sleeping 50 us
+        """Poll until :meth:`done`: yielding the GIL between polls for the
+        first :data:`SPIN_S` seconds (each poll also drives NIXL's progress,
+        which over TCP moves bytes only when polled), then sleeping 50 us
         growing to 1 ms.
 
         Parameters
@@ -122,13 +128,14 @@ class Transfer:
             Not done within ``timeout`` (the transfer is left as it is: wait
             again, or :meth:`close` it).
         """
-        end = None if timeout is None else time.monotonic() + timeout
-        polls, pause = 0, 50e-6
+        start = time.monotonic()
+        end = None if timeout is None else start + timeout
+        spin_until, pause = start + SPIN_S, 50e-6
         while not self.done():
-            if end is not None and time.monotonic() > end:
+            now = time.monotonic()
+            if end is not None and now > end:
                 raise TimeoutError(f"{self.what}: not done after {timeout} s")
-            polls += 1
-            if polls < 200:  # the first ~ms: yield the GIL between polls, do not sleep
+            if now < spin_until:
                 time.sleep(0)
             else:
                 time.sleep(pause)
