@@ -9,6 +9,7 @@ reason.  Tests marked ``gpu`` inside CPU modules are skipped one by one by
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 
@@ -190,3 +191,35 @@ def run_threads(arg_tuples, target, results):
         if isinstance(r, BaseException):
             raise r
         assert r is True, f"thread {t}: swaps came out wrong"
+
+
+@contextlib.contextmanager
+def another_thread_capturing(device: int):
+    """While the block runs, another thread holds a global-mode capture (of
+    one small kernel) open on its own stream; on exit the capture ends, and
+    its graph is replayed and checked: a swap inside the block that broke
+    the capture fails the test."""
+    other = cp.cuda.Stream(non_blocking=True)
+    scratch = cp.zeros(16, cp.float32)
+    started, finished, result = threading.Event(), threading.Event(), {}
+
+    def capture():
+        with cp.cuda.Device(device):
+            other.begin_capture(cp.cuda.runtime.streamCaptureModeGlobal)
+            scratch.__iadd__(1)  # something to capture (on `other`: CuPy's current stream here)
+            started.set()
+            finished.wait(30)
+            result["graph"] = other.end_capture()
+
+    thread = threading.Thread(target=capture)
+    with other:
+        thread.start()
+        started.wait(30)
+    try:
+        yield
+    finally:
+        finished.set()
+        thread.join(30)
+    result["graph"].launch(other)  # the other thread's capture survived
+    other.synchronize()
+    assert float(scratch[0]) == 1.0

@@ -31,6 +31,8 @@ __all__ = [
     "drain",
     "keep_for_process",
     "relaxed_capture_mode",
+    "relax_capture_mode",
+    "restore_capture_mode",
     "device_malloc",
     "device_free",
 ]
@@ -110,12 +112,11 @@ def restore_capture_mode(saved: int | None) -> None:
 def relaxed_capture_mode():
     """This thread's capture interaction mode *relaxed* inside the block:
     allocations there neither fail nor invalidate a capture in progress."""
-    saved = _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
+    saved = relax_capture_mode()
     try:
         yield
     finally:
-        if saved is not None:
-            _exchange_capture_mode(saved)
+        restore_capture_mode(saved)
 
 
 def _exchange_capture_mode(mode: int) -> int | None:

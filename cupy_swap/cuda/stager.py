@@ -73,16 +73,19 @@ class Stager:
             return
         import cupy
 
-        ptr = release.device_malloc(self.staging_bytes, self.device)  # not CuPy's stream-ordered pool
-        self._finalizer = release.when_dropped(
-            self,
-            functools.partial(release.device_free, ptr, self.device),
-            functools.partial(_wait_for_users, self._users),
-            f"staging arena of GPU {self.device}",
-        )
-        with cupy.cuda.Device(self.device):
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-            self.start = cupy.cuda.Event(disable_timing=True)
+        # Relaxed: a first staged swap may come while a stream captures (this
+        # thread's, refused after the allocation, or another thread's).
+        with release.relaxed_capture_mode():
+            ptr = release.device_malloc(self.staging_bytes, self.device)  # not CuPy's stream-ordered pool
+            self._finalizer = release.when_dropped(
+                self,
+                functools.partial(release.device_free, ptr, self.device),
+                functools.partial(_wait_for_users, self._users),
+                f"staging arena of GPU {self.device}",
+            )
+            with cupy.cuda.Device(self.device):
+                self.stream = cupy.cuda.Stream(non_blocking=True)
+                self.start = cupy.cuda.Event(disable_timing=True)
         self.base = ptr  # last: it marks the stager ready
 
     # The row ring and the copy stream live in ``_users`` (see _ArenaUsers).
