@@ -166,7 +166,7 @@ def run(
                 raise RuntimeError(f"raw NIXL transfer: {state}")
 
         contenders = {
-            "direct": lambda: agent.write("kv", remote, m).wait(60),
+            "direct": lambda: agent.write("kv", remote, m, path="direct").wait(60),
             "staged": _staged(agent, remote, m, agent.staged_chunk_bytes),
             **{
                 f"staged-{_size_name(c) if c else 'one'}": _staged(agent, remote, m, c or nbytes)
