@@ -542,6 +542,30 @@ def test_layout_of_strided_parts():
         pool_layout("t", [np.zeros((4, 8)), FakeGpuPart()])
 
 
+@pytest.mark.parametrize(
+    "mine,theirs,staging,path",
+    [
+        ("VRAM", "DRAM", True, "staged"),
+        ("DRAM", "VRAM", True, "staged"),
+        ("VRAM", "VRAM", True, "direct"),
+        ("DRAM", "DRAM", True, "direct"),
+        ("VRAM", "DRAM", False, "direct"),
+    ],
+)
+def test_default_path_stages_between_gpu_and_host(mine, theirs, staging, path):
+    """Measured on the H200 host (NOTES item 45): staging wins where one side
+    is GPU memory and the other host memory; GPU -> GPU and host -> host go direct."""
+    import dataclasses
+
+    from cupy_swap.remote.agent import default_path
+
+    base = pool_layout("kv", make_parts({"blocks": 4, "shape": (8,), "parts": 1}))
+    run = base.parts if staging else ()
+    local = dataclasses.replace(base, mem=mine, staging=run)
+    remote = dataclasses.replace(base, mem=theirs, staging=base.parts)
+    assert default_path(local, remote) == path
+
+
 class FakeGpuPart:
     """Only what describe_part reads of a CuPy array."""
 

@@ -154,18 +154,20 @@ class _Sent:
 
 
 def default_path(local: PoolLayout, remote: PoolLayout) -> str:
-    """The path a ``write`` takes when none is given: ``"staged"`` for a GPU
-    pool when both pools have staging runs, ``"direct"`` otherwise.
+    """The path a ``write`` takes when none is given: ``"staged"`` when one
+    pool is in GPU memory and the other in host memory and both have
+    staging runs, ``"direct"`` otherwise.
 
-    Why (``benchmarks/NOTES.md``, item 44): host pools gain nothing from
-    staging (two extra host copies; on the 2-core CPU machine 32 KiB x 1250
-    moved at 1.2 GB/s staged against 3.6 direct).  GPU pools over the H200
-    host's loopback moved 2 MiB x 16 at 1.00 GB/s staged against 0.52 direct
-    (host -> GPU) and 3.18 against 2.19 (GPU -> GPU), within 8 % of direct
-    elsewhere (32 KiB x 1250: 3.14 against 3.25 GPU -> GPU).  Pass ``path=``
-    to override.
+    Why (``benchmarks/NOTES.md``, item 45; H200 host, two processes over
+    loopback, GB/s staged against direct): GPU -> host 2.51 against 0.50
+    (32 KiB x 1250) and 2.08 against 0.51 (2 MiB x 16); host -> GPU 1.98
+    against 0.49 and 2.02 against 0.55.  GPU -> GPU goes direct there (UCX's
+    cuda_ipc: 4.05 against 3.37, and 82 against 3.1); across hosts without
+    GPUDirect RDMA it would bounce each block through host memory, where
+    staging should win: not measured.  Host pools gain nothing from staging
+    (3.55 against 1.51).  Pass ``path=`` to override.
     """
-    if local.mem == "VRAM" and local.staging and remote.staging:
+    if (local.mem == "VRAM") != (remote.mem == "VRAM") and local.staging and remote.staging:
         return STAGED
     return DIRECT
 
