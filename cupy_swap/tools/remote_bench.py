@@ -69,7 +69,7 @@ def _peer(conn, mem: str, blocks: int, block_bytes: int, staging: int, md_in: by
     agent.connect(md_in)
     while True:
         agent.poll()  # a receiver's loop: it drives its notifications (and staged scatters)
-        if not conn.poll(0.0001):
+        if not conn.poll(0):  # no wait: a poll(timeout) sleeps at least 1 ms
             continue
         cmd, arg = conn.recv()
         if cmd == "take":
