@@ -34,7 +34,9 @@ of a pool between gather and the data leaving; the next waits), and a
 sender through receiver-granted credits: a staged write first asks the
 receiver for n slots (``REQUEST``), the receiver grants a free range
 (``GRANT``, first fit, requests served in arrival order), the sender writes
-that range and the receiver scatters it and frees it (``SCATTERED``).  So
+that range in chunks of about ``staged_chunk_bytes`` (each posted once its
+gather finished), the receiver scatters each chunk as it lands and, once all
+are in place, frees the range (``SCATTERED``).  So
 staged writes of several peers into one pool, and staged writes both ways
 between two agents at once, never share slots.  The receiver grants in
 :meth:`poll` (or any call that makes progress): it must poll for staged
@@ -65,6 +67,8 @@ from .staging import GpuStager, HostStager, alloc_staging, gpu_bytes, host_bytes
 __all__ = ["RemoteAgent", "Arrival", "default_path"]
 
 DIRECT, STAGED = "direct", "staged"
+# Bytes of one chunk of a staged write (benchmarks/NOTES.md, item 45).
+STAGED_CHUNK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class _Slots:
     def __init__(self, count: int):
         self.free = np.ones(count, dtype=bool)
         self.grants: dict = {}  # (peer, xfer_id) -> (offset, n)
+        # (peer, xfer_id) -> _Landing of a staged write whose chunks are arriving
+        self.landing: dict = {}
         self.queue: collections.deque = collections.deque()  # (peer, xfer_id, n)
 
     def take(self, n: int) -> int | None:
@@ -112,11 +118,26 @@ class _Slots:
         return offset
 
     def release(self, key) -> tuple | None:
+        self.landing.pop(key, None)
         grant = self.grants.pop(key, None)
         if grant is not None:
             offset, n = grant
             self.free[offset : offset + n] = True
         return grant
+
+
+@dataclass
+class _Landing:
+    """The chunks of one staged write that reached this receiver: blocks
+    noted (checked, scattering or scattered) and scattered, and each chunk's
+    ``(start, destination blocks)``.  ``failed``: a chunk was refused; its
+    slots stay taken (chunks still in flight may land there) until the peer
+    is disconnected."""
+
+    noted: int = 0
+    scattered: int = 0
+    chunks: list = field(default_factory=list)
+    failed: bool = False
 
 
 @dataclass
@@ -184,6 +205,11 @@ class RemoteAgent:
         metadata then travels only as bytes the application carries).  UCX's
         own TCP transport listens on an ephemeral port of each device in
         ``UCX_NET_DEVICES`` whatever this says (README: what a listener exposes).
+    staged_chunk_bytes : int
+        A staged write moves in chunks of about this many bytes (whole
+        blocks, at least one): each chunk is posted once its own gather
+        finished, and the receiver scatters each one as it lands, so
+        gather, transfer and scatter overlap (``benchmarks/NOTES.md``, item 45).
     progress_thread : bool
         NIXL's progress thread.  Off by default: NIXL 1.5's Python API starts
         it with no delay between polls, so it keeps one core busy even when
@@ -192,7 +218,17 @@ class RemoteAgent:
         it, :meth:`Transfer.done`/``wait`` and :meth:`poll` drive progress.
     """
 
-    def __init__(self, name: str, *, listen_port: int | None = None, progress_thread: bool = False):
+    def __init__(
+        self,
+        name: str,
+        *,
+        listen_port: int | None = None,
+        staged_chunk_bytes: int = STAGED_CHUNK_BYTES,
+        progress_thread: bool = False,
+    ):
+        if not isinstance(staged_chunk_bytes, int) or staged_chunk_bytes < 1:
+            raise ValueError(f"staged_chunk_bytes: expected a positive int, got {staged_chunk_bytes!r}")
+        self.staged_chunk_bytes = staged_chunk_bytes
         api = _nixl.api()
         config = api.nixl_agent_config(
             enable_prog_thread=progress_thread,
@@ -207,7 +243,7 @@ class RemoteAgent:
         self._pools: dict[str, _Pool] = {}
         self._peers: dict[str, _Peer] = {}
         self._arrivals: list[Arrival] = []
-        self._scattering: list = []  # (event, pool, Arrival) of GPU scatters not finished yet
+        self._scattering: list = []  # (event, pool, key, blocks) of GPU scatters not finished yet
         self._sent: dict[int, _Sent] = {}  # staged writes of this agent not yet answered
         self._pending: list = []  # weak references to this agent's transfers not yet moved
         self._ids = itertools.count(1)
@@ -562,7 +598,11 @@ class RemoteAgent:
             return Transfer(self.nixl, what, 0, 0, None)
         self._wait_send_free(pool, peer, rpool.name, timeout)
         remote_dlist = self._remote_dlist(peer, rpool, True)
-        gathered = pool.stager.gather(src, stream)  # the send run is ours until this write moved
+        block_bytes = sum(pool.layout.block_bytes)
+        chunk = max(1, self.staged_chunk_bytes // block_bytes)
+        starts = list(range(0, n, chunk))
+        # The send run is ours until this write moved; chunk i is ready once gathered[i]() says so.
+        gathered = pool.stager.gather(src, stream, chunk)
         xfer_id = next(self._ids)
         sent = _Sent(peer.name, rpool.name, n)
         try:
@@ -574,9 +614,8 @@ class RemoteAgent:
             ) from e
         self._sent[xfer_id] = sent
         parts = len(pool.layout.parts)
-        lidx = descriptor_indices(np.arange(n, dtype=np.int64), parts, pool.layout.staging_blocks)
-        note = wire.pack_note(wire.STAGED, xfer_id, rpool.name, dst)
         nixl = self.nixl
+        next_chunk = 0
 
         def answered():
             if sent.error is None and not sent.scattered:
@@ -585,16 +624,25 @@ class RemoteAgent:
                 raise RemoteError(sent.error)
 
         def ready():
-            if gathered is not None and not gathered():
-                return False
             answered()
             return sent.offset is not None
 
-        def post():
-            slots = np.arange(sent.offset, sent.offset + n, dtype=np.int64)
-            ridx = descriptor_indices(slots, parts, rpool.staging_blocks)
-            xfer = nixl.make_prepped_xfer("WRITE", pool.send_dlist, lidx, remote_dlist, ridx, note)
-            return xfer, nixl.transfer(xfer)
+        def post():  # the chunks whose gather finished, in order; each note says where it starts
+            nonlocal next_chunk
+            posted = []
+            while next_chunk < len(starts) and (gathered is None or gathered[next_chunk]()):
+                a = starts[next_chunk]
+                b = min(a + chunk, n)
+                lidx = descriptor_indices(np.arange(a, b, dtype=np.int64), parts, pool.layout.staging_blocks)
+                slots = np.arange(sent.offset + a, sent.offset + b, dtype=np.int64)
+                ridx = descriptor_indices(slots, parts, rpool.staging_blocks)
+                note = wire.pack_note(wire.STAGED, xfer_id, rpool.name, np.concatenate(([a], dst[a:b])))
+                xfer = nixl.make_prepped_xfer("WRITE", pool.send_dlist, lidx, remote_dlist, ridx, note)
+                posted.append((xfer, nixl.transfer(xfer)))
+                next_chunk += 1
+            if next_chunk < len(starts):
+                answered()  # a refusal may come while chunks wait for their gather
+            return posted, next_chunk == len(starts)
 
         def settled():
             answered()
@@ -608,8 +656,7 @@ class RemoteAgent:
                 except Exception:  # a dead peer frees them when it disconnects us
                     pass
 
-        nbytes = n * sum(pool.layout.block_bytes)
-        transfer = self._track(Transfer(nixl, what, nbytes, n, post, ready, settled, forget))
+        transfer = self._track(Transfer(nixl, what, n * block_bytes, n, post, ready, settled, forget))
         pool.last_send = weakref.ref(transfer)  # a transfer dropped unposted is closed: the run is free
         return transfer
 
@@ -638,7 +685,7 @@ class RemoteAgent:
 
         def post():
             xfer = nixl.make_prepped_xfer(op, local_dlist, lidx, remote_dlist, ridx, note)
-            return xfer, nixl.transfer(xfer)
+            return [(xfer, nixl.transfer(xfer))], True
 
         return self._track(Transfer(nixl, what, nbytes, int(lblocks.size), post, ready))
 
@@ -714,13 +761,11 @@ class RemoteAgent:
                     self._warn(f"a notification from {peer_name!r} was not handled ({type(e).__name__}: {e})")
         if self._scattering:  # pragma: no cover - GPU scatters
             still = []
-            for event, pool, key, arrival in self._scattering:
-                if event.done:
-                    pool.slots.release(key)
-                    self._ack(arrival)
-                    self._grant(pool)
+            for entry in self._scattering:
+                if entry[0].done:
+                    self._scattered(*entry[1:])
                 else:
-                    still.append((event, pool, key, arrival))
+                    still.append(entry)
             self._scattering = still
 
     def _warn(self, what: str) -> None:
@@ -771,35 +816,58 @@ class RemoteAgent:
                 if pool.slots.release(key) is not None:
                     self._grant(pool)
             return
-        arrival = Arrival(peer_name, note.pool, wire.KIND_NAMES.get(kind, "?"), note.blocks, note.xfer_id)
         if kind != wire.STAGED:
-            self._arrivals.append(arrival)
+            self._arrivals.append(
+                Arrival(peer_name, note.pool, wire.KIND_NAMES.get(kind, "?"), note.blocks, note.xfer_id)
+            )
             return
         grant = None if pool is None or pool.slots is None else pool.slots.grants.get(key)
-        dst = note.blocks.astype(np.int64)
         if grant is None:
             self._nack(peer_name, note.xfer_id, note.pool, wire.NO_GRANT)
             self._warn(
                 f"staged arrival {note.xfer_id} from {peer_name!r} into {note.pool!r}: no slots granted"
             )
             return
+        landing = pool.slots.landing.setdefault(key, _Landing())
+        if landing.failed:
+            return
+        start, dst = (
+            (int(note.blocks[0]), note.blocks[1:].astype(np.int64)) if note.blocks.size else (-1, None)
+        )
         try:
-            if dst.size != grant[1]:
-                raise ValueError(f"{dst.size} blocks, {grant[1]} slots granted")
+            if start < 0 or start + dst.size > grant[1] or landing.noted + dst.size > grant[1]:
+                raise ValueError(
+                    f"a chunk of {0 if dst is None else dst.size} blocks at slot {start}, "
+                    f"{landing.noted} noted before, {grant[1]} slots granted"
+                )
             split_mapping((dst, dst), pool.layout.num_blocks, pool.layout.num_blocks, note.pool, note.pool)
         except (ValueError, IndexError) as e:
-            pool.slots.release(key)
+            landing.failed = True
             self._nack(peer_name, note.xfer_id, note.pool, wire.BAD_BLOCKS)
             self._warn(f"staged arrival from {peer_name!r} not scattered: {e}")
-            self._grant(pool)
             return
-        event = pool.stager.scatter(dst, grant[0])
+        landing.noted += dst.size
+        landing.chunks.append((start, dst))
+        event = pool.stager.scatter(dst, grant[0] + start)
         if event is None:
-            pool.slots.release(key)
-            self._ack(arrival)
-            self._grant(pool)
-        else:  # pragma: no cover - GPU scatter, acknowledged (and its slots freed) once its event finished
-            self._scattering.append((event, pool, key, arrival))
+            self._scattered(pool, key, dst.size)
+        else:  # pragma: no cover - GPU scatter, counted once its event finished
+            self._scattering.append((event, pool, key, dst.size))
+
+    def _scattered(self, pool: _Pool, key, count: int) -> None:
+        """``count`` more blocks of staged write ``key`` are in place: once
+        all are, free its slots, acknowledge it and grant waiting requests."""
+        landing = pool.slots.landing.get(key)
+        grant = pool.slots.grants.get(key)
+        if landing is None or grant is None:  # the peer was disconnected meanwhile
+            return
+        landing.scattered += count
+        if landing.scattered < grant[1]:
+            return
+        blocks = np.concatenate([dst for _, dst in sorted(landing.chunks, key=lambda c: c[0])])
+        pool.slots.release(key)
+        self._ack(Arrival(key[0], pool.layout.name, "staged", blocks.astype(np.int32), key[1]))
+        self._grant(pool)
 
     def _grant(self, pool: _Pool) -> None:
         """Grant slots to the waiting requests, in arrival order, while they fit."""

@@ -22,7 +22,9 @@ class Transfer:
     (and advanced by the agent's :meth:`~RemoteAgent.poll`): ``ready()`` (GPU
     data produced on the caller's stream: the post waits for the event
     recorded there; staged writes: the receiver granted slots of its receive
-    run), NIXL's transfer (``check_xfer_state``), and ``settled()`` (staged
+    run), NIXL's transfers (``post()`` posts what is ready and says whether
+    that was all: a staged write posts each chunk once its gather finished;
+    each is polled with ``check_xfer_state``), and ``settled()`` (staged
     writes: the receiver scattered the blocks and acknowledged).
 
     A transfer dropped before it is done is :meth:`close` d (its NIXL handle
@@ -44,12 +46,13 @@ class Transfer:
         self._nixl, self._post, self._ready, self._settled = nixl, post, ready, settled
         self._on_error = on_error  # called once, with cancel=True when nothing of ours can still land
         self.what, self.nbytes, self.num_blocks = what, nbytes, num_blocks
-        self._xfer = None
-        self._moved = post is None  # nothing to post (empty mapping)
+        self._xfers: list = []  # posted NIXL transfers not finished yet
+        self._posted_any = False
+        self._all_posted = self._moved = post is None  # None: nothing to post (empty mapping)
         self._done = False
         self._error: TransferError | None = None
         if ready is None and post is not None:
-            self._start()
+            self._post_ready()
 
     @property
     def moved(self) -> bool:
@@ -82,32 +85,36 @@ class Transfer:
         return True
 
     def _advance(self) -> bool:
-        """Post once ready, then poll NIXL: True once the bytes moved."""
+        """Post what is ready, then poll NIXL: True once every byte moved."""
         if self._error is not None:
             raise self._error
         if self._moved:
             return True
-        if self._xfer is None:
+        if not self._all_posted:
             if self._ready is not None:
                 try:
                     ready = self._ready()
                 except RemoteError as e:
-                    self._fail(e, cancel=True)
+                    self._fail(e, cancel=not self._posted_any)
                 if not ready:
                     return False
-            self._start()
-            if self._moved:
-                return True
-        try:
-            state = self._nixl.check_xfer_state(self._xfer)
-        except Exception as e:  # NIXL raises its own error types
-            self._fail(e)
-        if state == "ERR":
-            self._fail(None)
-        if state != "DONE":
-            return False
-        self._finish_xfer()
-        return True
+                self._ready = None  # ready once: post() waits for the rest itself
+            self._post_ready()
+        still = []
+        for xfer in self._xfers:
+            try:
+                state = self._nixl.check_xfer_state(xfer)
+            except Exception as e:  # NIXL raises its own error types
+                self._fail(e, cancel=False)
+            if state == "ERR":
+                self._fail(None, cancel=False)
+            if state == "DONE":
+                xfer.release()
+            else:
+                still.append(xfer)
+        self._xfers = still
+        self._moved = self._all_posted and not still
+        return self._moved
 
     def wait(self, timeout: float | None = None) -> None:
         """Poll until :meth:`done`: yielding the GIL between polls for the
@@ -152,19 +159,13 @@ class Transfer:
         if self._moved and self._settled is None:
             self._done = True
             return
-        in_flight = self._xfer is not None
-        xfer, self._xfer = self._xfer, None
-        if xfer is not None:
-            try:
-                xfer.release()
-            except Exception:  # NIXL could not cancel it: it frees the handle with the agent
-                pass
+        self._release_xfers()
         self._error = TransferError(
             f"{self.what}: closed before it was done; the destination blocks of this mapping hold "
             "undefined bytes"
         )
         if self._on_error is not None:
-            self._on_error(not in_flight and not self._moved)
+            self._on_error(not self._posted_any)
 
     def __del__(self):
         try:
@@ -172,20 +173,27 @@ class Transfer:
         except Exception:  # interpreter shutdown, or NIXL already gone
             pass
 
-    def _start(self) -> None:
+    def _post_ready(self) -> None:
+        """Post what ``post()`` finds ready (it raises RemoteError or NIXL's errors)."""
         try:
-            self._xfer, state = self._post()
+            posted, self._all_posted = self._post()
         except Exception as e:
-            self._fail(e, cancel=True)
-        if state == "ERR":
-            self._fail(None)
-        if state == "DONE":
-            self._finish_xfer()
+            self._fail(e, cancel=not self._posted_any)
+        for xfer, state in posted:
+            self._posted_any = True
+            self._xfers.append(xfer)
+            if state == "ERR":
+                self._fail(None, cancel=False)
 
-    def _finish_xfer(self) -> None:
-        self._moved = True
-        xfer, self._xfer = self._xfer, None
-        xfer.release()
+    def _release_xfers(self) -> None:
+        xfers, self._xfers = self._xfers, []
+        for xfer in xfers:
+            try:
+                xfer.release()
+            except (
+                Exception
+            ):  # an active request may refuse (NIXL cancels where it can); freed with the agent
+                pass
 
     def _fail(self, cause, cancel: bool = True) -> None:
         if isinstance(cause, RemoteError):
@@ -199,12 +207,7 @@ class Transfer:
                 f"{self.what} failed ({why}); the peer may have died or disconnected. The destination "
                 "blocks of this mapping hold undefined bytes; other blocks are untouched"
             )
-        xfer, self._xfer = self._xfer, None
-        if xfer is not None:
-            try:
-                xfer.release()
-            except Exception:  # an active request may refuse; NIXL frees it with the agent
-                pass
+        self._release_xfers()
         if self._on_error is not None:
             self._on_error(cancel)
         raise self._error from cause

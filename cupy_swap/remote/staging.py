@@ -72,8 +72,8 @@ class HostStager:
     def __init__(self, parts, send, recv):
         self.parts, self.send, self.recv = parts, send, recv
 
-    def gather(self, src: np.ndarray, stream=None):
-        """Copy blocks ``src`` (shape (n,)) into send slots ``0..n-1``; returns None (done)."""
+    def gather(self, src: np.ndarray, stream=None, chunk: int = 0):
+        """Copy blocks ``src`` (shape (n,)) into send slots ``0..n-1``; returns None (all done)."""
         n, rows = src.shape[0], None
         for part, run in zip(self.parts, self.send):
             if part.shape[1] < ROW_COPY_BYTES:
@@ -119,17 +119,20 @@ class GpuStager:  # pragma: no cover - needs a GPU; tests/test_remote.py runs it
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
 
-    def gather(self, src: np.ndarray, stream=None):
+    def gather(self, src: np.ndarray, stream=None, chunk: int = 0):
         """Launch the gather on ``stream`` (None: torch's current stream for
-        torch pools, CuPy's otherwise), after the work queued there; returns
-        a ``ready()`` callable that says whether it finished."""
+        torch pools, CuPy's otherwise), after the work queued there, one
+        launch per ``chunk`` blocks (0: one launch); returns a ``ready()``
+        callable per chunk that says whether it finished."""
         if stream is None and self.torch_parts:
             import torch
 
             stream = torch.cuda.current_stream(self.device)
-        rows = np.stack([src, np.arange(src.shape[0], dtype=np.int64)], axis=1)
-        event = self.to_staging(rows, stream=stream)
-        return lambda: event.done
+        n = src.shape[0]
+        rows = np.stack([src, np.arange(n, dtype=np.int64)], axis=1)
+        chunk = chunk or n
+        events = [self.to_staging(rows[a : a + chunk], stream=stream) for a in range(0, n, chunk)]
+        return [(lambda e=e: e.done) for e in events]
 
     def scatter(self, dst: np.ndarray, offset: int = 0):
         """Launch the scatter of receive slots ``offset..`` on the stager's stream; returns its event."""

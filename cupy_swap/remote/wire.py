@@ -9,8 +9,9 @@ can read and write the registered pools).
 Notification: ``b"CSN1"``, then ``<B kind, Q transfer id, H name length>``,
 the pool name (UTF-8), then the block indices as little-endian int32.
 
-Kinds: ``WRITE``/``READ``/``STAGED`` ride on transfers (the blocks written or
-read); ``DROP`` (a pool is gone) and the staged path's handshake are sent on
+Kinds: ``WRITE``/``READ`` ride on transfers (the blocks written or read),
+``STAGED`` on each chunk of a staged write (blocks ``[start, dst...]``: the
+chunk fills granted slots ``start..`` and belongs in blocks ``dst``); ``DROP`` (a pool is gone) and the staged path's handshake are sent on
 their own: ``REQUEST`` (sender -> receiver, blocks ``[n]``: n slots of the
 pool's receive run wanted), ``GRANT`` (blocks ``[offset]``: slots
 ``offset..offset+n-1`` are this transfer's), ``SCATTERED`` (the blocks are in

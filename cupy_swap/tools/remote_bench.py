@@ -6,7 +6,7 @@ the local swap where the pool is on a GPU.
 Usage::
 
     UCX_NET_DEVICES=lo python -m cupy_swap.tools.remote_bench [--from host|gpu] [--to host|gpu]
-        [--sizes 32K,2M] [--counts 16,1250] [--reps 30] [--json FILE]
+        [--sizes 32K,2M] [--counts 16,1250] [--reps 30] [--staged-chunks 2M,0] [--json FILE]
 
 Each row: one process (this one) writes ``n`` random distinct blocks of its
 pool into random distinct blocks of the peer's pool (a spawned process that
@@ -18,7 +18,9 @@ checked bit-exactly against the peer's blocks.
 
 Contenders:
 - ``direct``: ``RemoteAgent.write(path="direct")``, one descriptor per block;
-- ``staged``: ``RemoteAgent.write(path="staged")``, gather, one run, scatter;
+- ``staged``: ``RemoteAgent.write(path="staged")``, gathered, moved and
+  scattered in chunks of ``staged_chunk_bytes``; ``staged-2M`` etc. with
+  other chunk sizes (``--staged-chunks``; ``staged-one``: one chunk);
 - ``raw``: NIXL ``make_prepped_xfer`` + ``transfer`` + ``check_xfer_state``
   on the same prepared per-block descriptors and indices (no checks, same
   notification bytes): the wrapper-overhead reference;
@@ -100,8 +102,33 @@ def _interleaved_times(calls: dict, reps: int) -> dict:
     return {name: (statistics.median(t), min(t)) for name, t in times.items()}
 
 
-def run(src_mem: str, dst_mem: str, block_bytes: int, n: int, reps: int, seed: int = 0) -> list[dict]:
-    """Time every contender for one (block size, n) row; returns one dict per contender."""
+def _staged(agent, remote, m, chunk_bytes: int):
+    def call():
+        agent.staged_chunk_bytes = chunk_bytes
+        agent.write("kv", remote, m, path="staged").wait(60)
+
+    return call
+
+
+def _parse_size(text: str) -> int:
+    """``"2M"`` -> 2097152, ``"512K"`` -> 524288, ``"0"`` -> 0."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def _size_name(nbytes: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def run(
+    src_mem: str, dst_mem: str, block_bytes: int, n: int, reps: int, seed: int = 0, chunks: tuple = ()
+) -> list[dict]:
+    """Time every contender for one (block size, n) row; returns one dict per
+    contender.  ``chunks``: staged chunk sizes in bytes to time beside the
+    default (0: the whole write in one chunk)."""
     from cupy_swap.remote import RemoteAgent, wire
 
     rng = np.random.default_rng(seed)
@@ -140,7 +167,11 @@ def run(src_mem: str, dst_mem: str, block_bytes: int, n: int, reps: int, seed: i
 
         contenders = {
             "direct": lambda: agent.write("kv", remote, m, path="direct").wait(60),
-            "staged": lambda: agent.write("kv", remote, m, path="staged").wait(60),
+            "staged": _staged(agent, remote, m, agent.staged_chunk_bytes),
+            **{
+                f"staged-{_size_name(c) if c else 'one'}": _staged(agent, remote, m, c or nbytes)
+                for c in chunks
+            },
             "raw": lambda: raw(ldl, lidx, rdl, ridx, note),
             "raw-nonote": lambda: raw(ldl, lidx, rdl, ridx),
             "raw-1desc": lambda: raw(one_l, [0], one_r, [0]),
@@ -155,7 +186,7 @@ def run(src_mem: str, dst_mem: str, block_bytes: int, n: int, reps: int, seed: i
         for name, call in contenders.items():
             med, best = timed[name]
             exact = None
-            if name in ("direct", "staged", "raw"):
+            if name in ("direct", "raw") or name.startswith("staged"):
                 conn.send(("poison", None))
                 conn.recv()
                 call()
@@ -196,6 +227,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="32K,2M", help=f"block sizes, of {sorted(SIZES)}")
     ap.add_argument("--counts", default="16,1250")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument(
+        "--staged-chunks",
+        default="",
+        help="staged chunk sizes to time beside the default, e.g. 2M,32M (0: one chunk)",
+    )
     ap.add_argument("--json", help="write the rows to this file")
     args = ap.parse_args(argv)
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
@@ -205,11 +241,12 @@ def main(argv=None) -> int:
     if why:
         print(why, file=sys.stderr)
         return 2
+    chunks = tuple(_parse_size(c) for c in args.staged_chunks.split(",") if c)
     rows = []
     print(f"{'from':>4} {'to':>4} {'block':>6} {'n':>5} {'contender':>10} {'GB/s':>7} {'best':>7} exact")
     for size in args.sizes.split(","):
         for n in (int(c) for c in args.counts.split(",")):
-            for r in run(args.src, args.dst, SIZES[size], n, args.reps):
+            for r in run(args.src, args.dst, SIZES[size], n, args.reps, chunks=chunks):
                 rows.append(r)
                 print(
                     f"{r['from']:>4} {r['to']:>4} {size:>6} {n:>5} {r['contender']:>10} "
