@@ -180,13 +180,13 @@ def default_path(local: PoolLayout, remote: PoolLayout) -> str:
     staging runs, ``"direct"`` otherwise.
 
     Why (``benchmarks/NOTES.md``, item 45; H200 host, two processes over
-    loopback, GB/s staged against direct): GPU -> host 2.51 against 0.50
-    (32 KiB x 1250) and 2.08 against 0.51 (2 MiB x 16); host -> GPU 1.98
-    against 0.49 and 2.02 against 0.55.  GPU -> GPU goes direct there (UCX's
-    cuda_ipc: 4.05 against 3.37, and 82 against 3.1); across hosts without
+    loopback, GB/s staged against direct): GPU -> host 2.91 against 0.33
+    (32 KiB x 1250) and 2.77 against 0.41 (2 MiB x 16); host -> GPU 1.92
+    against 0.47 and 2.24 against 0.53.  GPU -> GPU goes direct there (UCX's
+    cuda_ipc: 4.93 against 4.03, and 86 against 3.7); across hosts without
     GPUDirect RDMA it would bounce each block through host memory, where
     staging should win: not measured.  Host pools gain nothing from staging
-    (3.55 against 1.51).  Pass ``path=`` to override.
+    (3.44 against 1.81).  Pass ``path=`` to override.
     """
     if (local.mem == "VRAM") != (remote.mem == "VRAM") and local.staging and remote.staging:
         return STAGED
