@@ -293,6 +293,143 @@ def test_staged_chunk_outside_its_grant_is_refused(tmp_path):
         peer.stop(agent)
 
 
+@pytest.fixture
+def local_pair():
+    """Two agents in this process (8 staging slots, 16 blocks of 64 bytes each),
+    for tests that reach into one side while a staged write is under way."""
+    if NIXL_WHY:
+        pytest.skip(NIXL_WHY)
+    a, b = loopback_agent("chunks-a"), loopback_agent("chunks-b")
+    pa = [np.arange(16 * 64, dtype=np.uint8).reshape(16, 64)]
+    pb = [np.full((16, 64), POISON, np.uint8)]
+    a.register_pool("kv", pa, staging_blocks=8)
+    b.register_pool("kv", pb, staging_blocks=8)
+    a.connect(b.metadata())
+    b.connect(a.metadata())
+    a.staged_chunk_bytes = 64  # one block a chunk
+    yield a, b, pa, pb
+    a.close()
+    b.close()
+
+
+def gathered_one_at_a_time(agent, ready: list):
+    """Make a host pool's gather report each chunk ready only once ``ready[i]``
+    is True, as a GPU pool's does when its gather kernels finish."""
+    stager = agent._pools["kv"].stager
+    gather = stager.gather
+
+    def chunked(src, stream=None, chunk=0):
+        gather(src, stream, chunk)
+        return [(lambda i=i: ready[i]) for i in range(len(range(0, src.shape[0], chunk)))]
+
+    stager.gather = chunked
+
+
+def spin_until(cond, *agents, timeout=5.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        for agent in agents:
+            agent.poll()
+        assert time.monotonic() < end, "timed out"
+
+
+def count_calls(obj, name: str) -> list:
+    calls, real = [], getattr(obj, name)
+
+    def counted(*args, **kw):
+        calls.append(args)
+        return real(*args, **kw)
+
+    setattr(obj, name, counted)
+    return calls
+
+
+@needs_nixl
+@pytest.mark.parametrize("how", ["disconnect", "drop"])
+def test_staged_write_stops_posting_chunks_once_it_failed(local_pair, how):
+    """A staged write whose later chunks wait for their gather posts none of
+    them after the peer was disconnected or refused it (dropped the pool),
+    and fails with that reason, not with a transfer that never ends."""
+    a, b, pa, pb = local_pair
+    ready = [True, False, False, False]
+    gathered_one_at_a_time(a, ready)
+    posted = count_calls(a.nixl, "make_prepped_xfer")
+    t = a.write("kv", ("chunks-b", "kv"), [(i, i) for i in range(4)], path="staged")
+    spin_until(lambda: len(posted) == 1 and not t.done(), a, b)
+    if how == "disconnect":
+        a.disconnect("chunks-b")
+        why = "disconnected before it answered"
+    else:
+        b.drop_pool("kv")
+        spin_until(lambda: a._peers["chunks-b"].dropped, a)
+        why = "dropped the pool"
+    ready[:] = [True] * 4
+    with pytest.raises(TransferError, match=why):
+        t.wait(timeout=5)
+    assert len(posted) == 1 and t._xfers == []
+
+
+@needs_nixl
+def test_failed_chunk_post_keeps_the_grant_while_a_chunk_may_land(local_pair):
+    """NIXL failing on chunk 1 after chunk 0 was posted: the write fails, and
+    no CANCEL frees the receiver's slots that chunk 0 may still land in."""
+    a, b, pa, pb = local_pair
+    real = a.nixl.make_prepped_xfer
+    made = []
+
+    def make(*args, **kw):
+        made.append(1)
+        if len(made) == 2:
+            raise RuntimeError("injected NIXL failure")
+        return real(*args, **kw)
+
+    a.nixl.make_prepped_xfer = make
+    notes = count_calls(a.nixl, "send_notif")
+    t = a.write("kv", ("chunks-b", "kv"), [(i, i) for i in range(4)], path="staged")
+    with pytest.raises(TransferError, match="injected NIXL failure"):
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            b.poll()
+            t.done()
+    assert [wire.unpack_note(m).kind for _, m in notes] == [wire.REQUEST]  # no CANCEL
+    spin_until(lambda: True, b)
+    assert b._pools["kv"].slots.grants  # held until the peer is disconnected
+
+
+@needs_nixl
+def test_closed_staged_write_with_nothing_in_flight_gives_its_slots_back(local_pair):
+    """close() after chunk 0 moved and before chunk 1 was gathered: nothing of
+    it can still land, so the receiver's slots are freed (CANCEL)."""
+    a, b, pa, pb = local_pair
+    ready = [True, False]
+    gathered_one_at_a_time(a, ready)
+    t = a.write("kv", ("chunks-b", "kv"), [(0, 0), (1, 1)], path="staged")
+    spin_until(lambda: t._all_posted is False and not t._xfers and t._ready is None, a, b)
+    t.close()
+    spin_until(lambda: b._pools["kv"].slots.free.all(), b, a)
+    with pytest.raises(TransferError, match="closed before it was done"):
+        t.wait(timeout=1)
+
+
+@needs_nixl
+def test_overlapping_staged_chunks_are_refused(local_pair):
+    """Two chunks of one grant that claim the same slots (or blocks) are
+    refused: the second is not scattered, the write is not acknowledged, and
+    the slots stay held while the unclaimed ones may still be written."""
+    from cupy_swap.remote.agent import _Sent
+
+    a, b, pa, pb = local_pair
+    sent = a._sent[999] = _Sent("chunks-b", "kv", 4)
+    a.nixl.send_notif("chunks-b", wire.pack_note(wire.REQUEST, 999, "kv", [4]))
+    spin_until(lambda: sent.offset is not None, a, b)
+    for _ in range(2):
+        a.nixl.send_notif("chunks-b", wire.pack_note(wire.STAGED, 999, "kv", [0, 3, 4]))
+    with pytest.warns(RuntimeWarning, match="claims slots or blocks an earlier chunk claimed"):
+        spin_until(lambda: sent.error is not None, a, b)
+    assert "repeated" in sent.error and not sent.scattered
+    assert b.poll() == [] and not b._pools["kv"].slots.free[:4].any()
+
+
 @needs_nixl
 def test_staged_writes_back_to_back(pair, rng):
     """The second staged write waits (bounded) for the first to be scattered

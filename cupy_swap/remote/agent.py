@@ -138,6 +138,8 @@ class _Landing:
     scattered: int = 0
     chunks: list = field(default_factory=list)
     failed: bool = False
+    covered: np.ndarray | None = None  # granted slots a chunk claimed
+    written: np.ndarray | None = None  # destination blocks a chunk claimed
 
 
 @dataclass
@@ -504,8 +506,8 @@ class RemoteAgent:
         path : {None, "direct", "staged"}
             None: :func:`default_path`.  ``direct``: one descriptor per block and part.  ``staged``: gather
             into the local send run, ask the peer for slots of its receive run,
-            move ``P`` contiguous runs there once granted, the peer scatters
-            when it :meth:`poll` s.  One staged write per local pool between its
+            move the run there in chunks of :attr:`staged_chunk_bytes` once
+            granted, the peer scatters each chunk when it :meth:`poll` s.  One staged write per local pool between its
             gather and its data leaving: the next waits up to ``staged_timeout``
             s for that (the receiver must poll to grant).
         stream : cupy or torch stream, optional
@@ -627,10 +629,10 @@ class RemoteAgent:
             answered()
             return sent.offset is not None
 
-        def post():  # the chunks whose gather finished, in order; each note says where it starts
+        def post(track):  # the chunks whose gather finished, in order; each note says where it starts
             nonlocal next_chunk
-            posted = []
             while next_chunk < len(starts) and (gathered is None or gathered[next_chunk]()):
+                answered()  # refused or disconnected meanwhile: post no more
                 a = starts[next_chunk]
                 b = min(a + chunk, n)
                 lidx = descriptor_indices(np.arange(a, b, dtype=np.int64), parts, pool.layout.staging_blocks)
@@ -638,11 +640,12 @@ class RemoteAgent:
                 ridx = descriptor_indices(slots, parts, rpool.staging_blocks)
                 note = wire.pack_note(wire.STAGED, xfer_id, rpool.name, np.concatenate(([a], dst[a:b])))
                 xfer = nixl.make_prepped_xfer("WRITE", pool.send_dlist, lidx, remote_dlist, ridx, note)
-                posted.append((xfer, nixl.transfer(xfer)))
+                track(xfer)
                 next_chunk += 1
+                nixl.transfer(xfer)
             if next_chunk < len(starts):
                 answered()  # a refusal may come while chunks wait for their gather
-            return posted, next_chunk == len(starts)
+            return next_chunk == len(starts)
 
         def settled():
             answered()
@@ -683,9 +686,11 @@ class RemoteAgent:
         ridx = descriptor_indices(rblocks, parts, rcount)
         nixl = self.nixl
 
-        def post():
+        def post(track):
             xfer = nixl.make_prepped_xfer(op, local_dlist, lidx, remote_dlist, ridx, note)
-            return [(xfer, nixl.transfer(xfer))], True
+            track(xfer)
+            nixl.transfer(xfer)  # its state is polled by the Transfer
+            return True
 
         return self._track(Transfer(nixl, what, nbytes, int(lblocks.size), post, ready))
 
@@ -792,8 +797,8 @@ class RemoteAgent:
             peer = self._peers.get(peer_name)
             if peer is not None:
                 peer.dropped.add(note.pool)
-            for sent in self._sent.values():
-                if sent.peer == peer_name and sent.pool == note.pool and sent.offset is None:
+            for sent in self._sent.values():  # granted or not: its receive run is gone
+                if sent.peer == peer_name and sent.pool == note.pool and not sent.scattered:
                     sent.error = (
                         sent.error or f"peer {peer_name!r} refused it: {wire.NACK_REASONS[wire.DROPPED]}"
                     )
@@ -831,16 +836,19 @@ class RemoteAgent:
         landing = pool.slots.landing.setdefault(key, _Landing())
         if landing.failed:
             return
-        start, dst = (
-            (int(note.blocks[0]), note.blocks[1:].astype(np.int64)) if note.blocks.size else (-1, None)
-        )
+        start = int(note.blocks[0]) if note.blocks.size else -1
+        dst = note.blocks[1:].astype(np.int64)
         try:
-            if start < 0 or start + dst.size > grant[1] or landing.noted + dst.size > grant[1]:
-                raise ValueError(
-                    f"a chunk of {0 if dst is None else dst.size} blocks at slot {start}, "
-                    f"{landing.noted} noted before, {grant[1]} slots granted"
-                )
+            if start < 0 or start + dst.size > grant[1]:
+                raise ValueError(f"a chunk of {dst.size} blocks at slot {start}, {grant[1]} slots granted")
             split_mapping((dst, dst), pool.layout.num_blocks, pool.layout.num_blocks, note.pool, note.pool)
+            if landing.covered is None:
+                landing.covered = np.zeros(grant[1], dtype=bool)
+                landing.written = np.zeros(pool.layout.num_blocks, dtype=bool)
+            if landing.covered[start : start + dst.size].any() or landing.written[dst].any():
+                raise ValueError(f"a chunk at slot {start} claims slots or blocks an earlier chunk claimed")
+            landing.covered[start : start + dst.size] = True
+            landing.written[dst] = True
         except (ValueError, IndexError) as e:
             landing.failed = True
             self._nack(peer_name, note.xfer_id, note.pool, wire.BAD_BLOCKS)

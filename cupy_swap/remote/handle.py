@@ -22,10 +22,12 @@ class Transfer:
     (and advanced by the agent's :meth:`~RemoteAgent.poll`): ``ready()`` (GPU
     data produced on the caller's stream: the post waits for the event
     recorded there; staged writes: the receiver granted slots of its receive
-    run), NIXL's transfers (``post()`` posts what is ready and says whether
-    that was all: a staged write posts each chunk once its gather finished;
-    each is polled with ``check_xfer_state``), and ``settled()`` (staged
-    writes: the receiver scattered the blocks and acknowledged).
+    run), NIXL's transfers (``post(track)`` posts what is ready and says
+    whether that was all: a staged write posts each chunk once its gather
+    finished; each is polled with ``check_xfer_state``), and ``settled()``
+    (staged writes: the receiver scattered the blocks and acknowledged; it
+    raises RemoteError on a refusal, which fails the transfer even while
+    chunks are in flight).
 
     A transfer dropped before it is done is :meth:`close` d (its NIXL handle
     released); close it yourself to give up on one that ``wait`` timed out on.
@@ -47,7 +49,6 @@ class Transfer:
         self._on_error = on_error  # called once, with cancel=True when nothing of ours can still land
         self.what, self.nbytes, self.num_blocks = what, nbytes, num_blocks
         self._xfers: list = []  # posted NIXL transfers not finished yet
-        self._posted_any = False
         self._all_posted = self._moved = post is None  # None: nothing to post (empty mapping)
         self._done = False
         self._error: TransferError | None = None
@@ -95,11 +96,16 @@ class Transfer:
                 try:
                     ready = self._ready()
                 except RemoteError as e:
-                    self._fail(e, cancel=not self._posted_any)
+                    self._fail(e, cancel=self._nothing_in_flight())
                 if not ready:
                     return False
                 self._ready = None  # ready once: post() waits for the rest itself
             self._post_ready()
+        elif self._settled is not None:  # all posted: a refusal must not wait for transfers that never end
+            try:
+                self._settled()
+            except RemoteError as e:
+                self._fail(e, cancel=False)
         still = []
         for xfer in self._xfers:
             try:
@@ -159,13 +165,14 @@ class Transfer:
         if self._moved and self._settled is None:
             self._done = True
             return
+        in_flight = bool(self._xfers)
         self._release_xfers()
         self._error = TransferError(
             f"{self.what}: closed before it was done; the destination blocks of this mapping hold "
             "undefined bytes"
         )
         if self._on_error is not None:
-            self._on_error(not self._posted_any)
+            self._on_error(not in_flight and not self._moved)
 
     def __del__(self):
         try:
@@ -174,16 +181,18 @@ class Transfer:
             pass
 
     def _post_ready(self) -> None:
-        """Post what ``post()`` finds ready (it raises RemoteError or NIXL's errors)."""
+        """Post what ``post(track)`` finds ready: it hands each NIXL request to
+        ``track`` before posting it (so a failure later in the same call
+        still knows it may land), and returns whether everything is posted;
+        it raises RemoteError or NIXL's errors."""
         try:
-            posted, self._all_posted = self._post()
+            self._all_posted = self._post(self._xfers.append)
         except Exception as e:
-            self._fail(e, cancel=not self._posted_any)
-        for xfer, state in posted:
-            self._posted_any = True
-            self._xfers.append(xfer)
-            if state == "ERR":
-                self._fail(None, cancel=False)
+            self._fail(e, cancel=self._nothing_in_flight())
+
+    def _nothing_in_flight(self) -> bool:
+        """No byte of this transfer can still land: nothing posted is in flight, nothing moved."""
+        return not self._xfers and not self._moved
 
     def _release_xfers(self) -> None:
         xfers, self._xfers = self._xfers, []
