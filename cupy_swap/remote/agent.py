@@ -337,6 +337,10 @@ class RemoteAgent:
             waiting = list(pool.slots.queue) + [(p, x, 0) for p, x in pool.slots.grants]
             for peer_name, xfer_id, _ in waiting:
                 self._nack(peer_name, xfer_id, name, wire.DROPPED)
+            # Nothing is granted or acknowledged for it any more; a GPU scatter
+            # still running keeps the pool (and its receive run) alive in
+            # _scattering until its event completes.
+            pool.slots = None
         self._release_pool(pool, pool.regs)
 
     def _release_pool(self, pool, regs) -> None:
@@ -865,9 +869,10 @@ class RemoteAgent:
     def _scattered(self, pool: _Pool, key, count: int) -> None:
         """``count`` more blocks of staged write ``key`` are in place: once
         all are, free its slots, acknowledge it and grant waiting requests."""
-        landing = pool.slots.landing.get(key)
-        grant = pool.slots.grants.get(key)
-        if landing is None or grant is None:  # the peer was disconnected meanwhile
+        slots = pool.slots
+        landing = None if slots is None else slots.landing.get(key)
+        grant = None if slots is None else slots.grants.get(key)
+        if landing is None or grant is None:  # the peer was disconnected, or the pool dropped, meanwhile
             return
         landing.scattered += count
         if landing.scattered < grant[1]:
