@@ -536,20 +536,8 @@ class RemoteAgent:
             return self._write_staged(pool, peer, rpool, src, dst, stream, staged_timeout)
         note = wire.pack_note(wire.WRITE, next(self._ids), rpool.name, dst) if notify else b""
         ready = stream_ready(stream, pool.torch) if pool.layout.mem == "VRAM" and src.size else None
-        return self._post(
-            "WRITE",
-            pool,
-            pool.dlist,
-            peer,
-            self._remote_dlist(peer, rpool, False),
-            src,
-            dst,
-            pool.layout.num_blocks,
-            rpool.num_blocks,
-            note,
-            ready,
-            f"write {local} -> {peer.name}/{rpool.name} ({src.size} blocks, direct)",
-        )
+        what = f"write {local} -> {peer.name}/{rpool.name} ({src.size} blocks, direct)"
+        return self._post("WRITE", pool, peer, rpool, src, dst, note, ready, what)
 
     def read(self, local: str, remote, mapping, *, notify: bool = True) -> Transfer:
         """Copy blocks of a peer's pool into a local pool (direct path).
@@ -572,20 +560,8 @@ class RemoteAgent:
         pool, peer, rpool = self._pair(local, remote)
         src, dst = split_mapping(mapping, rpool.num_blocks, pool.layout.num_blocks, rpool.name, local)
         note = wire.pack_note(wire.READ, next(self._ids), rpool.name, src) if notify else b""
-        return self._post(
-            "READ",
-            pool,
-            pool.dlist,
-            peer,
-            self._remote_dlist(peer, rpool, False),
-            dst,
-            src,
-            pool.layout.num_blocks,
-            rpool.num_blocks,
-            note,
-            None,
-            f"read {peer.name}/{rpool.name} -> {local} ({src.size} blocks)",
-        )
+        what = f"read {peer.name}/{rpool.name} -> {local} ({src.size} blocks)"
+        return self._post("READ", pool, peer, rpool, dst, src, note, None, what)
 
     def _write_staged(self, pool, peer, rpool, src, dst, stream, timeout) -> Transfer:
         n = src.size
@@ -668,26 +644,17 @@ class RemoteAgent:
         return transfer
 
     def _post(
-        self,
-        op,
-        pool,
-        local_dlist,
-        peer,
-        remote_dlist,
-        lblocks,
-        rblocks,
-        lcount,
-        rcount,
-        note,
-        ready,
-        what,
-    ) -> Transfer:
+        self, op: str, pool: _Pool, peer: _Peer, rpool: PoolLayout, lblocks, rblocks, note, ready, what
+    ):
+        """A direct transfer between local blocks ``lblocks`` and the peer's
+        ``rblocks`` (shape (N,) each), one descriptor per block and part."""
         parts = len(pool.layout.parts)
         nbytes = int(lblocks.size) * sum(pool.layout.block_bytes)
         if not lblocks.size:
             return Transfer(self.nixl, what, 0, 0, None)
-        lidx = descriptor_indices(lblocks, parts, lcount)
-        ridx = descriptor_indices(rblocks, parts, rcount)
+        lidx = descriptor_indices(lblocks, parts, pool.layout.num_blocks)
+        ridx = descriptor_indices(rblocks, parts, rpool.num_blocks)
+        local_dlist, remote_dlist = pool.dlist, self._remote_dlist(peer, rpool, False)
         nixl = self.nixl
 
         def post(track):
