@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from cupy_swap.cuda import availability
-from cupy_swap.tools import cli, node
-from cupy_swap.tools.cli import EXIT_NO_GPU, _parse_sizes, build_parser
+from cupy_swap.tools import bench, cli, cli_bench, cli_common, cli_demo, node
+from cupy_swap.tools.cli import EXIT_NO_GPU, build_parser
+from cupy_swap.tools.cli_common import parse_sizes as _parse_sizes
 
 from .fakes import case_row
 from .gpu_helpers import GPU_OK
@@ -86,7 +87,7 @@ def test_bad_argument_is_reported_before_the_gpu_check(argv, message, monkeypatc
     assert f"python -m cupy_swap{'' if argv[0] == 'frobnicate' else ' ' + command}: error: " in r.stderr
     assert "needs an NVIDIA GPU" not in r.stderr and "Traceback" not in r.stderr
     # In process too, with the GPU check made to fail loudly if it were reached.
-    monkeypatch.setattr(cli, "gpu_status", lambda: pytest.fail("GPU checked before the arguments"))
+    monkeypatch.setattr(cli_common, "gpu_status", lambda: pytest.fail("GPU checked before the arguments"))
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2
@@ -117,7 +118,7 @@ def test_info_without_gpu_exits_3():
 
 
 def test_no_gpu_main_exit_code_in_process(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "gpu_status", lambda: (False, "no CUDA GPU is available (test)"))
+    monkeypatch.setattr(cli_common, "gpu_status", lambda: (False, "no CUDA GPU is available (test)"))
     monkeypatch.setattr(availability, "probe_driver", lambda: None)
     for argv in (
         [],
@@ -155,7 +156,7 @@ def test_the_command_line_says_blocks_and_one_reference():
         assert not re.search(r"\bpages?\b", text), text
         assert "reference table" not in text
     assert "vLLM pull request 11531" in texts[1 + list(cli.COMMANDS).index("bench")]
-    assert cli.BLOCK_TEXT.startswith("block = ")
+    assert cli_demo.BLOCK_TEXT.startswith("block = ")
 
 
 @pytest.mark.parametrize("name", list(cli.COMMANDS))
@@ -169,8 +170,6 @@ def test_command_help_says_exit_codes(name):
 def test_demo_footprint_is_what_the_demo_allocates(direction, monkeypatch):
     """The footprint the demo prints is the bytes CaseBuffers allocates for
     the demo's case on each side (counted with stand-in allocators)."""
-    from cupy_swap.tools import bench
-
     host, gpu = [], []
 
     def allocate(where):
@@ -179,8 +178,8 @@ def test_demo_footprint_is_what_the_demo_allocates(direction, monkeypatch):
     monkeypatch.setattr(bench.memory, "empty_pinned", allocate(host))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(empty=allocate(gpu), uint8=np.uint8))
     monkeypatch.setattr(bench, "fill_random", lambda a, rng: None)
-    bench.CaseBuffers(bench.SwapCase(direction, cli.BLOCK_BYTES, cli.DEMO_BLOCKS), np.random.default_rng(0))
-    assert sum(a.nbytes for a in host) == sum(a.nbytes for a in gpu) == cli.demo_footprint()
+    bench.CaseBuffers(bench.SwapCase(direction, cli_demo.BLOCK_BYTES, cli_demo.DEMO_BLOCKS), np.random.default_rng(0))
+    assert sum(a.nbytes for a in host) == sum(a.nbytes for a in gpu) == cli_demo.demo_footprint()
 
 
 def test_bench_passes_parsed_arguments_on(monkeypatch, tmp_path, capsys):
@@ -199,7 +198,7 @@ def test_bench_passes_parsed_arguments_on(monkeypatch, tmp_path, capsys):
     assert "ratio" in capsys.readouterr().out and out.exists()
 
     bidir = []
-    monkeypatch.setattr(cli, "run_bidir", lambda b, n, **kw: bidir.append((b, n)) or _bidir_row(b))
+    monkeypatch.setattr(bench, "run_bidir", lambda b, n, **kw: bidir.append((b, n)) or _bidir_row(b))
     assert cli.main(["bench", "--bidir", "--bidir-blocks", "16", "--block-bytes", "8k"]) == cli.EXIT_OK
     assert bidir == [(8192, 16)] * 3
 
@@ -228,11 +227,11 @@ def _stub_measurements(monkeypatch, *, devices=1):
         seen.append((case.direction, case.block_bytes, case.num_blocks, case.parts, mode, reps, max_ctas))
         return case_row(case, mode)
 
-    monkeypatch.setattr(cli, "_require_gpu", lambda: "fake GPU")
-    monkeypatch.setattr(cli, "_device_count", lambda: devices)
-    monkeypatch.setattr(cli, "environment_lines", lambda: ["GPU 0: fake"])
-    monkeypatch.setattr(cli, "swapper_settings", lambda: "settings: fake")
-    monkeypatch.setattr(cli, "run_case", fake_run_case)
+    monkeypatch.setattr(cli_common, "require_gpu", lambda: "fake GPU")
+    monkeypatch.setattr(cli_common, "device_count", lambda: devices)
+    monkeypatch.setattr(cli_common, "environment_lines", lambda: ["GPU 0: fake"])
+    monkeypatch.setattr(bench, "swapper_settings", lambda: "settings: fake")
+    monkeypatch.setattr(bench, "run_case", fake_run_case)
     return seen
 
 
@@ -271,7 +270,7 @@ def _readme_commands() -> list[list[str]]:
 def test_readme_commands_parse(monkeypatch):
     commands = _readme_commands()
     assert commands, "found no python -m cupy_swap command in README.md"
-    monkeypatch.setattr(cli, "gpu_status", lambda: pytest.fail("parsing looked for a GPU"))
+    monkeypatch.setattr(cli_common, "gpu_status", lambda: pytest.fail("parsing looked for a GPU"))
     for argv in commands:
         args = cli.parse_args(argv, prog="python -m cupy_swap")
         named = argv[0] if argv and not argv[0].startswith("-") else "demo"  # bare options: the demo's
@@ -300,7 +299,7 @@ def test_command_usage_is_its_own(name, capsys):
 )
 def test_gpus_beyond_the_machine_is_a_usage_error(gpus, devices, message, monkeypatch, capsys):
     _stub_measurements(monkeypatch, devices=devices)
-    monkeypatch.setattr(cli, "_header", lambda args: pytest.fail("measured before checking --gpus"))
+    monkeypatch.setattr(cli_bench, "_header", lambda args: pytest.fail("measured before checking --gpus"))
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--gpus", gpus])
     assert e.value.code == cli.EXIT_USAGE
@@ -341,9 +340,9 @@ def test_select_devices():
 # Item: --json is checked before the run, so a sweep is not thrown away at its end.
 def test_check_output_file(tmp_path, monkeypatch):
     new = str(tmp_path / "out.json")
-    assert cli.check_output_file(new) == new and not os.path.exists(new)  # checked, not created
+    assert cli_common.check_output_file(new) == new and not os.path.exists(new)  # checked, not created
     (tmp_path / "old.json").write_text("{}")
-    assert cli.check_output_file(str(tmp_path / "old.json")) == str(tmp_path / "old.json")
+    assert cli_common.check_output_file(str(tmp_path / "old.json")) == str(tmp_path / "old.json")
     (tmp_path / "file").write_text("")
     cases = [
         ("", "expected a file name, got ''"),
@@ -361,20 +360,20 @@ def test_check_output_file(tmp_path, monkeypatch):
     ]
     for path, message in cases:
         with pytest.raises(ValueError) as e:
-            cli.check_output_file(path)
+            cli_common.check_output_file(path)
         assert str(e.value) == message
     # Permissions through os.access (root may write anywhere, so stand in for it).
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     with pytest.raises(
         ValueError, match=r"expected a writable directory for .*out\.json', but .* is not writable"
     ):
-        cli.check_output_file(new)
+        cli_common.check_output_file(new)
     with pytest.raises(ValueError, match=r"expected a writable file, but .*old\.json' is not writable"):
-        cli.check_output_file(str(tmp_path / "old.json"))
+        cli_common.check_output_file(str(tmp_path / "old.json"))
 
 
 def test_bench_json_into_a_missing_directory_fails_before_the_gpu_check(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "gpu_status", lambda: pytest.fail("GPU checked before --json"))
+    monkeypatch.setattr(cli_common, "gpu_status", lambda: pytest.fail("GPU checked before --json"))
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--json", "/no/such/dir/out.json"])
     assert e.value.code == cli.EXIT_USAGE
@@ -389,16 +388,16 @@ def test_bench_json_that_cannot_be_written_at_the_end_is_kept(monkeypatch, tmp_p
     out_dir.mkdir()
     spare_dir = tmp_path / "spare"
     spare_dir.mkdir()
-    monkeypatch.setattr(cli.tempfile, "tempdir", str(spare_dir))
+    monkeypatch.setattr(cli_common.tempfile, "tempdir", str(spare_dir))
     seen = _stub_measurements(monkeypatch)
-    fake = cli.run_case
+    fake = bench.run_case
 
     def run_case_then_remove(case, **kw):
         if out_dir.exists():
             out_dir.rmdir()
         return fake(case, **kw)
 
-    monkeypatch.setattr(cli, "run_case", run_case_then_remove)
+    monkeypatch.setattr(bench, "run_case", run_case_then_remove)
     assert cli.main(["bench", "--counts", "3", "--json", str(out_dir / "b.json")]) == cli.EXIT_OK
     (spare,) = spare_dir.glob("cupy_swap-bench-*.json")
     assert len(json.loads(spare.read_text())["results"]) == len(seen) == 2

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cupy_swap.tools import bench, cli, peers, plot
+from cupy_swap.tools import bench, cli, cli_bench, cli_common, peers, plot
 from cupy_swap.tools.peers import CONTENDER_COLUMNS, CONTENDER_LABELS, CONTENDERS, PEER_CASES
 
 from .fakes import case_row
@@ -48,10 +48,10 @@ def _write_report(path, rows):
 @pytest.fixture
 def no_gpu(monkeypatch):
     """Fail loudly should anything look for a GPU or measure."""
-    monkeypatch.setattr(cli, "gpu_status", lambda: pytest.fail("looked for a GPU"))
-    monkeypatch.setattr(cli, "_require_gpu", lambda: pytest.fail("looked for a GPU"))
+    monkeypatch.setattr(cli_common, "gpu_status", lambda: pytest.fail("looked for a GPU"))
+    monkeypatch.setattr(cli_common, "require_gpu", lambda: pytest.fail("looked for a GPU"))
     monkeypatch.setattr(peers, "run_peers_case", lambda *a, **k: pytest.fail("measured"))
-    monkeypatch.setattr(cli, "run_case", lambda *a, **k: pytest.fail("measured"))
+    monkeypatch.setattr(bench, "run_case", lambda *a, **k: pytest.fail("measured"))
 
 
 @pytest.fixture
@@ -63,9 +63,9 @@ def fake_gpu(monkeypatch):
         seen.append((case.direction, case.block_bytes, case.num_blocks, max_ctas))
         return _peers_row(case.direction, case.block_bytes, case.num_blocks)
 
-    monkeypatch.setattr(cli, "_require_gpu", lambda: "fake GPU")
-    monkeypatch.setattr(cli, "environment_lines", lambda: list(ENVIRONMENT))
-    monkeypatch.setattr(cli, "swapper_settings", lambda: "settings: fake")
+    monkeypatch.setattr(cli_common, "require_gpu", lambda: "fake GPU")
+    monkeypatch.setattr(cli_common, "environment_lines", lambda: list(ENVIRONMENT))
+    monkeypatch.setattr(bench, "swapper_settings", lambda: "settings: fake")
     monkeypatch.setattr(peers, "run_peers_case", fake_run_peers_case)
     return seen
 
@@ -159,7 +159,7 @@ def test_bidir_runs_every_block_size(fake_gpu, monkeypatch):
             **dict.fromkeys(("sustained_ceiling_gbps", "sustained_ratio"), 1.0),
         }
 
-    monkeypatch.setattr(cli, "run_bidir", fake_run_bidir)
+    monkeypatch.setattr(bench, "run_bidir", fake_run_bidir)
     assert cli.main(["bench", "--bidir", "--block-bytes", "4k,8k", "--bidir-blocks", "7"]) == cli.EXIT_OK
     assert seen == [(4096, 7)] * 3 + [(8192, 7)] * 3
 
@@ -183,9 +183,9 @@ def test_wide_sweep_honours_directions_and_goals_still_parses(fake_gpu, monkeypa
         seen.append(case.direction)
         return case_row(case, mode)
 
-    monkeypatch.setattr(cli, "run_case", fake_run_case)
+    monkeypatch.setattr(bench, "run_case", fake_run_case)
     assert cli.main(["bench", "--sweep", "wide", "--directions", "in", "--no-baseline"]) == cli.EXIT_OK
-    assert seen == ["in"] * len(cli._wide_cases(["in"])) and len(seen) == 15
+    assert seen == ["in"] * len(cli_bench._wide_cases(["in"])) and len(seen) == 15
     assert cli.parse_args(["bench", "--sweep", "goals"]).sweep == "wide"
 
 
@@ -261,7 +261,7 @@ def test_plot_without_matplotlib_is_a_usage_error(measure, tmp_path, no_gpu, mon
         cli.main(["bench", *source, "--plot", str(tmp_path / "out.png")])
     assert e.value.code == cli.EXIT_USAGE
     err = capsys.readouterr().err
-    assert "argument --plot: needs matplotlib" in err and 'pip install "cupy-swap[plot]"' in err
+    assert "argument --plot: needs matplotlib" in err and "pip install matplotlib" in err
     assert not (tmp_path / "out.png").exists()
 
 
@@ -280,7 +280,7 @@ def test_plot_that_cannot_be_written_at_the_end_is_kept(tmp_path, fake_gpu, monk
     out_dir, spare_dir = tmp_path / "out", tmp_path / "spare"
     out_dir.mkdir()
     spare_dir.mkdir()
-    monkeypatch.setattr(cli.tempfile, "tempdir", str(spare_dir))
+    monkeypatch.setattr(cli_common.tempfile, "tempdir", str(spare_dir))
     fake = peers.run_peers_case
 
     def measure_then_remove(case, **kw):
@@ -306,8 +306,8 @@ def test_help_has_no_internal_words(command, capsys):
 
 
 def test_table_headers_have_no_internal_words(capsys):
-    cli._print_peers_legend()
-    print(cli._peers_head(), cli.TABLE_HEAD)
+    cli_bench._print_peers_legend()
+    print(cli_bench._peers_head(), cli_bench.TABLE_HEAD)
     text = capsys.readouterr().out.lower()
     assert "seed" not in text and "issue" not in text
     assert set(CONTENDER_LABELS) == set(CONTENDER_COLUMNS) == set(CONTENDERS)

@@ -1,10 +1,13 @@
-"""``bench --plot``: a chart of the ``bench --peers`` measurements.
+"""``bench --plot``: a chart of the ``bench --peers`` or ``bench --engines``
+measurements.
 
-Blocking GB/s against block size, one line per contender plus the
-contiguous-memcpy ceiling, one panel per (direction, block count).  The
-rows are those ``bench --peers`` measures and ``bench --peers --json FILE``
-stores under ``"peers"``, so a stored run can be charted again on a
-machine without a GPU (``bench --from-json FILE --plot out.png``).
+``--peers``: blocking GB/s against block size, one line per contender plus
+the contiguous-memcpy ceiling, one panel per (direction, block count).
+``--engines``: blocking GB/s against the number of blocks, one panel per
+(direction, engine shape).  The rows are those the bench measures and
+``bench --json FILE`` stores under ``"peers"`` or ``"engines"``, so a stored
+run can be charted again on a machine without a GPU
+(``bench --from-json FILE --plot out.png``).
 
 matplotlib is imported only when a chart is drawn, and only through its
 object API with the Agg canvas: no window, no change to pyplot's backend.
@@ -17,6 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from . import engines
 from .peers import CONTENDER_LABELS, CONTENDERS
 
 __all__ = [
@@ -29,10 +33,13 @@ __all__ = [
     "size_label",
     "panel_title",
     "plot_peers",
+    "plot_engines",
+    "plot_run",
 ]
 
 PLOT_FORMATS = ("png", "svg", "pdf")  # what the Agg canvas writes without further packages
-INSTALL_HINT = 'pip install "cupy-swap[plot]" (from a checkout: pip install ".[plot]")'
+# The project is not on PyPI: the extra comes from a checkout; matplotlib itself is on PyPI.
+INSTALL_HINT = 'pip install ".[plot]" from a checkout of cupy_swap, or pip install matplotlib'
 CEILING_LABEL = "one contiguous cudaMemcpyAsync (ceiling)"
 DIRECTION_TEXT = {"in": "host -> GPU", "out": "GPU -> host"}
 # The keys every stored row needs; each contender column is optional.
@@ -75,12 +82,16 @@ class StoredRun:
         The report's description of the machine (GPU first), may be empty.
     rows : list of dict
         One per case, as :func:`cupy_swap.tools.peers.run_peers_case`
-        returns them.
+        (``kind == "peers"``) or :func:`cupy_swap.tools.engines.run_engines`
+        (``kind == "engines"``) return them.
+    kind : str
+        ``"peers"`` or ``"engines"``: which part of the bench stored them.
     """
 
     path: str
     environment: list
     rows: list
+    kind: str = "peers"
 
 
 def load_run(path: str) -> StoredRun:
@@ -100,8 +111,13 @@ def load_run(path: str) -> StoredRun:
     except ValueError as e:
         raise ValueError(f"expected a JSON file, but {path!r} is not one ({e})") from None
     rows = report.get("peers") if isinstance(report, dict) else None
+    if not rows and isinstance(report, dict) and report.get("engines"):
+        return _load_engines(path, report)
     if not isinstance(rows, list) or not rows:
-        raise ValueError(f'expected a report of `bench --peers --json`, but {path!r} has no "peers" rows')
+        raise ValueError(
+            f"expected a report of `bench --peers --json` or `bench --engines --json`, but {path!r} "
+            'has no "peers" rows (nor "engines" rows)'
+        )
     for i, row in enumerate(rows):
         problem = _row_problem(row)
         if problem:
@@ -110,6 +126,28 @@ def load_run(path: str) -> StoredRun:
         raise ValueError(f"{path!r}: the peers rows hold none of {', '.join(CONTENDERS)}")
     environment = report.get("environment") or []
     return StoredRun(path, [str(line) for line in environment], rows)
+
+
+ENGINE_ROW_KEYS = ("shape", "direction", "num_blocks", "ceiling_gbps")
+
+
+def _load_engines(path: str, report: dict) -> StoredRun:
+    """The ``"engines"`` rows of a report of ``bench --engines --json``."""
+    rows = report["engines"]
+    if not isinstance(rows, list):
+        raise ValueError(f'{path!r}: "engines" is not a list of rows')
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path!r}: engines row {i} is not an object")
+        missing = [k for k in ENGINE_ROW_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"{path!r}: engines row {i} lacks {', '.join(missing)}")
+        if row["direction"] not in DIRECTION_TEXT:
+            raise ValueError(
+                f"{path!r}: engines row {i} has direction {row['direction']!r}, expected in or out"
+            )
+    environment = report.get("environment") or []
+    return StoredRun(path, [str(line) for line in environment], rows, "engines")
 
 
 def _row_problem(row) -> str | None:
@@ -230,3 +268,84 @@ def plot_peers(rows: list, path: str | None = None, *, title: str | None = None)
     if path is not None:
         fig.savefig(path, dpi=120, bbox_inches="tight")  # tight: a long legend is never cut off
     return fig
+
+
+def _engine_series(rows: list, key: str) -> tuple[list[int], list[float]]:
+    """Block counts and GB/s of ``key`` (points whose bytes did not match left out)."""
+    points = sorted(
+        (r["num_blocks"], r[key])
+        for r in rows
+        if key in r
+        and r.get(key + "_ok", True)
+        and isinstance(r[key], (int, float))
+        and math.isfinite(r[key])
+    )
+    return [n for n, _ in points], [g for _, g in points]
+
+
+def plot_engines(rows: list, path: str | None = None, *, title: str | None = None):
+    """Draw ``bench --engines`` rows: GB/s against the number of blocks, one
+    panel per (direction, shape), one line per contender and the ceiling.
+
+    Parameters
+    ----------
+    rows : list of dict
+        As :func:`cupy_swap.tools.engines.run_engines` returns them.
+    path : str, optional
+        Where to write the chart (:data:`PLOT_FORMATS`).
+    title : str, optional
+        A line above the panels.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    directions = [d for d in DIRECTION_TEXT if any(r["direction"] == d for r in rows)]
+    keys = [s.key for s in engines.SHAPES if any(r["shape"] == s.key for r in rows)]
+    keys += sorted({r["shape"] for r in rows} - set(keys))
+    shapes = {s.key: s for s in engines.SHAPES}
+    fig = Figure(figsize=(4.2 * len(keys), 3.5 * len(directions) + 1.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(len(directions), len(keys), squeeze=False)
+    for di, direction in enumerate(directions):
+        for ki, key in enumerate(keys):
+            ax = grid[di][ki]
+            cell = [r for r in rows if r["direction"] == direction and r["shape"] == key]
+            if not cell:
+                fig.delaxes(ax)
+                continue
+            for i, name in enumerate(engines.CONTENDERS):
+                x, y = _engine_series(cell, name)
+                ours = name in engines.OURS
+                ax.plot(
+                    x, y, marker="os^vD"[i % 5], linewidth=2.2 if ours else 1.3, label=engines.LABELS[name]
+                )
+            x, y = _engine_series(cell, "ceiling_gbps")
+            ax.plot(x, y, color="black", linestyle="--", linewidth=1.2, label=CEILING_LABEL)
+            counts = sorted({r["num_blocks"] for r in cell})
+            ax.set_xscale("log")
+            ax.xaxis.set_major_locator(FixedLocator(counts))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticklabels([str(n) for n in counts])
+            ax.set_ylim(bottom=0)
+            shape = shapes.get(key)
+            ax.set_title(f"{shape.label() if shape else key}, {DIRECTION_TEXT[direction]}")
+            ax.set_xlabel("blocks per swap")
+            ax.set_ylabel("GB/s (blocking)")
+            ax.grid(True, alpha=0.3)
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False)
+    heading = "engine-shaped swaps: blocking GB/s (submit + synchronize) by blocks per swap, random blocks"
+    fig.suptitle(f"{heading}\n{title}" if title else heading)
+    if path is not None:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    return fig
+
+
+def plot_run(kind: str, rows: list, path: str | None = None, *, title: str | None = None):
+    """:func:`plot_peers` or :func:`plot_engines`, by ``kind``."""
+    return (plot_engines if kind == "engines" else plot_peers)(rows, path, title=title)
