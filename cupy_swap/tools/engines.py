@@ -224,6 +224,20 @@ def pointer_lists(src_bases, src_strides, dst_bases, dst_strides, mapping, block
     return dsts, srcs, np.full(srcs.size, block_bytes, dtype=np.uint64)
 
 
+def pr_launch_args(src_bases, src_strides, dst_bases, dst_strides, block_bytes: int) -> list:
+    """One launch of the pull request's kernel per part: ``(src base, dst
+    base, src stride, dst stride)``, the strides in 8-byte words, or both
+    None where both sides' blocks lie back to back (the kernel as the pull
+    request wrote it; else its strided form, :data:`STRIDED_KERNEL_SOURCE`)."""
+    out = []
+    for sb, ss, db, ds in zip(src_bases, src_strides, dst_bases, dst_strides):
+        if ss == ds == block_bytes:
+            out.append((sb, db, None, None))
+        else:
+            out.append((sb, db, ss // 8, ds // 8))
+    return out
+
+
 def reps_for(total_bytes: int, reps: int) -> int:
     """Timed calls per contender: ``reps``, fewer for swaps of hundreds of MB."""
     if total_bytes > (1 << 30):
@@ -549,14 +563,15 @@ def contender_calls(
         on_gpu = cupy.empty((max(n, 1), 2), np.int64)
     gate = cupy.cuda.Event(disable_timing=True)
     words = np.int64(shape.block_bytes // 8)
-    sb, ss, db, ds = _part_addresses(bufs, direction, device=True)
     launches = []
-    for s_base, s_stride, d_base, d_stride in zip(sb, ss, db, ds):
-        if s_stride == d_stride == shape.block_bytes:
-            launches.append((kernels.plain, (np.uint64(s_base), np.uint64(d_base), on_gpu, words)))
+    for s_base, d_base, s_words, d_words in pr_launch_args(
+        *_part_addresses(bufs, direction, device=True), shape.block_bytes
+    ):
+        args = (np.uint64(s_base), np.uint64(d_base), on_gpu, words)
+        if s_words is None:
+            launches.append((kernels.plain, args))
         else:
-            args = (np.uint64(s_base), np.uint64(d_base), on_gpu, words)
-            launches.append((kernels.strided, (*args, np.int64(s_stride // 8), np.int64(d_stride // 8))))
+            launches.append((kernels.strided, (*args, np.int64(s_words), np.int64(d_words))))
     host_ptr, gpu_ptr = pinned.ctypes.data, on_gpu.data.ptr
 
     def pr_per_part():
@@ -604,14 +619,14 @@ def contender_calls(
     return calls
 
 
-def _try_each(calls: dict, stream) -> dict:
+def _try_each(calls: dict, synchronize) -> dict:
     """Call each contender once; drop from ``calls`` those that raise, and
     return ``name -> error`` for them (a row reports them; the run goes on)."""
     errors = {}
     for name in list(calls):
         try:
             calls[name]()
-            stream.synchronize()
+            synchronize()
         except Exception as e:  # one contender's refusal must not end the run
             errors[name] = f"{type(e).__name__}: {e}"
             del calls[name]
@@ -634,6 +649,40 @@ def _free_memory() -> tuple[int, int]:
     return gpu_free, host
 
 
+class Harness:
+    """What :func:`run_engines` does on the GPU, one method each, so that a
+    test can stand in for the GPU and check the run's logic on the CPU."""
+
+    def __init__(self, max_blocks: int):
+        import cupy
+
+        from ..swapper import BlockSwapper
+
+        self.kernels = _Kernels()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.swapper = BlockSwapper(max_blocks=max(max_blocks, 1))
+
+    def free_memory(self) -> tuple[int, int]:
+        return _free_memory()
+
+    def settle(self) -> None:
+        from .bench import settle
+
+        settle()
+
+    def buffers(self, shape: EngineShape, n_max: int):
+        return EngineBuffers(shape, n_max)
+
+    def calls(self, bufs, direction: str, mapping) -> dict:
+        return contender_calls(bufs, direction, mapping, self.stream, self.swapper, self.kernels)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def last_path(self) -> str:
+        return self.swapper.last_path
+
+
 def run_engines(
     shapes=SHAPE_KEYS,
     counts=ENGINE_COUNTS,
@@ -644,6 +693,7 @@ def run_engines(
     seed: int = 0,
     on_row=None,
     on_skip=None,
+    harness=None,
 ) -> list:
     """Measure every shape x direction x count that fits in memory.
 
@@ -653,29 +703,27 @@ def run_engines(
         Called with each finished row (to print it, or store it at once).
     on_skip : callable, optional
         Called with ``(shape, count, reason)`` for a count left out.
+    harness : Harness, optional
+        The GPU's side of the run (a test's stand-in); made here by default.
 
     Returns
     -------
     list of dict
         One per case: ``shape, parts, block_bytes, host_layout, num_blocks,
         direction, bytes, ceiling_gbps, ceiling_host_us``; per contender
-        ``c``: ``c`` (GB/s), ``c + "_host_us"``, ``c + "_ok"``; ``paths``
-        (what each cupy_swap contender took), and :func:`finish_row`'s keys.
+        ``c``: ``c`` (GB/s), ``c + "_host_us"``, ``c + "_ok"`` (and
+        ``c + "_error"`` when it raised); ``paths`` (what each cupy_swap
+        contender took), and :func:`finish_row`'s keys.
     """
-    import cupy
-
-    from ..swapper import BlockSwapper
-    from .bench import random_mapping, settle
+    from .bench import random_mapping
 
     rng = np.random.default_rng(seed)
-    kernels = _Kernels()
-    stream = cupy.cuda.Stream(non_blocking=True)
-    swapper = BlockSwapper(max_blocks=max(max(counts), 1))
+    h = harness or Harness(max(counts))
     rows = []
     for key in shapes:
         shape = next(s for s in SHAPES if s.key == key)
-        settle()
-        gpu_free, host_free = _free_memory()
+        h.settle()
+        gpu_free, host_free = h.free_memory()
         fit = counts_that_fit(shape, counts, gpu_free, host_free)
         for n in sorted(set(counts) - set(fit)):
             if on_skip:
@@ -683,15 +731,15 @@ def run_engines(
                 on_skip(shape, n, f"needs {gpu / 1e9:.1f} GB of GPU and {host / 1e9:.1f} GB of pinned memory")
         if not fit:
             continue
-        bufs = EngineBuffers(shape, max(fit))
+        bufs = h.buffers(shape, max(fit))
         for di, direction in enumerate(directions):
             bufs.fill(seed * 100 + SHAPE_KEYS.index(key) * 10 + di)
             for n in fit:
                 mapping = random_mapping(n, bufs.blocks, bufs.blocks, rng)
-                calls = contender_calls(bufs, direction, mapping, stream, swapper, kernels)
-                errors = _try_each(calls, stream)
-                settle()
-                timed = time_in_turns(calls, stream.synchronize, reps_for(shape.case_bytes(n), reps), rounds)
+                calls = h.calls(bufs, direction, mapping)
+                errors = _try_each(calls, h.synchronize)
+                h.settle()
+                timed = time_in_turns(calls, h.synchronize, reps_for(shape.case_bytes(n), reps), rounds)
                 row = {
                     "shape": key,
                     "parts": shape.parts,
@@ -701,23 +749,22 @@ def run_engines(
                     "direction": direction,
                     "bytes": shape.case_bytes(n),
                 }
-                blocking, host = timed.pop("memcpy")
+                blocking, host = timed.pop("memcpy", (float("nan"), float("nan")))
                 row["ceiling_gbps"] = row["bytes"] / blocking / 1e9
                 row["ceiling_host_us"] = host * 1e6
                 paths = {}
-                for name, why in errors.items():
-                    row[name + "_error"], row[name + "_ok"] = why, False
                 for name in CONTENDERS:
                     if name in errors:
+                        row[name + "_error"], row[name + "_ok"] = errors[name], False
                         continue
                     blocking, host = timed[name]
                     row[name] = row["bytes"] / blocking / 1e9
                     row[name + "_host_us"] = host * 1e6
-                    bufs.poison(direction)
+                    bufs.poison(direction)  # then one call, checked
                     calls[name]()
-                    stream.synchronize()
+                    h.synchronize()
                     if name in OURS:
-                        paths[name] = swapper.last_path
+                        paths[name] = h.last_path()
                     row[name + "_ok"] = bufs.verify(direction, mapping)
                 row["paths"] = paths
                 rows.append(finish_row(row))
