@@ -262,28 +262,45 @@ def test_staged_write_in_chunks_is_byte_exact(pair, rng, pool, n, chunk_blocks):
         np.testing.assert_array_equal(remote, want)
 
 
+def forge_request(agent, peer_name: str, xfer_id: int, pool: str, dst):
+    """Ask ``peer_name`` for staging slots as a staged write of ``agent`` would,
+    with a ``_Sent`` that the test drives by hand."""
+    from cupy_swap.remote.agent import _Sent
+
+    peer = agent._peers[peer_name]
+    uid = peer.pools[pool].uid
+    sent = agent._sent[xfer_id] = _Sent(peer_name, peer.incarnation, pool, uid, len(dst))
+    agent.nixl.send_notif(peer_name, agent._note(wire.REQUEST, xfer_id, pool, [uid, *dst], peer.incarnation))
+    return sent
+
+
+def forge_chunk(agent, peer_name: str, xfer_id: int, pool: str, start: int, count: int):
+    peer = agent._peers[peer_name]
+    agent.nixl.send_notif(
+        peer_name, agent._note(wire.STAGED, xfer_id, pool, [start, count], peer.incarnation)
+    )
+
+
 @needs_nixl
 def test_staged_chunk_outside_its_grant_is_refused(tmp_path):
     """A chunk that claims slots beyond its grant is refused (NACK), nothing is
     scattered, and its slots stay taken while chunks may still land there."""
-    from cupy_swap.remote.agent import _Sent
-
     spec = {"kv": {"blocks": 8, "shape": (16,), "parts": 1, "staging": 4}}
     agent, pools, peer = start(tmp_path, spec, spec, "forged")
     try:
         reset_to = [np.full((8, 16), POISON, np.uint8)]
         peer.call("set", ("kv", reset_to))
-        sent = agent._sent[999] = _Sent(peer.name, "kv", 2)
-        agent.nixl.send_notif(peer.name, wire.pack_note(wire.REQUEST, 999, "kv", [2]))
+        sent = forge_request(agent, peer.name, 999, "kv", [3, 4])
         end = time.monotonic() + 10
         while sent.offset is None and time.monotonic() < end:
             agent.poll()
         assert sent.offset is not None
-        agent.nixl.send_notif(peer.name, wire.pack_note(wire.STAGED, 999, "kv", [1, 3, 4]))  # slots 1..2 of 2
+        forge_chunk(agent, peer.name, 999, "kv", 1, 2)  # slots 1..2 of 2
         while sent.error is None and time.monotonic() < end:
             agent.poll()
         assert "destination blocks out of range, repeated, or not the granted count" in sent.error
-        assert peer.call("arrivals", 0.2) == []
+        arrivals = peer.call("arrivals", 0.2)
+        assert [(a[2], a[3]) for a in arrivals] == [("failed", [3, 4])]  # the receiver knows which blocks
         assert (peer.call("get", "kv")[0] == POISON).all()
         t = agent.write("kv", (peer.name, "kv"), [(i, i) for i in range(3)], path="staged")
         with pytest.raises(TimeoutError):  # 2 of the 4 slots are still held for the forged write
@@ -318,8 +335,8 @@ def gathered_one_at_a_time(agent, ready: list):
     stager = agent._pools["kv"].stager
     gather = stager.gather
 
-    def chunked(src, stream=None, chunk=0):
-        gather(src, stream, chunk)
+    def chunked(src, stream=None, chunk=0, offset=0):
+        gather(src, stream, chunk, offset)
         return [(lambda i=i: ready[i]) for i in range(len(range(0, src.shape[0], chunk)))]
 
     stager.gather = chunked
@@ -331,6 +348,17 @@ def spin_until(cond, *agents, timeout=5.0):
         for agent in agents:
             agent.poll()
         assert time.monotonic() < end, "timed out"
+
+
+def collect_until(cond, receiver, *others, timeout=5.0) -> list:
+    """Poll ``receiver`` (keeping its arrivals) and ``others`` until ``cond(arrivals)``."""
+    got, end = [], time.monotonic() + timeout
+    while not cond(got):
+        got += receiver.poll()
+        for agent in others:
+            agent.poll()
+        assert time.monotonic() < end, "timed out"
+    return got
 
 
 def count_calls(obj, name: str) -> list:
@@ -358,7 +386,7 @@ def test_staged_write_stops_posting_chunks_once_it_failed(local_pair, how):
     spin_until(lambda: len(posted) == 1 and not t.done(), a, b)
     if how == "disconnect":
         a.disconnect("chunks-b")
-        why = "disconnected before it answered"
+        why = "was disconnected"
     else:
         b.drop_pool("kv")
         spin_until(lambda: a._peers["chunks-b"].dropped, a)
@@ -370,9 +398,10 @@ def test_staged_write_stops_posting_chunks_once_it_failed(local_pair, how):
 
 
 @needs_nixl
-def test_failed_chunk_post_keeps_the_grant_while_a_chunk_may_land(local_pair):
-    """NIXL failing on chunk 1 after chunk 0 was posted: the write fails, and
-    no CANCEL frees the receiver's slots that chunk 0 may still land in."""
+def test_failed_chunk_post_cancels_once_nixl_released_what_was_posted(local_pair):
+    """NIXL failing on chunk 1 after chunk 0 was posted: the write fails, NIXL
+    cancels (releases) chunk 0, so nothing of it can land and CANCEL frees the
+    receiver's slots; the receiver records the blocks as failed."""
     a, b, pa, pb = local_pair
     real = a.nixl.make_prepped_xfer
     made = []
@@ -386,14 +415,15 @@ def test_failed_chunk_post_keeps_the_grant_while_a_chunk_may_land(local_pair):
     a.nixl.make_prepped_xfer = make
     notes = count_calls(a.nixl, "send_notif")
     t = a.write("kv", ("chunks-b", "kv"), [(i, i) for i in range(4)], path="staged")
+    got = []
     with pytest.raises(TransferError, match="injected NIXL failure"):
         end = time.monotonic() + 5
         while time.monotonic() < end:
-            b.poll()
+            got += b.poll()
             t.done()
-    assert [wire.unpack_note(m).kind for _, m in notes] == [wire.REQUEST]  # no CANCEL
-    spin_until(lambda: True, b)
-    assert b._pools["kv"].slots.grants  # held until the peer is disconnected
+    assert [wire.unpack_note(m).kind for _, m in notes] == [wire.REQUEST, wire.CANCEL]
+    got += collect_until(lambda more: b._pools["kv"].slots.free.all() and (got or more), b, a)
+    assert [(x.kind, x.blocks.tolist()) for x in got if x.kind == "failed"] == [("failed", [0, 1, 2, 3])]
 
 
 @needs_nixl
@@ -413,21 +443,18 @@ def test_closed_staged_write_with_nothing_in_flight_gives_its_slots_back(local_p
 
 @needs_nixl
 def test_overlapping_staged_chunks_are_refused(local_pair):
-    """Two chunks of one grant that claim the same slots (or blocks) are
-    refused: the second is not scattered, the write is not acknowledged, and
-    the slots stay held while the unclaimed ones may still be written."""
-    from cupy_swap.remote.agent import _Sent
-
+    """Two chunks of one grant that claim the same slots are refused: the
+    second is not scattered, the write is not acknowledged, and the slots
+    stay held while the unclaimed ones may still be written."""
     a, b, pa, pb = local_pair
-    sent = a._sent[999] = _Sent("chunks-b", "kv", 4)
-    a.nixl.send_notif("chunks-b", wire.pack_note(wire.REQUEST, 999, "kv", [4]))
+    sent = forge_request(a, "chunks-b", 999, "kv", [3, 4, 5, 6])
     spin_until(lambda: sent.offset is not None, a, b)
     for _ in range(2):
-        a.nixl.send_notif("chunks-b", wire.pack_note(wire.STAGED, 999, "kv", [0, 3, 4]))
-    with pytest.warns(RuntimeWarning, match="claims slots or blocks an earlier chunk claimed"):
-        spin_until(lambda: sent.error is not None, a, b)
+        forge_chunk(a, "chunks-b", 999, "kv", 0, 2)
+    with pytest.warns(RuntimeWarning, match="claims slots an earlier chunk claimed"):
+        got = collect_until(lambda got: sent.error is not None and got, b, a)
     assert "repeated" in sent.error and not sent.scattered
-    assert b.poll() == [] and not b._pools["kv"].slots.free[:4].any()
+    assert [x.kind for x in got] == ["failed"] and not b._pools["kv"].slots.free[:4].any()
 
 
 @needs_nixl
@@ -560,7 +587,13 @@ def test_unanswerable_peer_costs_no_arrival(pair):
         staged = stranger.write("kv", (name, "kv"), [(0, 1)], path="staged")
         direct = stranger.write("kv", (name, "kv"), [(2, 3)])
         direct.wait(timeout=10)
-        assert [(a[0], a[2], a[3]) for a in peer.call("arrivals", 10)] == [(stranger.name, "write", [3])]
+        got = peer.call("arrivals", 10)
+        got += peer.call("arrivals", 0.2)
+        # the grant could not be sent: the receiver records those blocks as failed
+        assert sorted((a[0], a[2], a[3]) for a in got) == [
+            (stranger.name, "failed", [1]),
+            (stranger.name, "write", [3]),
+        ]
         end = time.monotonic() + 0.3
         while time.monotonic() < end:
             staged.done()
@@ -782,12 +815,13 @@ def test_split_mapping_forms_and_errors():
 
 def test_wire_round_trip():
     layout = pool_layout("kv", make_parts({"blocks": 3, "shape": (8,), "parts": 2}))
-    name, pools, md = wire.unpack_metadata(wire.pack_metadata("a", {"kv": layout}, b"\x00nixl"))
-    assert (name, pools, md) == ("a", {"kv": layout}, b"\x00nixl")
-    note = wire.unpack_note(wire.pack_note(wire.STAGED, 7, "kv", [3, 1]))
+    name, pools, md, inc = wire.unpack_metadata(wire.pack_metadata("a", {"kv": layout}, b"\x00nixl", 7))
+    assert (name, pools, md, inc) == ("a", {"kv": layout}, b"\x00nixl", 7)
+    note = wire.unpack_note(wire.pack_note(wire.STAGED, 7, "kv", [3, 1], src=11, dst=2**64 - 1))
     assert (note.kind, note.xfer_id, note.pool, note.blocks.tolist()) == (wire.STAGED, 7, "kv", [3, 1])
+    assert (note.src, note.dst) == (11, 2**64 - 1)
     assert wire.unpack_note(b"someone else's message") is None
-    with pytest.raises(ValueError, match="metadata exported by cupy_swap.remote"):
+    with pytest.raises(ValueError, match="metadata exported by this version of cupy_swap.remote"):
         wire.unpack_metadata(b"raw nixl metadata")
 
 

@@ -15,7 +15,7 @@ on one host), ``errors``.
 from ._nixl import unavailable_reason
 from .agent import Arrival, RemoteAgent
 from .errors import LayoutMismatchError, PoolDroppedError, RemoteError, TransferError
-from .exchange import fetch, publish
+from .exchange import fetch, fetch_from, publish
 from .handle import Transfer
 from .layout import PoolLayout
 
@@ -30,5 +30,6 @@ __all__ = [
     "TransferError",
     "publish",
     "fetch",
+    "fetch_from",
     "unavailable_reason",
 ]

@@ -19,11 +19,14 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import stat
+import struct
 import time
 
-__all__ = ["publish", "fetch"]
+__all__ = ["publish", "fetch", "fetch_from"]
 
 
 def publish(path: str | os.PathLike, blob: bytes) -> None:
@@ -46,32 +49,94 @@ def fetch(path: str | os.PathLike, timeout: float = 30.0) -> bytes:
 
     The file must be a regular file owned by the current user with no
     permission for group or others (``mode & 0o077 == 0``, as :func:`publish`
-    writes it); it is checked on the open file, so a swap after the check
-    does not count.
+    writes it), and not a symbolic link; it is opened with ``O_NONBLOCK |
+    O_NOFOLLOW`` (a FIFO or device there cannot block the open) and checked
+    with ``fstat`` on the open file before a byte is read, so a swap after
+    the check does not count.
 
     Raises
     ------
     TimeoutError
         No file appeared in time.
     PermissionError
-        The file is another user's, or group or others may read or write it.
+        The file is another user's, group or others may read or write it, it
+        is not a regular file, or it is a symbolic link.
     """
     path = os.fspath(path)
     end = time.monotonic() + timeout
     while True:
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             if time.monotonic() > end:
                 raise TimeoutError(f"no metadata at {path} after {timeout} s") from None
             time.sleep(0.01)
             continue
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+                raise PermissionError(
+                    f"fetch: refusing metadata at {path}: it is a symbolic link; publish() writes a "
+                    "regular file, in a private directory"
+                ) from None
+            raise
+        try:
+            st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
                 raise PermissionError(
                     f"fetch: refusing metadata at {path}: it must be a regular file owned by this user "
                     f"(uid {os.getuid()}) with no group or other access (got uid {st.st_uid}, mode "
-                    f"{oct(stat.S_IMODE(st.st_mode))}); publish() writes it so, in a private directory"
+                    f"{oct(stat.S_IMODE(st.st_mode))}, {_kind(st.st_mode)}); publish() writes it so, in a "
+                    "private directory"
                 )
-            return f.read()
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def fetch_from(host: str, port: int, timeout: float = 30.0) -> bytes:
+    """The metadata a :class:`RemoteAgent` made with ``listen_port=port``
+    serves at ``host`` (it serves to anyone who can reach that address:
+    loopback only unless it was given another ``listen_host``).
+
+    Raises
+    ------
+    TimeoutError
+        Nothing answered, or the answer did not come, within ``timeout``.
+    ValueError
+        The answer is not an agent's metadata.
+    """
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, end - time.monotonic())) as s:
+                s.settimeout(max(0.1, end - time.monotonic()))
+                data = b""
+                while True:
+                    chunk = s.recv(1 << 20)
+                    if not chunk:
+                        break
+                    data += chunk
+        except (TimeoutError, ConnectionRefusedError) as e:
+            if time.monotonic() > end:
+                raise TimeoutError(f"no metadata served at {host}:{port} after {timeout} s") from e
+            time.sleep(0.01)
+            continue
+        if len(data) < 4 or struct.unpack_from("<I", data)[0] != len(data) - 4:
+            raise ValueError(f"fetch_from: {host}:{port} sent {len(data)} bytes, not an agent's metadata")
+        return data[4:]

@@ -19,7 +19,15 @@ import numpy as np
 
 from .errors import LayoutMismatchError
 
-__all__ = ["PartLayout", "PoolLayout", "describe_part", "pool_layout", "check_pairable"]
+__all__ = [
+    "PartLayout",
+    "PoolLayout",
+    "describe_part",
+    "pool_layout",
+    "check_pairable",
+    "check_pool_parts",
+    "merged_spans",
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,11 @@ class PoolLayout:
         The pool's staging runs in host memory (one per part,
         ``staging[p].num_blocks`` contiguous slots), or ``()`` when the pool
         has none.
+    uid : int
+        Which registration of this name it is (an agent numbers its
+        registrations): a staged write's request names it, so a pool
+        dropped and registered again under the same name never grants
+        what was asked of its predecessor.
     """
 
     name: str
@@ -71,6 +84,7 @@ class PoolLayout:
     device: int
     parts: tuple
     staging: tuple = ()
+    uid: int = 0
 
     @cached_property
     def num_blocks(self) -> int:
@@ -118,6 +132,7 @@ class PoolLayout:
             device=int(d["device"]),
             parts=tuple(PartLayout(**p) for p in d["parts"]),
             staging=tuple(PartLayout(**p) for p in d.get("staging", ())),
+            uid=int(d.get("uid", 0)),
         )
 
 
@@ -224,3 +239,61 @@ def check_pairable(local: PoolLayout, remote: PoolLayout, peer: str) -> None:
             raise LayoutMismatchError(
                 f"{where} cannot be paired: part {i} has {a}-byte blocks here, {b}-byte blocks there"
             )
+
+
+def check_pool_parts(name: str, parts) -> None:
+    """Refuse parts a peer could not write as it is told: read-only memory,
+    or two parts sharing bytes (a block written through one would change a
+    block of the other, and NIXL would register the memory twice).  The
+    messages are ``swap()``'s.
+
+    Raises
+    ------
+    ValueError
+    """
+    parts = list(parts) if isinstance(parts, (list, tuple)) else [parts]
+    described = []
+    for i, a in enumerate(parts):
+        if isinstance(a, np.ndarray) and not a.flags.writeable:
+            raise ValueError(
+                f"pool {name!r}: parts[{i}]: expected a writeable destination, got a read-only array"
+            )
+        described.append(describe_part(a)[0])
+    for i, a in enumerate(described):
+        for j in range(i):
+            b = described[j]
+            a0, a1 = a.address, a.address + a.span()[1]
+            b0, b1 = b.address, b.address + b.span()[1]
+            if a0 < b1 and b0 < a1 and not _interleaved(a, b):
+                raise ValueError(
+                    f"pool {name!r}: parts[{j}] and parts[{i}] share bytes (blocks of {b.block_bytes} and "
+                    f"{a.block_bytes} bytes at 0x{b.address:x} and 0x{a.address:x}, strides {b.stride} and "
+                    f"{a.stride}): a block written through one would change the other; copy through a "
+                    "separate buffer or register distinct memory (views of one block-first cache, "
+                    "cache[:, i], are fine)"
+                )
+
+
+def _interleaved(a: PartLayout, b: PartLayout) -> bool:
+    """Two parts of one stride whose blocks sit in disjoint bytes of every
+    stride period (``cache[:, 0]`` and ``cache[:, 1]``): they share no byte."""
+    stride = a.stride
+    if a.num_blocks == 1 and b.num_blocks == 1:  # spans are the blocks: they meet, so they share
+        return False
+    if stride != b.stride or stride < a.block_bytes + b.block_bytes:
+        return False
+    gap_ab, gap_ba = (b.address - a.address) % stride, (a.address - b.address) % stride
+    return gap_ab >= a.block_bytes and gap_ba >= b.block_bytes
+
+
+def merged_spans(spans) -> list:
+    """``(address, length)`` ranges with overlapping or touching ones merged
+    (interleaved parts of one cache are registered with NIXL once)."""
+    out: list = []
+    for addr, length in sorted(spans):
+        if out and addr <= out[-1][0] + out[-1][1]:
+            end = max(out[-1][0] + out[-1][1], addr + length)
+            out[-1] = (out[-1][0], end - out[-1][0])
+        else:
+            out.append((addr, length))
+    return out

@@ -28,7 +28,9 @@ def split_mapping(mapping, src_blocks: int, dst_blocks: int, src_name: str, dst_
     Returns
     -------
     (numpy.ndarray, numpy.ndarray)
-        ``src`` and ``dst``, each of shape (N,), int64.
+        ``src`` and ``dst``, each of shape (N,), int64: new arrays, never
+        views of ``mapping`` (a transfer keeps them after the call returned,
+        and the caller may reuse its buffer at once).
 
     Raises
     ------
@@ -49,7 +51,7 @@ def split_mapping(mapping, src_blocks: int, dst_blocks: int, src_name: str, dst_
     m = normalize_mapping(mapping)
     if m.shape[0]:
         check_mapping(m, src_blocks, dst_blocks, src_name, dst_name)
-    return m[:, 0], m[:, 1]
+    return m[:, 0].copy(), m[:, 1].copy()
 
 
 SMALL = 64  # rows up to which builtins over lists check faster than NumPy reductions
@@ -67,7 +69,7 @@ def _small_mapping(mapping, src_blocks: int, dst_blocks: int):
             if mapping.dtype.kind not in "iu" or mapping.dtype.itemsize > 8:
                 return None
             mapping = mapping.astype(np.int64)
-        s, d = mapping[:, 0], mapping[:, 1]
+        s, d = mapping[:, 0].copy(), mapping[:, 1].copy()  # owned: the caller may reuse its array
         sl, dl = s.tolist(), d.tolist()
     elif kind is list or kind is tuple:
         if not 0 < len(mapping) <= SMALL or _is_index_pair(mapping):

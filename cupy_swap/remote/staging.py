@@ -72,16 +72,16 @@ class HostStager:
     def __init__(self, parts, send, recv):
         self.parts, self.send, self.recv = parts, send, recv
 
-    def gather(self, src: np.ndarray, stream=None, chunk: int = 0):
-        """Copy blocks ``src`` (shape (n,)) into send slots ``0..n-1``; returns None (all done)."""
+    def gather(self, src: np.ndarray, stream=None, chunk: int = 0, offset: int = 0):
+        """Copy blocks ``src`` (shape (n,)) into send slots ``offset..offset+n-1``; returns None (all done)."""
         n, rows = src.shape[0], None
         for part, run in zip(self.parts, self.send):
             if part.shape[1] < ROW_COPY_BYTES:
-                np.take(part, src, axis=0, out=run[:n])
+                np.take(part, src, axis=0, out=run[offset : offset + n])
                 continue
             rows = src.tolist() if rows is None else rows
             for i, j in enumerate(rows):  # one copy a row: np.take moves large rows 3x slower
-                run[i] = part[j]
+                run[offset + i] = part[j]
         return None
 
     def scatter(self, dst: np.ndarray, offset: int = 0):
@@ -119,17 +119,17 @@ class GpuStager:  # pragma: no cover - needs a GPU; tests/test_remote.py runs it
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
 
-    def gather(self, src: np.ndarray, stream=None, chunk: int = 0):
-        """Launch the gather on ``stream`` (None: torch's current stream for
-        torch pools, CuPy's otherwise), after the work queued there, one
-        launch per ``chunk`` blocks (0: one launch); returns a ``ready()``
-        callable per chunk that says whether it finished."""
+    def gather(self, src: np.ndarray, stream=None, chunk: int = 0, offset: int = 0):
+        """Launch the gather into send slots ``offset..`` on ``stream`` (None:
+        torch's current stream for torch pools, CuPy's otherwise), after the
+        work queued there, one launch per ``chunk`` blocks (0: one launch);
+        returns a ``ready()`` callable per chunk that says whether it finished."""
         if stream is None and self.torch_parts:
             import torch
 
             stream = torch.cuda.current_stream(self.device)
         n = src.shape[0]
-        rows = np.stack([src, np.arange(n, dtype=np.int64)], axis=1)
+        rows = np.stack([src, np.arange(offset, offset + n, dtype=np.int64)], axis=1)
         chunk = chunk or n
         events = [self.to_staging(rows[a : a + chunk], stream=stream) for a in range(0, n, chunk)]
         return [(lambda e=e: e.done) for e in events]
