@@ -11,6 +11,7 @@ when PyTorch with CUDA is installed.
 
 import argparse
 import importlib.util
+import sys
 
 import cupy
 import numpy as np
@@ -82,4 +83,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except cupy_swap.CudaUnavailableError as e:  # no GPU, driver or CuPy here: one line, exit 3
+        print(f"{sys.argv[0]}: {e}", file=sys.stderr)
+        sys.exit(3)

@@ -11,6 +11,7 @@ until the end, where every block is checked bit for bit.
 """
 
 import argparse
+import sys
 
 import cupy
 import numpy as np
@@ -62,4 +63,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except cupy_swap.CudaUnavailableError as e:  # no GPU, driver or CuPy here: one line, exit 3
+        print(f"{sys.argv[0]}: {e}", file=sys.stderr)
+        sys.exit(3)

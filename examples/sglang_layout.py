@@ -13,12 +13,19 @@ GPU from token indices and stays there: no host synchronization, checked on the 
     python examples/sglang_layout.py [--layers 4] [--pages 32]
 """
 
+from __future__ import annotations
+
 import argparse
+import sys
 
 import numpy as np
-import torch
 
 import cupy_swap
+
+try:
+    import torch
+except ImportError:  # --help works without it; main() says what is missing
+    torch = None
 
 PAGE, HEADS, DIM, GPU_PAGES, HOST_PAGES = 16, 8, 128, 128, 256
 
@@ -32,17 +39,20 @@ def token_indices(pages: torch.Tensor) -> torch.Tensor:
     return (pages[:, None] * PAGE + torch.arange(PAGE, device=pages.device)).reshape(-1)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Swap between SGLang-style GPU and host pools.")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--pages", type=int, default=32, help="pages moved each way")
     args = p.parse_args(argv)
+    sw = cupy_swap.BlockSwapper(max_blocks=HOST_PAGES)  # without a GPU: CudaUnavailableError (below)
+    if torch is None or not torch.cuda.is_available():
+        print(f"{sys.argv[0]}: needs PyTorch with CUDA (pip install torch)", file=sys.stderr)
+        return 3
     layers, n = range(args.layers), args.pages
     torch.manual_seed(0)
     k = [torch.randn(GPU_PAGES, PAGE, HEADS, DIM, dtype=torch.bfloat16, device="cuda") for _ in layers]
     v = [torch.randn_like(buf) for buf in k]
     gpu_parts = [buf for i in layers for buf in (k[i], v[i])]
-    sw = cupy_swap.BlockSwapper(max_blocks=HOST_PAGES)
     pools = {
         "layer-first": (
             lambda h: [h[kv, i] for i in layers for kv in range(2)],
@@ -82,4 +92,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except cupy_swap.CudaUnavailableError as e:  # no GPU, driver or CuPy here: one line, exit 3
+        print(f"{sys.argv[0]}: {e}", file=sys.stderr)
+        sys.exit(3)

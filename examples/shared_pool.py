@@ -13,6 +13,7 @@ swaps blocks of its own out to its own rows, which the parent checks.
 import argparse
 import multiprocessing
 import os
+import sys
 
 import cupy
 import numpy as np
@@ -76,4 +77,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except cupy_swap.CudaUnavailableError as e:  # no GPU, driver or CuPy here: one line, exit 3
+        print(f"{sys.argv[0]}: {e}", file=sys.stderr)
+        sys.exit(3)

@@ -6,13 +6,20 @@ block-first pinned host cache ``[cpu_blocks, layers, 2, block_size, heads, head_
     python examples/vllm_swap_blocks.py [--layers 8] [--blocks 300]
 """
 
+from __future__ import annotations
+
 import argparse
 import functools
+import sys
 
 import numpy as np
-import torch
 
 import cupy_swap
+
+try:
+    import torch
+except ImportError:  # --help works without it; main() says what is missing
+    torch = None
 
 BLOCK, HEADS, DIM, GPU_BLOCKS, CPU_BLOCKS = 16, 8, 128, 512, 1024
 
@@ -50,11 +57,15 @@ def bits(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.int16).cpu().numpy()  # bfloat16 as raw bits, for bit-exact checks
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="vLLM-style swaps: per layer, and all layers in one launch.")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--blocks", type=int, default=300, help="blocks each all-layer swap moves")
     args = p.parse_args(argv)
+    swapper()  # without a GPU: CudaUnavailableError (below)
+    if torch is None or not torch.cuda.is_available():
+        print(f"{sys.argv[0]}: needs PyTorch with CUDA (pip install torch)", file=sys.stderr)
+        return 3
     torch.manual_seed(0)
     shape = (BLOCK, HEADS, DIM)
     gpu = [torch.randn(2, GPU_BLOCKS, *shape, device="cuda").bfloat16() for _ in range(args.layers)]
@@ -86,4 +97,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except cupy_swap.CudaUnavailableError as e:  # no GPU, driver or CuPy here: one line, exit 3
+        print(f"{sys.argv[0]}: {e}", file=sys.stderr)
+        sys.exit(3)

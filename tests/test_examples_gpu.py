@@ -75,3 +75,20 @@ def test_vllm_swap_blocks():
         "vllm_swap_blocks.py", "--layers", "3"
     )  # not the default: the layer count comes from the caches
     assert len(lines) == 2 and lines[1].startswith("ok: 3 layers x K/V x 300 blocks")
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mla", [False, True], ids=["llama-3-8b", "mla"])
+def test_vllm_offload(mla):
+    _torch_cuda()
+    lines = _run("vllm_offload.py", *(["--mla"] if mla else []))
+    want = "ok: MLA, DeepSeek-V3: 61 parts x 40 blocks" if mla else "ok: Llama-3-8B: 64 parts x 40 blocks"
+    assert len(lines) == 1 and lines[0].startswith(want) and lines[0].endswith("bit-exact")
+
+
+@pytest.mark.torch
+def test_sglang_hicache():
+    _torch_cuda()
+    lines = _run("sglang_hicache.py")
+    assert [line.split(" host pool")[0] for line in lines] == ["ok: layer_first", "ok: page_first_direct"]
+    assert all("64 parts x 24 pages" in line and line.endswith("bit-exact") for line in lines)
