@@ -21,9 +21,9 @@ import threading
 
 from .api_types import Mapping, Stream
 from .core.mapping import check_mapping_for
-from .cuda import release
+from .cuda import capture, release
 from .cuda.abi import descriptor_words
-from .cuda.streams import on_device, stream_is_capturing, stream_on_device
+from .cuda.streams import on_device, stream_is_capturing, stream_on_device, torch_stream_getter
 
 __all__ = ["GraphSwap"]
 
@@ -46,7 +46,7 @@ class GraphSwap:
     ...     graph.launch(stream)
     """
 
-    def __init__(self, launcher, layout, held: tuple, max_blocks: int):
+    def __init__(self, launcher, layout, held: tuple, max_blocks: int, torch_parts: bool = False):
         if not layout.kernel_ok:
             raise ValueError(
                 "src, dst: graph swaps run the kernel, which needs host memory mapped into the GPU's "
@@ -72,6 +72,8 @@ class GraphSwap:
                 layout, self._state.ptr, max_blocks
             )
         self.num_pairs = 0
+        # Torch parts: torch's current stream by default, as prepared ops do.
+        self._default_stream = torch_stream_getter(self.device) if torch_parts else None
 
     def close(self) -> None:
         """Give the descriptor buffer back once the work queued on it has
@@ -94,8 +96,9 @@ class GraphSwap:
         block_mapping : array-like of shape (N, 2)
             ``(src_block, dst_block)`` rows, ``0 <= N <= max_blocks``.
         stream : cupy.cuda.Stream, torch.cuda.Stream or int, optional
-            The stream the graph is replayed on; CuPy's current stream by
-            default.  Must not be capturing.
+            The stream the graph is replayed on.  Default: torch's current
+            stream when the parts are torch tensors, else CuPy's current
+            stream.  Must not be capturing.
 
         Returns
         -------
@@ -105,7 +108,7 @@ class GraphSwap:
         mapping = check_mapping_for(self.layout, block_mapping, self.max_blocks)
         with self._lock, on_device(self.device):
             state = self._live_state("set_mapping")
-            handle = stream_on_device(stream, self.device)
+            handle = self._stream(stream)
             if stream_is_capturing(handle):
                 raise RuntimeError(
                     "set_mapping: expected a stream that is not capturing; stage the mapping before "
@@ -120,20 +123,25 @@ class GraphSwap:
     def launch(self, *, stream: Stream = None) -> None:
         """Enqueue the swap kernel on ``stream``: the call to capture.  Reads
         the pair count and pairs staged by the last :meth:`set_mapping` that
-        precedes it on the stream."""
+        precedes it on the stream (default stream: as for ``set_mapping``)."""
         import cupy
 
         with self._lock, on_device(self.device):
             state = self._live_state("launch")
-            handle = stream_on_device(stream, self.device)
+            handle = self._stream(stream)
             capturing = stream_is_capturing(handle)
+            event = None if capturing else capture.new_event()
             self._launcher.launch_kernel(self._fn, self._grid, self._threads, handle, self._args.ptr)
             if capturing:
                 state.captured = True  # a graph reads the buffer from now on
             else:
-                event = cupy.cuda.Event(disable_timing=True)
                 cupy.cuda.runtime.eventRecord(event.ptr, handle)
                 state.note(event)
+
+    def _stream(self, stream) -> int:
+        if stream is None and self._default_stream is not None:
+            return self._default_stream()
+        return stream_on_device(stream, self.device)
 
     def _live_state(self, method: str) -> _DescriptorState:
         if not self._finalizer.alive:
@@ -157,7 +165,7 @@ class _DescriptorState:
     def note(self, event) -> None:
         """Keep ``event`` as a gate; drop the ones that completed."""
         if len(self.events) >= 16:
-            self.events = [e for e in self.events if not e.done]
+            self.events = [e for e in self.events if not capture.event_done(e)]
         self.events.append(event)
 
 
@@ -184,7 +192,7 @@ def _zero_now(ptr: int, nbytes: int, device: int) -> None:
     another stream captures)."""
     from cupy.cuda import runtime
 
-    with on_device(device), release.relaxed_capture_mode():
+    with on_device(device), capture.relaxed():
         stream = runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
         try:
             runtime.memsetAsync(ptr, 0, nbytes, stream)

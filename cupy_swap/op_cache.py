@@ -3,11 +3,19 @@
 of the same memory, built per call as servers do, find the op their first
 call built.  An entry holds the owners weakly and dies with any of them (a
 reused address never finds an op built for the old memory); registering or
-unregistering pinned memory invalidates every entry.
+unregistering pinned memory invalidates every entry.  Least recently used
+entries are evicted first.
+
+What a failed check must still raise outlives the cache: the ops of one key
+share one outcome channel (:mod:`cupy_swap.cuda.outcomes`), held weakly
+here and alive while any op, unread swap or unraised failure holds it, so
+the next ``swap()`` of the same arrays raises it whatever was evicted,
+cleared or rebuilt in between.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import weakref
@@ -15,6 +23,7 @@ import weakref
 import numpy as np
 
 from .cuda import memory
+from .cuda.outcomes import Channel
 
 __all__ = ["OpCache", "array_key"]
 
@@ -91,7 +100,7 @@ def arrays_of(src, dst) -> list:
 
 
 class _Entry:
-    __slots__ = ("__weakref__", "op", "refs", "dead", "generation")
+    __slots__ = ("__weakref__", "op", "refs", "dead", "generation", "used")
 
     def __init__(self, op, owners: list):
         self.op, self.dead, self.generation = op, False, memory.generation()
@@ -115,13 +124,23 @@ def _weak(obj, callback):
 
 
 class OpCache:
-    """Ops by the key of their arrays; at most ``size`` entries, oldest
-    evicted first."""
+    """Ops by the key of their arrays; at most ``size`` entries, the least
+    recently used evicted first."""
 
-    def __init__(self, size: int = 64):
+    def __init__(self, size: int = 256):
         self._entries: dict[tuple, _Entry] = {}
+        self._ticks = itertools.count()  # next() is atomic under the GIL
         self._size = size
         self._lock = threading.Lock()
+        self._channels: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def channel(self, key: tuple) -> Channel:
+        """The outcome channel of ``key``'s ops (made on first use)."""
+        with self._lock:
+            channel = self._channels.get(key)
+            if channel is None:
+                channel = self._channels[key] = Channel()
+            return channel
 
     @staticmethod
     def key(src, dst) -> tuple:
@@ -134,18 +153,22 @@ class OpCache:
     def get(self, key: tuple):
         """The op stored under ``key`` while its owners live and no pinned
         range changed since, else None."""
-        entry = self._entries.get(key)
+        entries = self._entries
+        entry = entries.get(key)
         if entry is None or entry.dead or entry.generation != memory.generation():
             return None
+        entry.used = next(self._ticks)  # no second hash of the key (64 parts: 128 tuples)
         return entry.op
 
     def put(self, key: tuple, op, src, dst) -> None:
         entry = _Entry(op, [_owner(o) for o in arrays_of(src, dst)])
+        entry.used = next(self._ticks)
         with self._lock:
-            self._entries.pop(key, None)
-            if len(self._entries) >= self._size:
-                self._entries.pop(next(iter(self._entries)))
-            self._entries[key] = entry
+            entries = self._entries
+            entries.pop(key, None)
+            if len(entries) >= self._size:  # the least recently used goes (a scan: puts are rare)
+                del entries[min(entries, key=lambda k: entries[k].used)]
+            entries[key] = entry
 
     def clear(self) -> None:
         with self._lock:

@@ -7,7 +7,7 @@ check the rows).  A call reads the mapping's form, takes the stream,
 enqueues the waits, asks whether the stream captures, launches once and
 records one event.  The copy launch checks the rows itself (bounds,
 duplicate destinations) before any byte is written and reports through the
-swapper's status board (:mod:`.cuda.status`).  That is how mappings on the
+swapper's status board, under the outcome rule of :mod:`.cuda.outcomes`.  That is how mappings on the
 GPU are checked, and host mappings of more than 16 rows, which travel in a
 pinned ring slot the kernel reads; up to 16 host rows are checked on the
 host, where the numbers came out cheaper (``benchmarks/NOTES.md``, items 42
@@ -25,10 +25,10 @@ from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import check_rows_for, host_rows
 from .core.route import MODES, prepared_route, staged_plan
-from .cuda import abi, memory
+from .cuda import abi, capture, memory
 from .cuda.gpu_mapping import device_rows
 from .cuda.launcher import HOST_CHECK_ROWS
-from .cuda.status import Verdicts
+from .cuda.outcomes import Channel
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 
 if TYPE_CHECKING:
@@ -88,18 +88,27 @@ class PreparedSwap:
         "__weakref__",
         "_swapper",
         "_decided",
-        "_verdicts",
+        "_outcomes",
         "_held",
         "_torch",
         "direction",
         "bytes_per_pair",
     )
 
-    def __init__(self, swapper, layout: Layout, held: tuple | None, torch_parts: bool = False):
+    def __init__(
+        self,
+        swapper,
+        layout: Layout,
+        held: tuple | None,
+        torch_parts: bool = False,
+        outcomes: Channel | None = None,
+    ):
         self._swapper = swapper
         self._torch = torch_parts
         self._decided = _Decided(swapper, layout, torch_parts)
-        self._verdicts = Verdicts(swapper._status, layout)
+        # Where failed checks of its swaps wait for its next call (swap()'s
+        # ops get the channel of their arrays, which outlives the op cache).
+        self._outcomes = Channel() if outcomes is None else outcomes
         # The caller's arrays, kept alive as long as the op (None for the
         # ops swap() caches: the cache holds its arrays weakly and re-checks).
         self._held = held
@@ -148,9 +157,9 @@ class PreparedSwap:
         if op.generation != memory.generation() and self._held is not None:
             op = self._rebind()
         layout = op.layout
-        verdicts = self._verdicts
-        if verdicts.unread:
-            verdicts.read()  # an earlier swap's launch found a bad row: say so now
+        outcomes = self._outcomes
+        if outcomes.open or outcomes.failed:
+            outcomes.raise_pending(sw._status)  # an earlier swap's launch found a bad row: say so now
         if want is not None and layout.direction != want:
             method = "swap_in" if want == IN else "swap_out"
             raise ValueError(
@@ -178,7 +187,7 @@ class PreparedSwap:
         route = op.route if mode is None else self._route_for(layout, mode)
         # Decided before any wait is enqueued, so a refusal enqueues nothing;
         # only what depends on a capture waits for the capture query.
-        path, status, seq, checked = "none", 0, 0, on_gpu is not None
+        path, checked, ticket = "none", on_gpu is not None, None
         if n and on_gpu is not None:
             path = "kernel" if layout.bytes_per_pair else "none"  # the kernel reads rows on the GPU
             self._refuse_on_gpu(op, mode, check, n)
@@ -224,8 +233,6 @@ class PreparedSwap:
                 raise ValueError(
                     "mode: 'staged' cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()"
                 )
-            if checked:
-                status, seq = sw._status.take()
         timed = sw.timing if timing is None else timing
         event = sw._events.take(timed)
         event.path, event.nbytes = path, n * layout.bytes_per_pair
@@ -233,8 +240,13 @@ class PreparedSwap:
         recorded = False
         try:
             if timed:
-                event.start = sw._new_event()
+                event.start = capture.new_event(timing=True)
                 sw._record(event.start.ptr, handle)
+            if checked and path == "kernel":
+                ticket = sw._status.take(outcomes, layout)
+                status, seq = ticket.address, ticket.seq
+            else:
+                status = seq = 0
             if path == "kernel":
                 if on_gpu is not None:
                     op.kernel.launch_rows(on_gpu, handle, capturing, status, seq)
@@ -251,9 +263,10 @@ class PreparedSwap:
         finally:
             if held:
                 sw._launcher.release(held, event if recorded else None, handle)
-        if seq:
-            verdicts.unread.append(seq)
-            event.check, event.seq = verdicts, seq
+            if ticket is not None and not recorded:
+                ticket.abandon()
+        if ticket is not None:
+            event.check, event.seq = ticket, ticket.seq
         if on_gpu is not None and path == "kernel":
             sw._launcher.keep_until_done(event, on_gpu.keep)  # the kernel reads the caller's rows
         sw.last_path = path

@@ -17,15 +17,15 @@ from .api_types import Mapping, Parts, Stream, WaitFor
 from .core.layout import IN, OUT, Layout, SwapPlan, check_layout
 from .core.mapping import check_mapping_for
 from .core.route import MODES, Policy
-from .cuda import abi, release
+from .cuda import abi, capture
 from .cuda.arrays import convert_array
 from .cuda.availability import translate_unavailable
 from .cuda.copy_engine import DmaCopier
 from .cuda.launcher import Launcher
+from .cuda.outcomes import StatusBoard
 from .cuda.resolve import resolve_layout
 from .cuda.settings import load_calibration
 from .cuda.stager import Stager
-from .cuda.status import StatusBoard
 from .cuda.streams import EventPool, on_device
 from .op_cache import OpCache, arrays_of
 from .prepared import PreparedSwap
@@ -38,7 +38,7 @@ __all__ = ["BlockSwapper", "PreparedSwap", "DEFAULT_MAX_CTAS"]
 
 DEFAULT_MAX_CTAS = 8
 DEFAULT_STAGING_BYTES = 64 << 20
-_OP_CACHE_SIZE = 64
+_OP_CACHE_SIZE = 256  # a per-layer loop: 64 layers x K/V x 2 directions
 
 
 class BlockSwapper:
@@ -155,11 +155,11 @@ class BlockSwapper:
         self.last_path = None  # "kernel", "dma" or "staged": what served the last swap
         self._dma = DmaCopier()
         self._serial = itertools.count()
-        with cupy.cuda.Device(self.device):
+        # Pinned and device allocations: legal while another thread captures.
+        with cupy.cuda.Device(self.device), capture.relaxed():
             self._launcher = Launcher(self.device, self.max_parts, self.max_blocks, ring_size, max_ctas)
             self._events = EventPool()
-            with release.relaxed_capture_mode():  # legal while another thread captures
-                self._status = StatusBoard(self.device)
+            self._status = StatusBoard(self.device)
         if max_inline_pairs is not None:
             self._launcher.max_inline_pairs = _positive_int(max_inline_pairs, "max_inline_pairs", minimum=0)
         self._ops = OpCache(_OP_CACHE_SIZE)
@@ -344,7 +344,7 @@ class BlockSwapper:
         launch.  Do not reshape, restride or re-point the arrays in place
         afterwards (``swap()`` notices; a prepared op does not).
         """
-        with on_device(self.device), release.relaxed_capture_mode():
+        with on_device(self.device), capture.relaxed():
             return PreparedSwap(self, self._layout(src, dst), (src, dst), _any_torch(src, dst))
 
     def graph_swap(self, src: Parts, dst: Parts) -> GraphSwap:
@@ -352,9 +352,9 @@ class BlockSwapper:
         replays: see :class:`cupy_swap.graph.GraphSwap`."""
         from .graph import GraphSwap
 
-        with on_device(self.device):
+        with on_device(self.device), capture.relaxed():  # its buffer is allocated and zeroed
             layout = self._layout(src, dst)
-        return GraphSwap(self._launcher, layout, (src, dst), self.max_blocks)
+            return GraphSwap(self._launcher, layout, (src, dst), self.max_blocks, _any_torch(src, dst))
 
     def plan(self, src: Parts, dst: Parts, block_mapping: Mapping) -> SwapPlan:
         """Check a swap and return its :class:`~cupy_swap.core.layout.SwapPlan`
@@ -394,8 +394,14 @@ class BlockSwapper:
             # A proxy: no swapper -> cache -> op -> swapper cycle, so dropping
             # the swapper frees it at once.  Relaxed capture mode: a first swap
             # inside a capture may load kernels and create events.
-            with release.relaxed_capture_mode():
-                op = PreparedSwap(weakref.proxy(self), self._layout(src, dst), None, _any_torch(src, dst))
+            with capture.relaxed():
+                op = PreparedSwap(
+                    weakref.proxy(self),
+                    self._layout(src, dst),
+                    None,
+                    _any_torch(src, dst),
+                    self._ops.channel(key),
+                )
             self._ops.put(key, op, src, dst)
         return op
 

@@ -101,7 +101,11 @@ __device__ bool check_rows(const SwapHeader& h, const i64* __restrict__ src_inde
         out->row = kind ? (i64)row : 0;
         out->value = kind == 1 ? src_index[row * step] : kind ? dst_index[row * step] : 0;
         __threadfence_system();
-        out->seq = h.seq;  // last: a reader that sees this swap's seq sees its verdict
+        out->seq = h.seq;  // a reader that sees this swap's seq sees its verdict
+        if (kind && out->alarm) {  // last: a reader that sees the alarm finds the record landed
+            __threadfence_system();
+            *reinterpret_cast<volatile i64*>(out->alarm) = h.seq;
+        }
     }
     return verdict == ~0ull;
 }

@@ -28,7 +28,8 @@
 // destination block twice: an open-addressing table in dynamic shared
 // memory), so all CTAs reach the same verdict and a bad mapping writes no
 // byte.  CTA 0 then writes the verdict into the SwapStatus at header.status
-// (pinned host memory, through its device alias), seq last.
+// (pinned host memory, through its device alias), seq last; a failed check
+// then writes seq into the board's alarm word too (SwapStatus::alarm).
 #pragma once
 
 typedef unsigned long long u64;
@@ -36,7 +37,7 @@ typedef long long i64;
 
 #define CUPY_SWAP_HEADER_WORDS 8
 #define CUPY_SWAP_PART_WORDS 6
-#define CUPY_SWAP_STATUS_WORDS 4
+#define CUPY_SWAP_STATUS_WORDS 8
 #define CUPY_SWAP_MAX_PARTS 256  // descriptor kernels keep the part table in shared memory
 #define CUPY_SWAP_UNROLL 4       // 16-byte loads in flight per thread (benchmarks/NOTES.md, item 4)
 #define CUPY_SWAP_MAX_THREADS 1024
@@ -63,12 +64,15 @@ struct SwapPart {
 
 // kind: 0 valid; 1 a source index out of range, 2 a destination index out of
 // range, 3 a destination block seen in an earlier row.  row: the first bad
-// row; value: its offending block index.
+// row; value: its offending block index.  alarm: device address of the
+// swapper's alarm word, written by the host once (0: none).
 struct SwapStatus {
     i64 seq;
     i64 kind;
     i64 row;
     i64 value;
+    u64 alarm;
+    i64 unused[3];
 };
 
 // Inline tiers (parts, pairs): the first that holds a swap is used.  The

@@ -6,7 +6,8 @@
 * :class:`FakeCudaRuntime`: CUDA's runtime as ``cupy_swap.cuda.memory``
   calls it (pinned allocations, registrations, pointer attributes).
 * :class:`FakeSwapper`: what a ``PreparedSwap`` reads of its swapper, with
-  a kernel, a copier and a status board that record what a call enqueues."""
+  a kernel and a copier that record what a call enqueues, and a status
+  board over NumPy memory (:func:`host_board`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import numpy as np
 
 from cupy_swap.core.parts import DEVICE, Part, as_parts
 from cupy_swap.core.route import Policy
-from cupy_swap.cuda import memory
+from cupy_swap.cuda import abi, memory
 from cupy_swap.cuda.launcher import HOST_CHECK_ROWS
+from cupy_swap.cuda.outcomes import StatusBoard
 
 
 def on_gpu(parts: list[Part], device: int = 0) -> list[Part]:
@@ -143,29 +145,21 @@ class FakeKernel:
             self.descriptor(None, pairs, stream, capturing, held, status, seq)
 
 
-class FakeBoard:
-    """A status board: ``verdicts[seq]`` is what the launch of ``seq`` wrote."""
-
-    def __init__(self, base: int = 0x5000):
-        self.base, self.next, self.verdicts, self.slots = base, 1, {}, 4096
-
-    def take(self):
-        seq, self.next = self.next, self.next + 1
-        return self.base + 32 * seq, seq
-
-    def verdict(self, seq):
-        return self.verdicts.get(seq)
+def host_board(base: int = 0x5000, slots: int = 64) -> StatusBoard:
+    """A real status board over NumPy memory at device address ``base``
+    (0: not mapped); tests write what a launch would with ``board.land``."""
+    return StatusBoard(0, slots, records=np.zeros((slots + 1, abi.STATUS_WORDS), np.int64), base=base)
 
 
 class FakeSwapper:
     """What ``PreparedSwap`` reads of a swapper; ``calls`` records the waits,
     capture queries, launches, copies and event records of each call."""
 
-    def __init__(self, calls: list, inline: int = 16, board: FakeBoard | None = None):
+    def __init__(self, calls: list, inline: int = 16, board: StatusBoard | None = None):
         self.calls = calls
         self.device, self.max_blocks, self.mode, self.timing = 0, 64, "auto", False
         self.policy, self.last_path, self._closed = Policy(), None, False
-        self._status = board or FakeBoard()
+        self._status = host_board() if board is None else board
         kernel = FakeKernel(calls, inline)
         kernel.descriptor = lambda layout, pairs, stream, capturing, held, status=0, seq=0: calls.append(
             ("descriptor", pairs.reshape(-1).tolist(), stream, capturing, status, seq)

@@ -147,6 +147,43 @@ def spin(stream, ms: float) -> None:
         kernel((1,), (1,), (np.uint64(ms * 1e6),))
 
 
+_GATE_SOURCE = r"""
+extern "C" __global__ void gate(const volatile int* flag, unsigned long long limit_ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (*flag == 0 && now - start < limit_ns);
+}
+"""
+
+
+class Gate:
+    """A kernel that holds ``stream`` until the host calls :meth:`open` (or,
+    so a failing test cannot hang, ``limit_s`` seconds pass): work queued
+    behind it stays queued for as long as the test needs, whatever the
+    clock.  ``event`` is recorded after the gate; ``open()`` waits for it."""
+
+    def __init__(self, stream, limit_s: float = 60.0):
+        from cupy_swap.cuda.memory import host_alias
+
+        self.flag = cs.zeros_pinned(1, np.int32)
+        kernel = cp.RawKernel(_GATE_SOURCE, "gate")
+        with stream:
+            kernel((1,), (1,), (host_alias(self.flag.ctypes.data, 4), np.uint64(limit_s * 1e9)))
+            self.event = cp.cuda.Event()
+            self.event.record(stream)
+
+    @property
+    def closed(self) -> bool:
+        return not self.event.done
+
+    def open(self) -> None:
+        self.flag[0] = 1
+        self.event.synchronize()
+
+
 # ------------------------------------------------------------ many threads
 SWAPS_PER_THREAD = 40
 

@@ -76,7 +76,7 @@ def test_tiers_match_and_fit_the_parameter_limit():
 def test_gpu_mapping_structs_match():
     assert int(_define("CUPY_SWAP_STATUS_WORDS")) == abi.STATUS_WORDS
     status = _struct_fields("SwapStatus")
-    assert [n for _, n in status] == ["seq", "kind", "row", "value"]
+    assert [n for _, n in status] == ["seq", "kind", "row", "value", "alarm", "unused[3]"]
     tiers = re.findall(r"X\((\d+)\)", _define("CUPY_SWAP_BYREF_TIERS\\(X\\)"))
     assert tuple(int(p) for p in tiers) == abi.BYREF_PARTS
     body = re.search(r"struct SwapByRef \{(.*?)\};", _header(), re.DOTALL).group(1)

@@ -3,6 +3,7 @@ unregistered memory), in-place changes between calls, failures half-way,
 empty arrays, short mappings under ``auto``, and messages."""
 
 import gc
+import threading
 import warnings
 import weakref
 
@@ -13,7 +14,7 @@ import cupy_swap as cs
 from cupy_swap.cuda import memory
 from cupy_swap.tools.bench import random_mapping
 
-from .gpu_helpers import POISON, check_swap, poison, rand_fill, require_gpu, spin
+from .gpu_helpers import POISON, Gate, check_swap, poison, rand_fill, require_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -180,9 +181,10 @@ def test_unregister_waits_for_queued_swaps(rng):
     m = random_mapping(64, 64, 128, rng)
     stream = cp.cuda.Stream(non_blocking=True)
     sw.swap_out(gpu, pool, m, stream=stream).synchronize()  # compiles and loads the kernels first
-    spin(stream, 300)  # the swap-out below is still queued when unregister_host is called
+    gate = Gate(stream)  # the swap-out below is still queued when unregister_host is called
     ev = sw.swap_out(gpu, pool, m, stream=stream)
-    assert not ev.done  # still queued behind the spin
+    assert gate.closed and not ev.done  # still queued behind the gate
+    threading.Timer(0.0, gate.open).start()  # opened while unregister_host waits (or before)
     cs.unregister_host(pool)
     assert ev.done  # it waited for the swap before unpinning
     assert np.array_equal(pool[m[:, 1]], cp.asnumpy(gpu)[m[:, 0]])
@@ -222,11 +224,12 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
 
     monkeypatch.setattr(sw._launcher, "launch_range", fails_on_second_chunk)
     stream = cp.cuda.Stream(non_blocking=True)
-    spin(stream, 500)
+    gate = Gate(stream)
     with pytest.raises(RuntimeError, match="injected failure"):
         sw.swap_in(host, gpu, m, stream=stream, mode="staged")
-    assert not stream.done  # the first chunk's scatter is still queued behind the spin
+    assert gate.closed and not stream.done  # the first chunk's scatter is still queued behind the gate
     monkeypatch.undo()
+    threading.Timer(0.0, gate.open).start()  # the swap below waits for the slot until the scatter ran
     # Another swap on another stream takes the only slot with a new descriptor.
     other = cp.cuda.Stream(non_blocking=True)
     check_swap(sw, other_src, other_dst, other_mapping[::-1].copy(), mode="kernel", stream=other)

@@ -9,7 +9,7 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
-from .gpu_helpers import DIRECTIONS, make, poison, rand_fill, require_gpu, spin, to_host
+from .gpu_helpers import DIRECTIONS, Gate, make, poison, rand_fill, require_gpu, to_host
 
 pytestmark = pytest.mark.gpu
 
@@ -135,9 +135,10 @@ def test_gpu_mapping_needs_no_host_synchronization(rng):
     op(m, stream=stream).synchronize()  # compile and build the check state first
     poison(gpu)
     cp.cuda.Device().synchronize()
-    spin(stream, 300)
+    gate = Gate(stream)
     ev = op(m, stream=stream)
-    assert not ev.done  # queued behind the spin: the host did not wait
+    assert gate.closed and not ev.done  # queued behind the gate: the host did not wait
+    gate.open()
     ev.synchronize()
     mm = cp.asnumpy(m)
     assert np.array_equal(cp.asnumpy(gpu)[mm[:, 1]], host[mm[:, 0]])
@@ -146,7 +147,7 @@ def test_gpu_mapping_needs_no_host_synchronization(rng):
 def test_status_records_wrap(rng):
     """More swaps than status records: every one lands, failures before and
     after the wrap are reported by their events and by the next call."""
-    from cupy_swap.cuda.status import StatusBoard
+    from cupy_swap.cuda.outcomes import StatusBoard
 
     sw = cs.BlockSwapper(max_blocks=8)
     sw._status = StatusBoard(sw.device, slots=8)

@@ -10,10 +10,10 @@ import cupy_swap.prepared as prepared
 from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.core.parts import as_parts
 from cupy_swap.cuda.gpu_mapping import DeviceRows
-from cupy_swap.cuda.status import Verdicts
+from cupy_swap.cuda.outcomes import Ticket
 from cupy_swap.prepared import PreparedSwap
 
-from .fakes import FakeBoard, FakeSwapper
+from .fakes import FakeSwapper, host_board
 
 pytest.importorskip("cupy", reason="wait_handle tells CuPy events apart")
 
@@ -35,8 +35,8 @@ def test_the_launch_checks_the_rows_and_gets_a_status_record(fake_gpu, not_captu
     op = _op(calls, fake_gpu)
     # A repeated destination: the launch finds it, the host does not look.
     event = op([(1, 2), (3, 2)], check="launch")
-    assert calls == [("kernel", [1, 2, 3, 2], 77, False, 0x5000 + 32, 1), ("record", 0xE0, 77)]
-    assert event.seq == 1 and isinstance(event.check, Verdicts)
+    assert calls == [("kernel", [1, 2, 3, 2], 77, False, 0x5000, 1), ("record", 0xE0, 77)]
+    assert event.seq == 1 and isinstance(event.check, Ticket)
     calls.clear()
     op((np.array([5, 6]), np.array([0, 1])), check="launch")  # two 1-D index arrays, as SGLang keeps them
     assert calls[0][:2] == ("kernel", [5, 0, 6, 1])
@@ -60,28 +60,28 @@ def test_check_host_raises_before_anything_is_launched(fake_gpu, not_capturing):
 
 def test_a_failed_launch_check_is_raised_by_the_next_call_once(fake_gpu, not_capturing):
     calls: list = []
-    board = FakeBoard()
+    board = host_board()
     op = _op(calls, fake_gpu, board=board)
-    op([(1, 2), (3, 2)], check="launch")
-    board.verdicts[1] = (3, 1, 2)  # what the launch wrote: block 2 again in row 1
-    with pytest.raises(ValueError, match="got block 2 again in row 1.*nothing was copied"):
+    bad = op([(1, 2), (3, 2)], check="launch")
+    good = op([(1, 2), (3, 4)], check="launch")
+    board.land(1, 3, 1, 2)  # what the launch wrote: block 2 again in row 1
+    board.land(2)
+    with pytest.raises(ValueError, match=r"earlier swap \(swap #1.*got block 2 again in row 1.*not launched"):
         op([(1, 2)])
     op([(1, 2)])  # raised once: the next call goes ahead
-    board.verdicts[2] = (0, 0, 0)
-    with pytest.raises(ValueError, match="block 2 again in row 1"):
-        op._verdicts.raise_for(1)  # the event of the failed swap raises every time
-    op._verdicts.raise_for(2)  # the good one never
+    with pytest.raises(ValueError, match="swap #1: .*block 2 again in row 1"):
+        bad.check.raise_on_event()  # the event of the failed swap raises every time it is asked
+    good.check.raise_on_event()  # the good one never
 
 
 def test_a_check_not_yet_run_is_left_for_later(fake_gpu, not_capturing):
     calls: list = []
-    board = FakeBoard()
+    board = host_board()
     op = _op(calls, fake_gpu, board=board)
     op([(1, 2), (0, 0)], check="launch")
     op([(1, 3), (0, 0)], check="launch")  # the first launch has not written its record yet: nothing to say
-    board.verdicts[1] = (0, 0, 0)
-    board.verdicts[2] = (2, 0, 30)
-    with pytest.raises(IndexError, match="destination block index 30 in row 0"):
+    board.land(2, 2, 0, 30)  # the second ran first (another stream): its failure is not held up
+    with pytest.raises(IndexError, match="swap #2.*destination block index 30 in row 0"):
         op([(1, 4), (0, 0)], check="launch")
 
 
@@ -112,7 +112,7 @@ def test_a_rebind_under_a_thread_inside_a_call(fake_gpu, not_capturing, monkeypa
     a pending failure was lost.  Now a rebind replaces the decided state as
     a whole; a call keeps the state it read, and verdicts stay on the op."""
     calls: list = []
-    board = FakeBoard()
+    board = host_board()
     op = _op(calls, fake_gpu, board=board)
     op([(1, 2), (0, 0)], check="launch")  # seq 1, unread
     old = op._decided
@@ -127,7 +127,7 @@ def test_a_rebind_under_a_thread_inside_a_call(fake_gpu, not_capturing, monkeypa
     old.kernel.launch = rebind_midway
     op([(5, 6), (0, 0)], check="launch")
     assert ("kernel-old-state", [5, 6, 0, 0]) in calls and op._decided is not old
-    board.verdicts[1] = (1, 0, 9)
+    board.land(1, 1, 0, 9)
     with pytest.raises(IndexError, match="source block index 9"):  # the pending failure survived
         op([(1, 2)])
 
@@ -142,8 +142,8 @@ def test_a_mapping_on_the_gpu_needs_a_status_record(fake_gpu, not_capturing, mon
     calls: list = []
     op = _op(calls, fake_gpu)
     op(object())
-    assert calls[0] == ("rows", 3, 77, False, 0x5000 + 32, 1)
-    unmapped = _op([], fake_gpu, board=FakeBoard(base=0))
+    assert calls[0] == ("rows", 3, 77, False, 0x5000, 1)
+    unmapped = _op([], fake_gpu, board=host_board(base=0))
     with pytest.raises(ValueError, match="cannot be mapped"):
         unmapped(object())
     monkeypatch.setattr(prepared, "device_rows", lambda m, device, max_blocks: None)
@@ -213,36 +213,3 @@ def test_the_swapper_mode_holds_for_one_copy(fake_gpu, not_capturing):
     op = PreparedSwap(swapper, layout_from_parts(as_parts(host, "src"), gpu), (host,))
     op([(1, 2)])
     assert calls[0][0] == "kernel"
-
-
-def test_verdicts_read_by_two_threads(fake_gpu):
-    """Review finding: two threads reading one op's verdicts could pop an
-    entry the other had looked at (IndexError from a valid swap, or a lost
-    failure).  The reads are serialized; each failure is raised once."""
-    import threading
-
-    board = FakeBoard()
-    layout = layout_from_parts(
-        as_parts(np.zeros((8, 64), np.uint8), "src"), fake_gpu.parts(np.zeros((8, 64), np.uint8), "dst")
-    )
-    verdicts = Verdicts(board, layout)
-    for seq in range(1, 2001):
-        verdicts.unread.append(seq)
-        board.verdicts[seq] = (3, 1, 2) if seq % 100 == 0 else (0, 0, 0)
-    raised, errors = [], []
-
-    def reader():
-        for _ in range(100):
-            try:
-                verdicts.read()
-            except ValueError as e:
-                raised.append(e)
-            except Exception as e:  # an IndexError would land here
-                errors.append(e)
-
-    threads = [threading.Thread(target=reader) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and len(raised) == 20 and not verdicts.unread

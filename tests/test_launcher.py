@@ -148,8 +148,9 @@ class _RingLauncher:
 
     write_slot = Launcher.write_slot
     acquire = Launcher.acquire
+    _free_slot = Launcher._free_slot
 
-    def __init__(self):
+    def __init__(self, slots: int = 1):
         import threading
         import types
 
@@ -160,12 +161,13 @@ class _RingLauncher:
         self._slots = [
             types.SimpleNamespace(
                 lock=threading.Lock(),
-                host_words=words,
+                host_words=words.copy(),
                 table_serial=-1,
                 event=None,
                 device_ptr=0,
                 device_args="dev",
             )
+            for _ in range(slots)
         ]
 
     def upload(self, slot, dst_ptr, words, stream):
@@ -225,48 +227,72 @@ def test_a_swap_that_gets_its_slot_after_close_raises_and_frees_the_slot():
     assert held == [] and not slot.lock.locked()
 
 
-def test_a_slot_is_queried_and_waited_for_in_relaxed_capture_mode(monkeypatch):
+class _Event:
+    """A slot's event: done after ``queries`` queries, each recorded with the
+    capture mode it was asked in."""
+
+    def __init__(self, calls: list, mode: list, queries: int = 0):
+        self.calls, self.mode, self.left = calls, mode, queries
+
+    @property
+    def done(self):
+        self.calls.append(("query", self.mode[0]))
+        self.left -= 1
+        return self.left < 0
+
+
+@pytest.fixture
+def capture_modes(monkeypatch):
+    """The thread's capture mode as the stand-in driver keeps it (0: global)."""
+    from cupy_swap.cuda import capture
+
+    mode = [0]
+
+    def exchange(new):
+        old, mode[0] = mode[0], new
+        return old
+
+    monkeypatch.setattr(capture, "exchange", exchange)
+    return mode
+
+
+def test_a_slot_is_queried_in_relaxed_capture_mode(capture_modes):
     """Review finding: ``acquire`` queried (and waited for) the slot's last
     event in the thread's own capture mode; in global mode that breaks
-    another thread's capture.  Every query and wait now runs relaxed."""
-    import cupy_swap.cuda.launcher as launcher_module
+    another thread's capture.  Every query now runs relaxed."""
+    from cupy_swap.cuda import capture
 
-    lau = _RingLauncher()
-    calls, mode = [], ["global"]
-
-    def relax():
-        calls.append("relax")
-        saved, mode[0] = mode[0], "relaxed"
-        return saved
-
-    def restore(saved):
-        calls.append("restore")
-        mode[0] = saved
-
-    class Event:
-        def __init__(self, done):
-            self._done = done
-
-        @property
-        def done(self):
-            calls.append(("query", mode[0]))
-            return self._done
-
-    monkeypatch.setattr(launcher_module.release, "relax_capture_mode", relax)
-    monkeypatch.setattr(launcher_module.release, "restore_capture_mode", restore)
-    monkeypatch.setattr(launcher_module, "_wait", lambda event: calls.append(("wait", mode[0])))
-    for done in (True, False):
-        lau._slots[0].event = Event(done)
+    lau, calls = _RingLauncher(), []
+    for queries in (0, 3):  # done at once; done after three looks (the ring was full)
+        lau._slots[0].event = _Event(calls, capture_modes, queries)
         held: list = []
         lau.acquire(held)
         held.pop().lock.release()
-    assert calls == ["relax", ("query", "relaxed"), "restore"] + [
-        "relax",
-        ("query", "relaxed"),
-        ("wait", "relaxed"),
-        "restore",
-    ]
-    assert mode[0] == "global" and lau.ring_waits == 1
+    assert calls == [("query", capture.RELAXED)] * 5
+    assert capture_modes[0] == 0 and lau.ring_waits == 1
+
+
+def test_a_swap_takes_a_free_slot_rather_than_wait_for_a_busy_one(capture_modes):
+    """Finding 7 of issue 32: strict round robin made a swap wait for the
+    next slot's event (a swap queued behind a 2 s kernel of another stream)
+    while 15 slots were free."""
+    lau, calls = _RingLauncher(slots=4), []
+    lau._slots[0].event = _Event(calls, capture_modes, queries=10**9)  # behind a long kernel
+    taken = []
+    for _ in range(6):
+        held: list = []
+        taken.append(lau._slots.index(lau.acquire(held)))
+        held.pop().lock.release()
+    assert 0 not in taken and lau.ring_waits == 0
+
+
+def test_with_every_slot_busy_a_swap_takes_the_first_to_free(capture_modes):
+    lau, calls = _RingLauncher(slots=3), []
+    lau._slots[0].event = _Event(calls, capture_modes, queries=10**9)
+    lau._slots[1].event = _Event(calls, capture_modes, queries=10**9)
+    lau._slots[2].event = _Event(calls, capture_modes, queries=2)  # the last in ring order frees first
+    held: list = []
+    assert lau.acquire(held) is lau._slots[2] and lau.ring_waits == 1
 
 
 def test_a_kernel_node_launch_sets_the_nodes_parameters_then_launches():
@@ -340,3 +366,30 @@ def test_launch_inline_uses_the_streams_node_and_launches_plainly_while_capturin
         ("plain", "fn", 2, 64, 333, 5),  # capturing: never the node
         ("plain", "fn", 1, 32, 444, 6),  # no node to be had
     ]
+
+
+def test_a_kept_gpu_mapping_is_held_first_and_released_by_relaxed_queries(capture_modes):
+    """Finding 6 of issue 32: keep_until_done queried the previous swap's
+    event in global mode (breaking another thread's capture) and could
+    raise after the kernel launched, before holding the mapping it reads."""
+    import collections
+    import types
+
+    from cupy_swap.cuda import capture
+    from cupy_swap.cuda.launcher import Launcher
+
+    calls: list = []
+    lau = types.SimpleNamespace(_kept=collections.deque(), _kept_lock=threading.Lock())
+    done = _Event(calls, capture_modes)
+    Launcher.keep_until_done(lau, done, "first")
+    Launcher.keep_until_done(lau, _Event(calls, capture_modes, queries=10), "second")
+    assert [k for _, k in lau._kept] == ["second"] and calls == [("query", capture.RELAXED)]
+
+    class Broken:
+        @property
+        def done(self):
+            raise RuntimeError("cudaErrorIllegalAddress")
+
+    lau._kept.appendleft((Broken(), "broken"))
+    Launcher.keep_until_done(lau, done, "third")  # never raises: it keeps what it cannot query
+    assert [k for _, k in lau._kept] == ["broken", "second", "third"]

@@ -25,7 +25,18 @@ def test_normalize_fortran_order_becomes_c_contiguous():
     assert m.flags.c_contiguous and m.tolist() == [[1, 2], [3, 4], [5, 6]]
 
 
-@pytest.mark.parametrize("empty", [[], np.empty((0, 2), dtype=np.int64), np.empty((0,), dtype=np.int32)])
+@pytest.mark.parametrize(
+    "empty",
+    [
+        [],
+        np.empty((0, 2), dtype=np.int64),
+        np.empty((0,), dtype=np.int32),
+        (np.array([]), np.array([])),  # finding 9 of issue 32: float64 when empty, refused as floats
+        ([], []),
+        ((), ()),
+        (np.empty(0, np.int32), []),
+    ],
+)
 def test_empty_mapping_is_zero_rows(empty):
     assert normalize_mapping(empty).shape == (0, 2)
 

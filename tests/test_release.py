@@ -87,7 +87,7 @@ def test_the_releaser_relaxes_its_capture_mode_once_the_driver_takes_it(monkeypa
     initialized); it then freed in global mode for good.  It now asks at
     each release until the driver takes it, and then no more."""
     answers, asked, done = [None, 0], [], []
-    monkeypatch.setattr(release, "_exchange_capture_mode", lambda mode: asked.append(mode) or answers.pop(0))
+    monkeypatch.setattr(release.capture, "exchange", lambda mode: asked.append(mode) or answers.pop(0))
     work, relaxed = release.queue.SimpleQueue(), [False]
     for i in range(3):
         work.put((lambda i=i: done.append(i), None, "test memory"))

@@ -96,7 +96,7 @@ def test_array_keys_see_subclasses_and_dtype_changes():
     assert op_cache.array_key(a)[2] == (4, 8)
 
 
-def test_op_cache_evicts_the_oldest():
+def test_op_cache_evicts_the_least_recently_used():
     import numpy as np
 
     from cupy_swap.op_cache import OpCache
@@ -104,9 +104,31 @@ def test_op_cache_evicts_the_oldest():
     cache = OpCache(size=2)
     arrays = [np.zeros((2, 2), np.uint8) for _ in range(3)]
     keys = [cache.key(a, a) for a in arrays]
-    for k, a in zip(keys, arrays):
-        cache.put(k, id(a), a, a)
-    assert cache.get(keys[0]) is None and cache.get(keys[2]) == id(arrays[2])
+    cache.put(keys[0], 0, arrays[0], arrays[0])
+    cache.put(keys[1], 1, arrays[1], arrays[1])
+    assert cache.get(keys[0]) == 0  # used: the other one is now the least recent
+    cache.put(keys[2], 2, arrays[2], arrays[2])
+    assert cache.get(keys[1]) is None and cache.get(keys[0]) == 0 and cache.get(keys[2]) == 2
+
+
+def test_a_per_layer_loop_of_256_layouts_hits_after_its_first_pass():
+    """Finding 10 of issue 32: insertion-order eviction, and get() that did
+    not refresh, made a loop over 128 layouts miss on every call."""
+    import numpy as np
+
+    from cupy_swap.op_cache import OpCache
+    from cupy_swap.swapper import _OP_CACHE_SIZE
+
+    cache = OpCache(_OP_CACHE_SIZE)
+    arrays = [np.zeros((2, 2), np.uint8) for _ in range(257)]
+    built = 0
+    for _pass in range(3):
+        for a in arrays[:256]:
+            key = cache.key(a, a)
+            if cache.get(key) is None:
+                cache.put(key, id(a), a, a)
+                built += 1
+    assert built == 256
 
 
 def test_staged_refusals_name_the_real_reason():

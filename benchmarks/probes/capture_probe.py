@@ -17,7 +17,7 @@ import cupy as cp
 import numpy as np
 from cupy.cuda import runtime
 
-from cupy_swap.cuda import release
+from cupy_swap.cuda import capture
 
 _NON_BLOCKING = 1
 _PORTABLE_MAPPED = 3
@@ -40,7 +40,7 @@ def attempt(name: str, fn) -> None:
     started, finished = threading.Event(), threading.Event()
 
     def other():
-        with release.relaxed_capture_mode():
+        with capture.relaxed():
             started.wait()
             result["call"] = _outcome(fn)
         finished.set()
@@ -75,7 +75,7 @@ def same_thread() -> None:
         a += 1
 
     def allocate():
-        with release.relaxed_capture_mode():
+        with capture.relaxed():
             runtime.hostAlloc(4096, _PORTABLE_MAPPED)
             d = runtime.malloc(4096)
             private = runtime.streamCreateWithFlags(_NON_BLOCKING)

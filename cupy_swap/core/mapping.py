@@ -36,8 +36,13 @@ def index_pair(block_mapping) -> bool:
     return (
         type(block_mapping) is tuple
         and len(block_mapping) == 2
-        and all(getattr(a, "ndim", None) == 1 for a in block_mapping)
+        and all(getattr(a, "ndim", None) == 1 or _empty_sequence(a) for a in block_mapping)
     )
+
+
+def _empty_sequence(a) -> bool:
+    """``[]`` or ``()``: one side of an empty 1-D pair, ``([], [])``."""
+    return type(a) in _ROW_TYPES and not a
 
 
 def host_rows(block_mapping, max_blocks: int):
@@ -150,6 +155,8 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
 def _index_column(obj, side: str) -> np.ndarray:
     """One array of the 1-D form as int64 (CPU torch tensors by their NumPy view)."""
     a = np.asarray(obj.numpy() if _is_torch_cpu(obj) else obj)
+    if a.size == 0:  # np.array([]) is float64: empty is empty, whatever its dtype
+        return np.empty(0, np.int64)
     if a.dtype.kind not in "iu":
         raise TypeError(f"block_mapping: expected integer {side} block indices, got dtype {a.dtype}")
     if a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:

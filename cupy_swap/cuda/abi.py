@@ -90,7 +90,7 @@ DESCRIPTOR_ARGS = (
     ("i64", "first_pair"),
 )
 FETCH_KERNEL = "cupy_swap_fetch"  # descriptor upload, 16-byte words
-STATUS_WORDS = 4  # SwapStatus: seq, kind, row, value
+STATUS_WORDS = 8  # SwapStatus: seq, kind, row, value, alarm, 3 unused
 CHECK_KEY_LIMIT = 0xFFFFFFFF  # the check keeps source and destination blocks below this (32 bits)
 BYREF_PARTS = (16, 64, 256)  # CUPY_SWAP_BYREF_TIERS
 FETCH_THREADS = 256

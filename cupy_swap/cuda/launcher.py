@@ -25,7 +25,10 @@ in order, so a descriptor copy could wait behind a long transfer of another
 stream).  Buffers are allocated once, so their addresses never move.  A
 slot is rewritten only after the event recorded behind its last launch has
 completed, and the ring is freed (by the releaser thread) only after every
-slot's last launch has.  A descriptor swap captured into a graph gets
+slot's last launch has.  A swap takes a free slot, looking from the ring's
+next; it waits only when every slot is busy, and then for the first to free
+(the queueing rule: never for one stream's slot while another is free).
+Event queries and waits go through :mod:`.capture`'s relaxed mode.  A descriptor swap captured into a graph gets
 buffers of its own, kept for the life of the process.
 """
 
@@ -35,11 +38,12 @@ import collections
 import ctypes
 import functools
 import threading
+import time
 import warnings
 
 import numpy as np
 
-from . import abi, kernels, memory, release
+from . import abi, capture, kernels, memory, release
 from .driver import KernelNodeParams, graph_calls
 
 __all__ = ["Launcher", "BoundKernel", "KernelNode", "launch_shape"]
@@ -51,6 +55,9 @@ FETCH_MAX_CTAS = 16
 # further streams use cuLaunchKernel.
 MAX_KERNEL_NODES = 64
 _H2D = 1
+# A swap that finds every ring slot busy looks again after these many
+# seconds, doubling up to the last.
+_POLL_FIRST, _POLL_MAX = 20e-6, 1e-3
 # Host mappings of at most this many rows are checked on the host and travel
 # in the launch's parameter; longer ones go through a ring slot, checked in
 # the launch (benchmarks/NOTES.md, item 43).
@@ -391,12 +398,17 @@ class Launcher:
         """Hold ``keep`` (the caller's GPU mapping, which the swap's kernel
         reads) until ``event`` (recorded after that kernel) has completed:
         a temporary index tensor freed at once could otherwise be reused,
-        by an allocator of another stream, before the kernel reads it."""
+        by an allocator of another stream, before the kernel reads it.
+        Held first; completed ones are dropped with queries in relaxed mode,
+        and a query that fails keeps them (this never raises)."""
         with self._kept_lock:
             kept = self._kept
-            while kept and kept[0][0].done:
-                kept.popleft()
             kept.append((event, keep))
+            try:
+                while len(kept) > 1 and capture.event_done(kept[0][0]):
+                    kept.popleft()
+            except Exception:
+                pass
 
     def close(self) -> None:
         """Hand the ring to the releaser (freed after the swaps that read it)."""
@@ -410,7 +422,7 @@ class Launcher:
         if fn is None:
             from cupy.cuda import driver
 
-            with release.relaxed_capture_mode():  # a first swap may load kernels while a stream captures
+            with capture.relaxed():  # a first swap may load kernels while a stream captures
                 fn = kernels.get_function(self.device, name)
                 if name != abi.FETCH_KERNEL:
                     smem = abi.check_shared_bytes(self.check_rows_max)
@@ -439,7 +451,7 @@ class Launcher:
         """The inline tiers this GPU's module has for ``width``."""
         tiers = self._tiers.get(width)
         if tiers is None:
-            with release.relaxed_capture_mode():  # may compile and load the module
+            with capture.relaxed():  # may compile and load the module
                 tiers = [
                     t for t in abi.TIERS if kernels.has_function(self.device, abi.inline_kernel(width, t))
                 ]
@@ -478,7 +490,7 @@ class Launcher:
         if len(self._nodes) >= MAX_KERNEL_NODES or not self._finalizer.alive or not self._graphs_ok:
             return None
         try:
-            with release.relaxed_capture_mode():  # legal while another thread captures
+            with capture.relaxed():  # legal while another thread captures
                 node = KernelNode(fn, grid, threads, params)
         except Exception as e:
             self._graphs_ok = False
@@ -516,7 +528,7 @@ class Launcher:
         progress allows; the upload is captured with the launch."""
         n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
         words = abi.HEADER_WORDS + layout.table.size + 2 * n  # even: uploads move 16-byte words
-        with release.relaxed_capture_mode():
+        with capture.relaxed():
             host = memory.zeros_pinned_for_gpu(words, np.int64, self.device)
             slot = _Slot(host, release.device_malloc(8 * words, self.device))
         release.keep_for_process(slot)
@@ -526,7 +538,7 @@ class Launcher:
         """Write a descriptor through a ring slot into device memory at
         ``dst_ptr``, in order on ``stream`` (graph replays); returns the
         event recorded after the upload."""
-        event = self._event(disable_timing=True)
+        event = capture.new_event()
         held: list = []
         recorded = False
         try:
@@ -573,32 +585,48 @@ class Launcher:
         return self.function(abi.descriptor_kernel(layout.width)), grid, threads, args
 
     def acquire(self, held: list) -> _Slot:
-        """The next ring slot, locked and appended to ``held``, once the swap
-        that last used it has been enqueued (its lock) and its launch has
-        finished (its event).  The caller unlocks it with :meth:`release`."""
-        with self._lock:
-            slot = self._slots[self._next]
-            self._next = (self._next + 1) % len(self._slots)
-        slot.lock.acquire()
-        try:
-            if not self._finalizer.alive:  # closed while this swap waited for the slot
+        """A free ring slot, locked and appended to ``held``: the first,
+        from the ring's next, that no swap is enqueueing (its lock) and whose
+        last launch has finished (its event).  With every slot busy it polls
+        them until one frees (the wait counts in :attr:`ring_waits`).  The
+        caller unlocks it with :meth:`release`."""
+        pause = _POLL_FIRST
+        while True:
+            if not self._finalizer.alive:  # closed, maybe while this swap waited
                 raise RuntimeError("swap: the BlockSwapper that made this object is closed")
-            event = slot.event
-            if event is not None:
-                # A query or wait in global mode would break another thread's capture.
-                saved = release.relax_capture_mode()
+            slot = self._free_slot()
+            if slot is not None:
+                held.append(slot)  # from here on this swap may write it, so its release gates it
+                return slot
+            if pause == _POLL_FIRST:
+                with self._lock:
+                    self.ring_waits += 1
+            time.sleep(pause)
+            pause = min(2 * pause, _POLL_MAX)
+
+    def _free_slot(self) -> _Slot | None:
+        """One look round the ring: a free slot, locked, or None."""
+        slots = self._slots
+        n = len(slots)
+        with self._lock:
+            first = self._next
+            for k in range(n):
+                i = (first + k) % n
+                slot = slots[i]
+                if not slot.lock.acquire(blocking=False):
+                    continue  # a swap is enqueueing on it
                 try:
-                    if not event.done:
-                        with self._lock:
-                            self.ring_waits += 1
-                        _wait(event)
-                finally:
-                    release.restore_capture_mode(saved)
-        except BaseException:
-            slot.lock.release()  # not written: its event still gates it
-            raise
-        held.append(slot)  # from here on this swap may write it, so its release gates it
-        return slot
+                    busy = slot.event is not None and not capture.event_done(slot.event)
+                except BaseException:
+                    slot.lock.release()
+                    raise
+                if busy:
+                    slot.lock.release()
+                    continue
+                slot.event = None  # done: no query next time
+                self._next = (i + 1) % n
+                return slot
+        return None
 
     def release(self, held: list, event, stream: int) -> None:
         """Gate each slot in ``held`` behind ``event`` (recorded after the
@@ -610,7 +638,7 @@ class Launcher:
         try:
             if event is None:
                 try:
-                    with release.relaxed_capture_mode():  # legal while another thread captures
+                    with capture.relaxed():  # legal while another thread captures
                         event = self._event(disable_timing=True)
                         self._record(event.ptr, stream)
                 except Exception:
@@ -618,7 +646,8 @@ class Launcher:
                     from cupy.cuda import runtime
 
                     try:
-                        runtime.streamSynchronize(stream)  # nothing queued reads the slot any more
+                        with capture.relaxed():
+                            runtime.streamSynchronize(stream)  # nothing queued reads the slot any more
                     except Exception:
                         pass
         finally:

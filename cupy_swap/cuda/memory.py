@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import driver, release
+from . import capture, driver, release
 from .availability import translate_unavailable
 
 __all__ = [
@@ -145,12 +145,13 @@ class _PinnedBuffer:
         runtime.setDevice(device)
         try:
             # cudaHostAlloc(0) fails; keep a one-byte allocation behind empty arrays.
-            ptr = runtime.hostAlloc(max(nbytes, 1), _PORTABLE_MAPPED)
-            try:
-                alias = _device_alias(ptr)
-            except Exception:
-                runtime.freeHost(ptr)
-                raise
+            with capture.relaxed():  # legal while another thread captures
+                ptr = runtime.hostAlloc(max(nbytes, 1), _PORTABLE_MAPPED)
+                try:
+                    alias = _device_alias(ptr)
+                except Exception:
+                    runtime.freeHost(ptr)
+                    raise
         finally:
             runtime.setDevice(caller_device)
         _registry.add(_Range(ptr, ptr + max(nbytes, 1), alias - ptr if alias else None, True))
@@ -236,12 +237,13 @@ def register_range(ptr: int, nbytes: int, owned: bool = False) -> int:
     mapped).  ``owned`` (a shared pool): :func:`unregister_host` refuses it."""
     release.start()
     runtime = _runtime()
-    runtime.hostRegister(ptr, nbytes, _PORTABLE_MAPPED)
-    try:
-        alias = _device_alias(ptr)
-    except Exception:
-        runtime.hostUnregister(ptr)
-        raise
+    with capture.relaxed():  # legal while another thread captures
+        runtime.hostRegister(ptr, nbytes, _PORTABLE_MAPPED)
+        try:
+            alias = _device_alias(ptr)
+        except Exception:
+            runtime.hostUnregister(ptr)
+            raise
     _registry.add(_Range(ptr, ptr + nbytes, alias - ptr if alias else None, owned))
     return alias
 
@@ -363,7 +365,7 @@ def unregister_host(array: np.ndarray) -> None:
     runtime = _runtime()
     try:
         caller_device = runtime.getDevice()
-        with release.relaxed_capture_mode():
+        with capture.relaxed():
             try:
                 wait_for_gpus_in_use()
             finally:

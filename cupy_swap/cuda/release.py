@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import contextlib
-import ctypes
 import os
 import queue
 import sys
@@ -24,15 +22,14 @@ import threading
 import warnings
 import weakref
 
+from . import capture
+
 __all__ = [
     "defer",
     "when_dropped",
     "finalizer",
     "drain",
     "keep_for_process",
-    "relaxed_capture_mode",
-    "relax_capture_mode",
-    "restore_capture_mode",
     "device_malloc",
     "device_free",
 ]
@@ -44,8 +41,6 @@ _kept: list = []  # memory read by captured graphs: lives until the process exit
 # The last failed releases, ``(what, exception)``, newest last (also warned).
 failures: collections.deque = collections.deque(maxlen=32)
 
-# CUstreamCaptureMode
-_CAPTURE_MODE_RELAXED = 2
 _CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 
 
@@ -96,44 +91,6 @@ def keep_for_process(obj) -> None:
     _kept.append(obj)
 
 
-def relax_capture_mode() -> int | None:
-    """Make this thread's capture interaction mode *relaxed*; returns the
-    mode to give :func:`restore_capture_mode` (the hot path's form of
-    :func:`relaxed_capture_mode`, without a generator)."""
-    return _exchange_capture_mode(_CAPTURE_MODE_RELAXED)
-
-
-def restore_capture_mode(saved: int | None) -> None:
-    if saved is not None:
-        _exchange_capture_mode(saved)
-
-
-@contextlib.contextmanager
-def relaxed_capture_mode():
-    """This thread's capture interaction mode *relaxed* inside the block:
-    allocations there neither fail nor invalidate a capture in progress."""
-    saved = relax_capture_mode()
-    try:
-        yield
-    finally:
-        restore_capture_mode(saved)
-
-
-def _exchange_capture_mode(mode: int) -> int | None:
-    """Set this thread's capture interaction mode; the previous one (None
-    where the driver cannot be reached: then nothing can be captured)."""
-    from .driver import libcuda
-
-    lib = libcuda()
-    fn = getattr(lib, "cuThreadExchangeStreamCaptureMode", None) if lib is not None else None
-    if fn is None:
-        return None
-    value = ctypes.c_int(mode)
-    if fn(ctypes.byref(value)) != 0:
-        return None
-    return value.value
-
-
 def device_malloc(nbytes: int, device: int) -> int:
     """``cudaMalloc`` on ``device``, outside CuPy's stream-ordered pool (whose
     blocks queued work may still use); free it with :func:`device_free`.
@@ -146,7 +103,7 @@ def device_malloc(nbytes: int, device: int) -> int:
 
     start()
     size = max(int(nbytes), 1)
-    with on_device(device), relaxed_capture_mode():
+    with on_device(device), capture.relaxed():
         for attempt in range(2):
             try:
                 return runtime.malloc(size)
@@ -185,7 +142,7 @@ def _release_next(work: queue.SimpleQueue, relaxed: list) -> None:
         # once it takes: the thread may start before CUDA is initialized, and
         # the driver refuses the call until then; something to release means
         # CUDA is up.
-        relaxed[0] = _exchange_capture_mode(_CAPTURE_MODE_RELAXED) is not None
+        relaxed[0] = capture.exchange(capture.RELAXED) is not None
     try:
         if gate is not None:
             gate()

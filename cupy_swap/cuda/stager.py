@@ -18,7 +18,7 @@ from ..core.staged_plan import (
     kernel_pairs,
     staging_parts,
 )
-from . import release
+from . import capture, release
 from .resolve import resolve_layout
 
 __all__ = ["Stager"]
@@ -75,7 +75,7 @@ class Stager:
 
         # Relaxed: a first staged swap may come while a stream captures (this
         # thread's, refused after the allocation, or another thread's).
-        with release.relaxed_capture_mode():
+        with capture.relaxed():
             ptr = release.device_malloc(self.staging_bytes, self.device)  # not CuPy's stream-ordered pool
             self._finalizer = release.when_dropped(
                 self,
@@ -85,7 +85,7 @@ class Stager:
             )
             with cupy.cuda.Device(self.device):
                 self.stream = cupy.cuda.Stream(non_blocking=True)
-                self.start = cupy.cuda.Event(disable_timing=True)
+                self.start = capture.new_event()
         self.base = ptr  # last: it marks the stager ready
 
     # The row ring and the copy stream live in ``_users`` (see _ArenaUsers).
@@ -115,7 +115,7 @@ class Stager:
         import cupy
 
         with cupy.cuda.Device(self.device):
-            return cupy.cuda.Event(disable_timing=True)
+            return capture.new_event()
 
     def release(self, events) -> None:
         """Pool events whose waits are enqueued (a wait keeps the record it saw),
@@ -233,10 +233,11 @@ class Stager:
         except Exception:
             pass
         try:
-            rt.streamSynchronize(handle)
-            rt.streamSynchronize(st.stream.ptr)
-            for event in st.ring.events():
-                event.synchronize()
+            with capture.relaxed():
+                rt.streamSynchronize(handle)
+                rt.streamSynchronize(st.stream.ptr)
+                for event in st.ring.events():
+                    event.synchronize()
             st.ring, st.geometry = None, None
         except Exception:
             st.ring.drop_unsettled()

@@ -55,17 +55,22 @@ def swap_event_class():
             Bytes the swap moves.
         start : cupy.cuda.Event or None
             Recorded before the copies when timing was asked for.
-        check : object or None
-            For a swap whose launch checked its rows, where the verdict is
-            found (with ``seq``, the swap's number).
+        check : Ticket or None
+            For a swap whose launch checked its rows, where its verdict is
+            found (:mod:`cupy_swap.cuda.outcomes`).
+        seq : int or None
+            That swap's number, which its errors name.
         """
 
         def synchronize(self) -> None:
             """Wait for the swap; when its launch checked the rows, raise the
             error it found (IndexError or ValueError: nothing was copied)."""
-            super().synchronize()
+            from . import capture
+
+            with capture.relaxed():  # legal while another thread captures
+                super().synchronize()
             if self.check is not None:
-                self.check.raise_for(self.seq)
+                self.check.raise_on_event()
 
         def device_time(self) -> float:
             """Seconds of device time from the swap's start to its end (waits
@@ -133,8 +138,10 @@ def wait_handle(item, device: int | None = None, caller_device: int | None = Non
     if owner is None:
         default = stream in _DEFAULT_STREAM_HANDLES
         owner = caller_device if default and caller_device is not None else device
+    from . import capture
+
     with on_device(owner if owner is not None else cupy.cuda.runtime.getDevice()):
-        ev = cupy.cuda.Event(disable_timing=True)  # events are recorded on their own device's streams
+        ev = capture.new_event()  # events are recorded on their own device's streams
         try:
             cupy.cuda.runtime.eventRecord(ev.ptr, stream)
         except cupy.cuda.runtime.CUDARuntimeError as e:
@@ -257,9 +264,9 @@ class EventPool:
                 issued.rotate(-1)  # oldest -> newest
                 event.check = None
                 return event
-        from .release import relaxed_capture_mode
+        from . import capture
 
-        with relaxed_capture_mode():  # legal while a stream captures in global mode
+        with capture.relaxed():  # legal while another thread captures in global mode
             event = self._cls(disable_timing=not timed)
         event.start = event.check = event.seq = None
         if not timed:

@@ -1,0 +1,270 @@
+"""Outcomes: every swap checked inside its copy launch has exactly one
+verdict, told to its own caller, never lost and never false.
+
+**Invariant.**  A checked swap holds a :class:`Ticket`: one status record of
+its swapper's :class:`StatusBoard`, reserved for that swap alone from
+:meth:`StatusBoard.take` until the host has read the verdict its launch
+wrote there (``seq`` last, ``kernels_cu/block_swap.cu``).  No other swap's
+check can overwrite it, and it is never reused while unread.  The verdict
+read is kept in the ticket.  A failure is raised
+
+* by the swap's event, ``synchronize()`` (every time it is asked: the
+  event *is* that swap), else
+* once, by the next call of the same :class:`Channel` from the thread that
+  made the swap: a prepared op's channel, or for ``swap()`` the channel of
+  the arrays' cache key, which outlives the op cache's evictions
+  (:mod:`cupy_swap.op_cache`).
+
+A failure raised by a later call names the swap (its number, which its
+event carries as ``seq``) and says that the later call was not launched.
+An event that completed without its record holding the verdict raises a
+lost verdict (``RuntimeError``), never success.
+
+**Cost.**  A launch that finds a bad row also writes its number into the
+board's alarm word, so a call whose channel has tickets out learns with one
+read of pinned memory that no failure landed; records are collected (one
+NumPy pass over the board) only when the alarm moved or every record is
+reserved.  When all :data:`SLOTS` records are reserved by swaps whose
+checks have not run, :meth:`StatusBoard.take` waits on the host for the
+first to land (no driver call: it polls pinned memory).  A ticket whose
+launch raised is abandoned: its record comes back if that launch ran after
+all, else stays reserved (a broken context, where nothing launches again).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from . import abi, memory
+
+__all__ = ["StatusBoard", "Channel", "Ticket", "SLOTS", "mapping_error"]
+
+SLOTS = 4096
+_KIND, _ROW, _VALUE, _ALARM = 1, 2, 3, 4  # SwapStatus words (seq is word 0)
+_WAIT_START, _WAIT_MAX = 20e-6, 1e-3  # seconds between looks at a full board
+
+
+class Channel:
+    """Where the failures of one op's (or one pair of arrays') checked swaps
+    wait for the next call: ``open`` tickets not read yet, and ``failed``
+    ones read and not raised (guarded by the board's lock)."""
+
+    __slots__ = ("__weakref__", "open", "failed")
+
+    def __init__(self):
+        self.open = 0
+        self.failed: list[Ticket] = []
+
+    def raise_pending(self, board: StatusBoard) -> None:
+        """Raise the first failure of this thread's swaps that no event has
+        raised (once), before the calling swap launches anything."""
+        board.collect_if_alarmed()
+        if not self.failed:
+            return
+        me = threading.get_ident()
+        with board.lock:
+            ticket = next((t for t in self.failed if t.thread == me), None)
+            if ticket is None:
+                return
+            board.mark_raised(ticket)
+        raise mapping_error(ticket, earlier=True)
+
+
+class Ticket:
+    """One checked swap's claim on a status record."""
+
+    __slots__ = ("board", "index", "seq", "address", "channel", "layout", "thread", "verdict", "raised")
+
+    def __init__(self, board: StatusBoard, index: int, seq: int, channel: Channel | None, layout):
+        self.board, self.index, self.seq, self.channel, self.layout = board, index, seq, channel, layout
+        self.address = board.base + 8 * abi.STATUS_WORDS * index
+        self.thread = threading.get_ident()
+        self.verdict: tuple | None = None  # (kind, row, value) once read
+        self.raised = False
+
+    def raise_on_event(self) -> None:
+        """The swap's event completed: raise its failure (every time), or a
+        lost verdict when its record does not hold one."""
+        board = self.board
+        with board.lock:
+            verdict = board.settle(self)
+            if verdict is None:
+                raise RuntimeError(
+                    f"swap #{self.seq}: its launch completed without writing the verdict of its mapping check "
+                    f"(lost verdict); treat the swap as failed"
+                )
+            if verdict[0]:
+                board.mark_raised(self)
+        if verdict[0]:
+            raise mapping_error(self)
+
+    def abandon(self) -> None:
+        """The launch raised: nobody is told this ticket's verdict."""
+        with self.board.lock:
+            if self.channel is not None and self.verdict is None:
+                self.channel.open -= 1
+            self.channel = None
+
+
+class StatusBoard:
+    """The status records of one swapper's checked launches, and their
+    tickets.
+
+    Parameters
+    ----------
+    device : int
+        The swapper's GPU (the records are allocated with it current).
+    slots : int
+        Records (tests make few to see them reserved).
+    records : numpy.ndarray of shape (slots + 1, STATUS_WORDS), int64, optional
+        Memory to use instead of mapped pinned memory, at device address
+        ``base`` (tests play the kernel's part with :meth:`land`).
+    base : int, optional
+
+    Attributes
+    ----------
+    base : int
+        Device address of record 0, or 0 where host memory cannot be mapped
+        into the GPU's address space: then no launch can report, and every
+        mapping is checked on the host.
+    waits : int
+        Times :meth:`take` waited for a record (all were reserved).
+    """
+
+    def __init__(self, device: int, slots: int = SLOTS, *, records: np.ndarray | None = None, base: int = 0):
+        if records is None:
+            records = memory.zeros_pinned_for_gpu((slots + 1, abi.STATUS_WORDS), np.int64, device)
+            base = memory.host_alias(records.ctypes.data, records.nbytes)
+        self.slots, self.records, self.base = slots, records, base
+        # The last row's first word is the alarm; every record points its launch there.
+        records[:slots, _ALARM] = base + 8 * abi.STATUS_WORDS * slots if base else 0
+        self._item = records.item
+        self._alarm_seen = 0
+        self._expected = np.zeros(slots, np.int64)  # the seq each reserved record waits for; 0: free
+        self._tickets: list[Ticket | None] = [None] * slots
+        self._free = list(range(slots - 1, -1, -1))
+        self._failing: set[Channel] = set()  # channels holding failures nobody raised (kept alive)
+        self._seq = 0
+        self.lock = threading.Lock()
+        self.waits = 0
+
+    def take(self, channel: Channel | None, layout) -> Ticket:
+        """A ticket for the next checked launch (waits while every record
+        is reserved by a check that has not run)."""
+        with self.lock:
+            if not self._free:
+                self._wait_for_a_record()
+            index = self._free.pop()
+            self._seq += 1
+            ticket = Ticket(self, index, self._seq, channel, layout)
+            self._expected[index] = ticket.seq
+            self._tickets[index] = ticket
+            if channel is not None:
+                channel.open += 1
+        return ticket
+
+    def _wait_for_a_record(self) -> None:
+        """Under the lock: collect until a record is free, sleeping between
+        looks without the lock (other threads' events read meanwhile)."""
+        pause = _WAIT_START
+        while True:
+            self._collect()
+            if self._free:
+                return
+            self.waits += 1
+            self.lock.release()
+            try:
+                time.sleep(pause)
+            finally:
+                self.lock.acquire()
+            pause = min(2 * pause, _WAIT_MAX)
+
+    def settle(self, ticket: Ticket) -> tuple | None:
+        """Under the lock: ``ticket``'s verdict, reading its record (then
+        free) once the check has run; None before."""
+        if ticket.verdict is None:
+            index = ticket.index
+            if self._item(index, 0) != ticket.seq or self._expected[index] != ticket.seq:
+                return None
+            ticket.verdict = (self._item(index, _KIND), self._item(index, _ROW), self._item(index, _VALUE))
+            self._expected[index] = 0
+            self._tickets[index] = None
+            self._free.append(index)
+            channel = ticket.channel
+            if channel is not None:
+                channel.open -= 1
+                if ticket.verdict[0] and not ticket.raised:
+                    channel.failed.append(ticket)
+                    self._failing.add(channel)
+        return ticket.verdict
+
+    def mark_raised(self, ticket: Ticket) -> None:
+        """Under the lock: ``ticket``'s failure has been raised to its caller."""
+        ticket.raised = True
+        channel = ticket.channel
+        if channel is not None and ticket in channel.failed:
+            channel.failed.remove(ticket)
+            if not channel.failed:
+                self._failing.discard(channel)
+
+    def collect_if_alarmed(self) -> None:
+        """Read every landed record if a launch reported a failure since the
+        last look (one read of the alarm word otherwise)."""
+        alarm = self._item(self.slots, 0)
+        if alarm != self._alarm_seen:
+            with self.lock:
+                self._alarm_seen = alarm
+                self._collect()
+
+    def _collect(self) -> None:
+        """Under the lock: settle every ticket whose check has run."""
+        expected = self._expected
+        landed = np.flatnonzero((self.records[: self.slots, 0] == expected) & (expected != 0))
+        for index in landed.tolist():
+            self.settle(self._tickets[index])
+
+    def land(self, seq: int, kind: int = 0, row: int = 0, value: int = 0) -> None:
+        """Write swap ``seq``'s verdict as its launch does (tests and
+        stand-ins; the kernel writes the records on the GPU)."""
+        index = next(i for i, t in enumerate(self._tickets) if t is not None and t.seq == seq)
+        self.records[index, _KIND : _VALUE + 1] = kind, row, value
+        self.records[index, 0] = seq
+        if kind:
+            self.records[self.slots, 0] = seq
+
+
+def mapping_error(ticket: Ticket, earlier: bool = False) -> Exception:
+    """The exception of a failed check, naming the swap, the row and the
+    part; ``earlier``: raised by a later call of the same channel.  The
+    exception's ``swap_seq`` is the swap's number (its event's ``seq``)."""
+    kind, row, value = ticket.verdict
+    layout = ticket.layout
+    if kind == 3:
+        error, what = (
+            ValueError,
+            f"expected distinct destination blocks, got block {value} again in row {row}",
+        )
+    else:
+        side, limit, name = (
+            ("source", layout.src_limit, layout.src_limit_name)
+            if kind == 1
+            else ("destination", layout.dst_limit, layout.dst_limit_name)
+        )
+        error = IndexError
+        what = (
+            f"{side} block index {value} in row {row} is out of range for {name} with {limit} blocks "
+            f"(expected 0 <= index < {limit})"
+        )
+    if earlier:
+        text = (
+            f"block_mapping of an earlier swap (swap #{ticket.seq}, whose event nobody synchronized): {what}; "
+            f"its copy launch checked it and copied nothing; this call was not launched"
+        )
+    else:
+        text = f"block_mapping of swap #{ticket.seq}: {what} (checked by the copy launch; nothing was copied)"
+    exc = error(text)
+    exc.swap_seq = ticket.seq
+    return exc
