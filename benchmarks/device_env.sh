@@ -10,3 +10,4 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}  # NIXL over loopback only

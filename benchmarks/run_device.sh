@@ -3,7 +3,9 @@
 #   CUPY_SWAP_COMMIT=$(git rev-parse --short HEAD) STEPS="tests gpus" \
 #       bash benchmarks/run_device.sh [pytest args for the tests step]
 # Steps (default "tests"), in the order given:
-#   tests    the README's test command: every test, GPU and two-GPU ones included  (~3 min)
+#   tests    the README's test command: every test, GPU and two-GPU ones included  (~8 min)
+#   shards   the same suite in $SHARDS (4) parallel processes, by file (pytest-xdist)  (~3 min)
+#   trust    issue 32's probes: a slot swap beside a gated one, what a release blocks
 #   peers    bench --peers: the README's performance table and chart               (~2 min)
 #   gpus     bench --gpus all, 1250 x 32 KiB and 2 MiB, every driver               (~3 min)
 #   bench    the reference table, the wide sweep, duplex, staged sweep, pytest-benchmark,
@@ -35,6 +37,13 @@ for step in $STEPS; do
         fi
         $PY -m pytest -q -rs -p no:cacheprovider "$@" >>"$OUT/pytest.log" 2>&1 || status=1
         tail -40 "$OUT/pytest.log" ;;
+    shards)
+        n=${SHARDS:-4}
+        log="$OUT/shards${RUN:-}.log"
+        $PY -m pytest -q -rs -p no:cacheprovider -n "$n" --dist loadfile "$@" >"$log" 2>&1 || status=1
+        tail -15 "$log" ;;
+    trust)
+        $PY benchmarks/probes/trust_probe.py 2>&1 | tee "$OUT/trust_probe.log" || status=1 ;;
     peers)
         bench --peers --json "$OUT/peers.json" 2>&1 | tee "$OUT/peers.log" || status=1 ;;
     gpus)
