@@ -97,11 +97,16 @@ def test_bad_argument_is_reported_before_the_gpu_check(argv, message, monkeypatc
 # (b) and (d): no GPU has its own exit code, and the message does not send a
 # user without a driver to upgrade one.
 @pytest.mark.skipif(GPU_OK, reason="checks the no-GPU message")
-@pytest.mark.parametrize("argv", [[], ["demo"], ["bench"], ["calibrate"]])
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["demo"], ["bench"], ["calibrate"]]
+    + [["bench", *mode.split()] for mode in ("--peers", "--engines", "--bidir", "--gpus all", "--host-time")]
+    + [["bench", "--with-gemm"], ["bench", "--sweep", "wide"]],
+)
 def test_without_gpu_says_so_and_exits_3(argv):
     r = _run(*argv)
     assert r.returncode == EXIT_NO_GPU, r.stderr
-    assert "GPU" in r.stderr and "Traceback" not in r.stderr
+    assert "GPU" in r.stderr and "Traceback" not in r.stderr and r.stderr.count("\n") == 1  # one line
     assert f"exit status {EXIT_NO_GPU}" in r.stderr
     if availability.probe_driver() is None:  # this machine has no driver at all
         assert "no NVIDIA driver found" in r.stderr
@@ -178,7 +183,9 @@ def test_demo_footprint_is_what_the_demo_allocates(direction, monkeypatch):
     monkeypatch.setattr(bench.memory, "empty_pinned", allocate(host))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(empty=allocate(gpu), uint8=np.uint8))
     monkeypatch.setattr(bench, "fill_random", lambda a, rng: None)
-    bench.CaseBuffers(bench.SwapCase(direction, cli_demo.BLOCK_BYTES, cli_demo.DEMO_BLOCKS), np.random.default_rng(0))
+    bench.CaseBuffers(
+        bench.SwapCase(direction, cli_demo.BLOCK_BYTES, cli_demo.DEMO_BLOCKS), np.random.default_rng(0)
+    )
     assert sum(a.nbytes for a in host) == sum(a.nbytes for a in gpu) == cli_demo.demo_footprint()
 
 
@@ -416,7 +423,7 @@ def test_without_cupy_says_so_with_the_install_command(monkeypatch, capsys):
         err = capsys.readouterr().err
         assert err.startswith("cupy_swap: CuPy is not installed (")
         assert 'pip install ".[cuda12]" (CUDA 12.x driver)' in err and 'pip install ".[cuda13]"' in err
-        assert "This command needs CuPy (exit status 3: CuPy missing)." in err
+        assert "; this command needs CuPy (exit status 3: CuPy missing)." in err and err.count("\n") == 1
         assert "needs an NVIDIA GPU" not in err and "cupy-swap[" not in err
     assert cli.main(["info"]) == EXIT_NO_GPU
     err = capsys.readouterr().err

@@ -69,10 +69,7 @@ def require_gpu() -> str:
             needs = f"CuPy (exit status {EXIT_NO_GPU}: CuPy missing)"
         else:
             needs = f"an NVIDIA GPU and its driver (exit status {EXIT_NO_GPU}: no usable GPU)"
-        print(
-            f"cupy_swap: {no_gpu_message(what)}.\nThis command needs {needs}.",
-            file=sys.stderr,
-        )
+        print(f"cupy_swap: {no_gpu_message(what)}; this command needs {needs}.", file=sys.stderr)  # one line
         raise SystemExit(EXIT_NO_GPU)
     return what
 
