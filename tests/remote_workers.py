@@ -36,13 +36,14 @@ def to_host(parts) -> list:
     return out
 
 
-def serve(conn, name: str, specs: dict, md_dir: str) -> None:
+def serve(conn, name: str, specs: dict, md_dir: str, agent_kw: dict | None = None) -> None:
     """Run the peer: publish metadata to ``md_dir/<name>``, connect the
-    parent's from ``md_dir/parent``, then answer commands until "exit"."""
+    parent's from ``md_dir/parent``, then answer commands until "exit"
+    (``agent_kw``: RemoteAgent keywords, e.g. ``peer_timeout``)."""
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
-    from cupy_swap.remote import RemoteAgent, fetch, publish
+    from cupy_swap.remote import RemoteAgent, fetch, publish, wire
 
-    agent = RemoteAgent(name)
+    agent = RemoteAgent(name, **(agent_kw or {}))
     pools = {}
     for pool, spec in specs.items():
         pools[pool] = make_parts(spec, spec.get("mem", "host"))
@@ -73,6 +74,36 @@ def serve(conn, name: str, specs: dict, md_dir: str) -> None:
                 conn.send(out)
             elif cmd == "metadata":
                 conn.send(agent.metadata())
+            elif cmd == "nap":  # answer, then neither poll nor progress for a while (killed meanwhile, say)
+                conn.send(True)
+                time.sleep(arg)
+            elif cmd == "nap_then_reregister":  # a request reaches it asleep; then drop, register anew
+                seconds, pool = arg
+                conn.send(True)
+                time.sleep(seconds)
+                agent.drop_pool(pool)
+                pools[pool] = make_parts(specs[pool], specs[pool].get("mem", "host"))
+                agent.register_pool(pool, pools[pool], staging_blocks=specs[pool].get("staging", 0))
+                publish(os.path.join(md_dir, name), agent.metadata())
+            elif cmd == "stall_gathers":  # staged writes from this side gather, but never say so
+                for pool in agent._pools.values():
+                    if pool.stager is not None:
+                        pool.stager.gather = stalled(pool.stager.gather)
+                conn.send(True)
+            elif cmd == "hold_acks":  # scatter staged arrivals, never acknowledge them
+                send = agent.nixl.send_notif
+
+                def held(peer, msg, send=send):
+                    note = wire.unpack_note(msg)
+                    if note is not None and note.kind == wire.SCATTERED:
+                        return None
+                    return send(peer, msg)
+
+                agent.nixl.send_notif = held
+                conn.send(True)
+            elif cmd == "state":  # what a pool's receive run holds
+                slots = agent._pools[arg].slots
+                conn.send((int(slots.free.sum()), len(slots.grants), len(slots.queue)))
             elif cmd == "nap_then_drop":  # answer, then neither poll nor progress for a while, then drop
                 seconds, pool = arg
                 conn.send(True)
@@ -101,6 +132,16 @@ def serve(conn, name: str, specs: dict, md_dir: str) -> None:
                 return
         except Exception as e:  # the test reads it
             conn.send(e)
+
+
+def stalled(gather):
+    """A stager's gather whose chunks never report finished (the chunks are never posted)."""
+
+    def run(src, stream=None, chunk=0, offset=0):
+        gather(src, stream, chunk, offset) if offset else gather(src, stream, chunk)
+        return [(lambda: False) for _ in range(0, src.shape[0], chunk or src.shape[0])]
+
+    return run
 
 
 def to_device(part, data):

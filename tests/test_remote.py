@@ -55,10 +55,11 @@ LOCAL = {
 class Peer:
     """A worker process (tests/remote_workers.py) and the pipe to it."""
 
-    def __init__(self, agent: RemoteAgent, md_dir, specs: dict, name: str):
+    def __init__(self, agent: RemoteAgent, md_dir, specs: dict, name: str, agent_kw: dict | None = None):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, name, specs, str(md_dir)), daemon=True)
+        args = (child, name, specs, str(md_dir), agent_kw)
+        self.proc = ctx.Process(target=serve, args=args, daemon=True)
         self.proc.start()
         self.name = agent.connect(fetch(os.path.join(md_dir, name), timeout=60))
         status, self.pid = self.call(None, timeout=60)
@@ -74,9 +75,17 @@ class Peer:
             raise out
         return out
 
+    def kill(self):
+        """SIGKILL the worker and reap it."""
+        self.proc.kill()
+        self.proc.join(10)
+
     def stop(self, agent: RemoteAgent):
         """Stop the worker, then close ``agent`` (told nothing of a peer already gone)."""
-        agent.disconnect(self.name)
+        for t in list(getattr(agent._peers.get(self.name), "transfers", ())):
+            t.close()
+        if self.name in agent._peers:
+            agent.disconnect(self.name)
         if self.proc.is_alive():
             try:
                 self.call("exit", timeout=10)
@@ -88,20 +97,22 @@ class Peer:
         agent.close()
 
 
-def loopback_agent(name: str) -> RemoteAgent:
+def loopback_agent(name: str, **kw) -> RemoteAgent:
     """An agent whose UCX uses the loopback device only (read when the agent starts)."""
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
-    return RemoteAgent(name)
+    return RemoteAgent(name, **kw)
 
 
-def start(md_dir, local_specs: dict, peer_specs: dict, name: str):
-    agent = loopback_agent(f"parent-{name}")
+def start(md_dir, local_specs: dict, peer_specs: dict, name: str, **kw):
+    """A parent agent with ``local_specs`` pools and a worker with ``peer_specs``;
+    ``kw``: RemoteAgent keywords for both (e.g. ``peer_timeout``)."""
+    agent = loopback_agent(f"parent-{name}", **kw)
     pools = {}
     for pool, spec in local_specs.items():
         pools[pool] = make_parts(spec, spec.get("mem", "host"))
         agent.register_pool(pool, pools[pool], staging_blocks=spec.get("staging", 0))
     publish(os.path.join(md_dir, "parent"), agent.metadata())
-    return agent, pools, Peer(agent, md_dir, peer_specs, name)
+    return agent, pools, Peer(agent, md_dir, peer_specs, name, kw)
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +347,7 @@ def gathered_one_at_a_time(agent, ready: list):
     gather = stager.gather
 
     def chunked(src, stream=None, chunk=0, offset=0):
-        gather(src, stream, chunk, offset)
+        gather(src, stream, chunk, offset) if offset else gather(src, stream, chunk)
         return [(lambda i=i: ready[i]) for i in range(len(range(0, src.shape[0], chunk)))]
 
     stager.gather = chunked
