@@ -81,7 +81,10 @@ def test_two_failures_are_each_raised_once(rng):
     sw = cs.BlockSwapper(max_blocks=ROWS)
     host, gpu = _pools(rng)
     op = sw.prepare(host, gpu)
-    one, two = op(_bad(rng)), op(_bad(rng))
+    stream = cp.cuda.Stream(non_blocking=True)
+    gate = Gate(stream)  # neither check runs before both swaps are made
+    one, two = op(_bad(rng), stream=stream), op(_bad(rng), stream=stream)
+    gate.open()
     with pytest.raises(ValueError, match=f"swap #{two.seq}"):
         two.synchronize()
     with pytest.raises(ValueError, match=rf"earlier swap \(swap #{one.seq}.*this call was not launched"):
@@ -140,8 +143,10 @@ def test_calls_between_replays_leave_another_threads_capture_valid(rng):
         gs.set_mapping(random_mapping(8, 256, 256, rng))
         gs.launch()
     stream = cp.cuda.Stream(non_blocking=True)
+    rows_on_gpu = cp.asarray(random_mapping(ROWS, 256, 256, rng))  # cupy.asarray allocates pinned memory
+    cp.cuda.Device().synchronize()
     with another_thread_capturing(sw.device):
-        ev = op(cp.asarray(random_mapping(ROWS, 256, 256, rng)), stream=stream)
+        ev = op(rows_on_gpu, stream=stream)
         gs.set_mapping(random_mapping(8, 256, 256, rng), stream=stream)
         gs.launch(stream=stream)
         sw2 = cs.BlockSwapper(max_blocks=ROWS)
