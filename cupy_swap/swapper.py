@@ -61,9 +61,9 @@ class BlockSwapper:
     ring_size : int, optional
         Ring slots of kernel swaps that do not travel whole in the kernel's
         parameter (more than 16 host rows checked in the launch, more rows
-        than an inline tier holds, staged swaps); swaps beyond this many
-        still queued make ``swap`` wait on the host for the oldest. Default
-        16.
+        than an inline tier holds, staged swaps).  A swap takes any free
+        slot; only when all are still queued does ``swap`` wait on the host,
+        for the first to free. Default 16.
     capture_slots : int, optional
         Deprecated and ignored: captured swaps no longer take slots from a
         reserve (see :meth:`swap`).
@@ -272,9 +272,11 @@ class BlockSwapper:
             destination block twice).  ``"host"``: before anything is
             launched, raised by this call.  ``"launch"``: by the copy kernel
             itself, before any CTA writes, so a bad mapping writes nothing;
-            its error is raised by the returned event's ``synchronize()``
-            and by the next call of the same op (not by a plain
-            ``stream.synchronize()``).  ``None`` (default): ``"host"`` for
+            its error is raised by the returned event's ``synchronize()``,
+            else once by the next call of the same op (for ``swap()``: of
+            the same arrays) from the same thread, which then launches
+            nothing; never by a plain ``stream.synchronize()``.  The error's
+            ``swap_seq`` is the failed swap's number (its event's ``seq``).  ``None`` (default): ``"host"`` for
             up to 16 rows on the host (1 us of Python); ``"launch"`` for
             more rows on the host (they travel in a pinned ring slot the
             kernel reads: 5-6 us less host time a call) and for mappings on
@@ -292,7 +294,7 @@ class BlockSwapper:
         -----
         ``swap`` never synchronizes with the device, except when more than
         ``ring_size`` kernel swaps are still queued (it then waits for the
-        oldest).  It may be called while ``stream`` captures a CUDA graph: the
+        first to finish).  It may be called while ``stream`` captures a CUDA graph: the
         captured swap keeps the mapping given at capture (in the kernel's
         parameters, or for more pairs than they hold in a descriptor
         buffer of its own, kept for the life of the process).  For a

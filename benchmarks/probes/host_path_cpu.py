@@ -23,8 +23,9 @@ import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(HERE / "tests"))
-sys.path.insert(0, os.environ.get("ROOT", str(HERE)))
+ROOT = os.environ.get("ROOT", str(HERE))
+sys.path.insert(0, str(Path(ROOT) / "tests"))
+sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 from fakes import FakeGpu  # noqa: E402
@@ -32,7 +33,7 @@ from fakes import FakeGpu  # noqa: E402
 from cupy_swap import prepared  # noqa: E402
 from cupy_swap.core.layout import layout_from_parts  # noqa: E402
 from cupy_swap.core.route import Policy  # noqa: E402
-from cupy_swap.cuda import abi, launcher, status, streams  # noqa: E402
+from cupy_swap.cuda import abi, launcher, streams  # noqa: E402
 from cupy_swap.cuda.copy_engine import DmaCopier  # noqa: E402
 from cupy_swap.cuda.driver import KernelNodeParams  # noqa: E402
 from cupy_swap.cuda.resolve import resolve_layout  # noqa: E402
@@ -87,6 +88,21 @@ class _Launcher(launcher.Launcher):
         return node
 
 
+def _board():
+    """A status board over NumPy records (the tree before issue 32 had status.py)."""
+    try:
+        from cupy_swap.cuda import outcomes
+    except ImportError:
+        from cupy_swap.cuda import status
+
+        board = status.StatusBoard.__new__(status.StatusBoard)
+        board.slots, board.records = status.SLOTS, np.zeros((status.SLOTS, abi.STATUS_WORDS), np.int64)
+        board.base, board._numbers, board._item = 0x1000, itertools.count(1), board.records.item
+        return board
+    records = np.zeros((outcomes.SLOTS + 1, abi.STATUS_WORDS), np.int64)
+    return outcomes.StatusBoard(0, outcomes.SLOTS, records=records, base=0x1000)
+
+
 def _swapper():
     """What ``PreparedSwap`` reads of its swapper, CUDA calls as no-ops."""
     events = streams.EventPool.__new__(streams.EventPool)
@@ -95,9 +111,7 @@ def _swapper():
     dma = DmaCopier()
     dma._memcpy, dma._batch = _no_op, (_no_op, False)
     current = types.SimpleNamespace(ptr=7)
-    board = status.StatusBoard.__new__(status.StatusBoard)  # pinned records stood in by NumPy
-    board.slots, board.records = status.SLOTS, np.zeros((status.SLOTS, abi.STATUS_WORDS), np.int64)
-    board.base, board._numbers, board._item = 0x1000, itertools.count(1), board.records.item
+    board = _board()
     return types.SimpleNamespace(
         _status=board,
         device=0,

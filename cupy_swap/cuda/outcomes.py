@@ -45,6 +45,7 @@ __all__ = ["StatusBoard", "Channel", "Ticket", "SLOTS", "mapping_error"]
 SLOTS = 4096
 _KIND, _ROW, _VALUE, _ALARM = 1, 2, 3, 4  # SwapStatus words (seq is word 0)
 _WAIT_START, _WAIT_MAX = 20e-6, 1e-3  # seconds between looks at a full board
+_thread_id = threading.get_ident
 
 
 class Channel:
@@ -64,7 +65,7 @@ class Channel:
         board.collect_if_alarmed()
         if not self.failed:
             return
-        me = threading.get_ident()
+        me = _thread_id()
         with board.lock:
             ticket = next((t for t in self.failed if t.thread == me), None)
             if ticket is None:
@@ -80,8 +81,8 @@ class Ticket:
 
     def __init__(self, board: StatusBoard, index: int, seq: int, channel: Channel | None, layout):
         self.board, self.index, self.seq, self.channel, self.layout = board, index, seq, channel, layout
-        self.address = board.base + 8 * abi.STATUS_WORDS * index
-        self.thread = threading.get_ident()
+        self.address = board.addresses[index]
+        self.thread = _thread_id()
         self.verdict: tuple | None = None  # (kind, row, value) once read
         self.raised = False
 
@@ -143,7 +144,8 @@ class StatusBoard:
         records[:slots, _ALARM] = base + 8 * abi.STATUS_WORDS * slots if base else 0
         self._item = records.item
         self._alarm_seen = 0
-        self._expected = np.zeros(slots, np.int64)  # the seq each reserved record waits for; 0: free
+        self.addresses = [base + 8 * abi.STATUS_WORDS * i for i in range(slots)]
+        self._expected = [0] * slots  # the seq each reserved record waits for; 0: free
         self._tickets: list[Ticket | None] = [None] * slots
         self._free = list(range(slots - 1, -1, -1))
         self._failing: set[Channel] = set()  # channels holding failures nobody raised (kept alive)
@@ -221,7 +223,7 @@ class StatusBoard:
 
     def _collect(self) -> None:
         """Under the lock: settle every ticket whose check has run."""
-        expected = self._expected
+        expected = np.array(self._expected, np.int64)
         landed = np.flatnonzero((self.records[: self.slots, 0] == expected) & (expected != 0))
         for index in landed.tolist():
             self.settle(self._tickets[index])
