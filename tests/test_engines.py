@@ -413,3 +413,18 @@ def test_load_run_reads_engines_reports(tmp_path):
 def test_the_part_tables_know_engines():
     assert cli_bench.PART_TAKES["--engines"] == {"counts", "directions"}
     assert "--engines" in cli_bench.PART_MEASURES
+
+
+def test_markdown_table_bolds_the_lead_and_marks_mismatches():
+    rows = [_row(), _row(n=256, direction="out", pr_per_part=50)]
+    rows[1]["v1_pattern_ok"] = False
+    lines = engines.markdown_table(rows)
+    assert lines[0] == (
+        "| cache | blocks | direction | memcpy | PR per part | V1 pattern | prepared | prepared, GPU rows | swap() |"
+    )
+    assert (
+        lines[2]
+        == "| 64 x 32 KiB | 16 | host -> GPU | 50.0 | 30.0 (100) | 25.0 (100) | **45.0 (10)** | 44.0 (10) | 40.0 (10) |"
+    )
+    assert "| **50.0 (100)** | 25.0 (100) ! |" in lines[3]
+    assert engines.markdown_table(rows, keep=lambda r: r["direction"] == "in")[2:] == [lines[2]]

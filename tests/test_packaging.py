@@ -121,8 +121,8 @@ def test_wheel_is_typed(wheel):
 
 
 @pytest.fixture(scope="module")
-def sdist_names(tmp_path_factory) -> list[str]:
-    """The paths inside a freshly built sdist, without its top folder."""
+def sdist(tmp_path_factory) -> Path:
+    """A freshly built sdist."""
     problem = _backend_problem()
     if problem:
         pytest.skip(problem)
@@ -133,20 +133,52 @@ def sdist_names(tmp_path_factory) -> list[str]:
         [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(out), str(ROOT)],
         "sdist",
     )
+    (found,) = out.glob("*.tar.gz")
+    return found
+
+
+@pytest.fixture(scope="module")
+def sdist_names(sdist) -> list[str]:
+    """The paths inside the sdist, without its top folder."""
     import tarfile
 
-    (sdist,) = out.glob("*.tar.gz")
     return [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
+
+
+# The one earlier-run folder the sdist carries: the engine-shapes run the README quotes and charts.
+CARRIED_HISTORY = ("benchmarks/results/history/README.md", "benchmarks/results/history/engine-shapes/")
 
 
 def test_sdist_carries_the_sources_and_the_current_results_only(sdist_names):
     """The source distribution has what a build and the tests need, and the
-    current results page with its files, but not the earlier runs."""
+    current results page with its files, the index of the earlier runs and
+    the engine-shapes run, but not the other earlier runs."""
     names = sdist_names
     assert "kernels_cu/block_swap.cu" in names and "cupy_swap/py.typed" in names and "CHANGELOG.md" in names
     assert "benchmarks/lean_goals.py" in names
     assert "benchmarks/results/README.md" in names and "benchmarks/results/peers.json" in names
-    assert not [n for n in names if n.startswith(("benchmarks/results/history", "benchmarks/wip"))]
+    assert "benchmarks/results/history/README.md" in names
+    history = [n for n in names if n.startswith("benchmarks/results/history/")]
+    assert history and all(n.startswith(CARRIED_HISTORY) for n in history), history
+    assert not [n for n in names if n.startswith("benchmarks/wip")]
+
+
+def test_tests_that_read_the_results_pass_in_the_unpacked_sdist(sdist, tmp_path):
+    """The tests that read benchmarks/results run from the unpacked archive
+    (they once failed there: the history index was left out)."""
+    import tarfile
+
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path, filter="data")
+    (top,) = tmp_path.iterdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_tables.py"],
+        capture_output=True,
+        text=True,
+        cwd=top,
+        env=dict(os.environ, PYTHONPATH=str(top)),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def readme_links() -> list[str]:
@@ -177,6 +209,17 @@ def test_metadata_names_authors_platforms_and_every_extra():
             f"the README does not document the {extra} extra"
         )
     assert any(r.startswith("ml_dtypes") for r in project["optional-dependencies"]["test"])
+
+
+def test_metadata_and_readme_name_the_repository(wheel):
+    urls = _pyproject()["project"]["urls"]
+    home = urls["Homepage"]
+    assert home.startswith("https://github.com/") and urls["Source"] == home
+    assert home in (ROOT / "README.md").read_text()
+    z = zipfile.ZipFile(wheel)
+    (meta,) = [n for n in z.namelist() if re.fullmatch(r"cupy_swap-[^/]+\.dist-info/METADATA", n)]
+    headers = z.read(meta).decode().split("\n\n", 1)[0].splitlines()
+    assert f"Project-URL: Homepage, {home}" in headers  # what `pip show` and package indexes print
 
 
 def test_wheel_carries_the_licence(wheel):

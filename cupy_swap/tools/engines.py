@@ -57,6 +57,7 @@ __all__ = [
     "table_head",
     "table_line",
     "legend_lines",
+    "markdown_table",
     "run_engines",
 ]
 
@@ -372,6 +373,41 @@ def table_line(r: dict) -> str:
         + " ".join(cells)
         + f"  {paths.get('prepared', '-')}"
     )
+
+
+MARKDOWN_ORDER = ("pr_per_part", "v1_pattern", "prepared", "prepared_gpu_rows", "swap")
+
+
+def markdown_table(rows: list, keep=None) -> list[str]:
+    """A Markdown table of ``rows`` (those ``keep(row)`` accepts): GB/s with
+    host µs per call in brackets; bold: the row's fastest contender whose
+    bytes matched; ``!``: bytes that did not match; ``-``: not measured."""
+    head = ["cache", "blocks", "direction", "memcpy", *(COLUMNS[c] for c in MARKDOWN_ORDER)]
+    head[head.index("GPU rows")] = "prepared, GPU rows"
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    shapes = {sh.key: sh for sh in SHAPES}
+    for r in rows:
+        if keep is not None and not keep(r):
+            continue
+        shape = shapes.get(r["shape"])
+        cells = [
+            f"{shape.label() if shape else r['shape']}",
+            str(r["num_blocks"]),
+            "host -> GPU" if r["direction"] == "in" else "GPU -> host",
+            f"{r['ceiling_gbps']:.1f}",
+        ]
+        for c in MARKDOWN_ORDER:
+            if c not in r:
+                cells.append("-")
+                continue
+            text = f"{r[c]:.1f} ({r.get(c + '_host_us', float('nan')):.0f})"
+            if not r.get(c + "_ok", True):
+                text += " !"
+            elif r.get("lead") == c:
+                text = f"**{text}**"
+            cells.append(text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 # ---------------------------------------------------------------- on the GPU
