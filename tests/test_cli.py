@@ -267,9 +267,9 @@ def test_top_level_options_stay_top_level(capsys):
 
 def _readme_commands() -> list[list[str]]:
     """Every ``python -m cupy_swap ...`` command of the README, inline (which may
-    wrap lines) or in a code block (up to a ``#`` comment)."""
+    wrap lines; also as ``cupy-swap ...``) or in a code block (up to a ``#`` comment)."""
     text = README.read_text()
-    found = [" ".join(m.split()) for m in re.findall(r"`python -m cupy_swap\b([^`]*)`", text)]
+    found = [" ".join(m.split()) for m in re.findall(r"`(?:python -m cupy_swap|cupy-swap)\b([^`]*)`", text)]
     found += [m.strip() for m in re.findall(r"^python -m cupy_swap\b([^#\n]*)", text, flags=re.M)]
     return [cmd.split() for cmd in found]
 
@@ -278,7 +278,10 @@ def test_readme_commands_parse(monkeypatch):
     commands = _readme_commands()
     assert commands, "found no python -m cupy_swap command in README.md"
     monkeypatch.setattr(cli_common, "gpu_status", lambda: pytest.fail("parsing looked for a GPU"))
+    assert ["bench", "--engines"] in commands and ["info"] in commands  # also as `cupy-swap ...`
     for argv in commands:
+        if argv == ["--help"]:
+            continue  # the top level's help, which exits
         args = cli.parse_args(argv, prog="python -m cupy_swap")
         named = argv[0] if argv and not argv[0].startswith("-") else "demo"  # bare options: the demo's
         assert args.command == named, argv

@@ -767,7 +767,13 @@ def run_engines(
                 on_skip(shape, n, f"needs {gpu / 1e9:.1f} GB of GPU and {host / 1e9:.1f} GB of pinned memory")
         if not fit:
             continue
-        bufs = h.buffers(shape, max(fit))
+        try:
+            bufs = h.buffers(shape, max(fit))
+        except Exception as e:  # out of memory after all: say so, measure the other shapes
+            for n in fit:
+                if on_skip:
+                    on_skip(shape, n, f"could not allocate its caches ({type(e).__name__}: {e})")
+            continue
         for di, direction in enumerate(directions):
             bufs.fill(seed * 100 + SHAPE_KEYS.index(key) * 10 + di)
             for n in fit:
@@ -796,12 +802,15 @@ def run_engines(
                     blocking, host = timed[name]
                     row[name] = row["bytes"] / blocking / 1e9
                     row[name + "_host_us"] = host * 1e6
-                    bufs.poison(direction)  # then one call, checked
-                    calls[name]()
-                    h.synchronize()
-                    if name in OURS:
-                        paths[name] = h.last_path()
-                    row[name + "_ok"] = bufs.verify(direction, mapping)
+                    try:
+                        bufs.poison(direction)  # then one call, checked
+                        calls[name]()
+                        h.synchronize()
+                        if name in OURS:
+                            paths[name] = h.last_path()
+                        row[name + "_ok"] = bufs.verify(direction, mapping)
+                    except Exception as e:  # reported in the row: a failed check is not a pass
+                        row[name + "_ok"], row[name + "_error"] = False, f"{type(e).__name__}: {e}"
                 row["paths"] = paths
                 rows.append(finish_row(row))
                 if on_row:
