@@ -582,3 +582,34 @@ def test_granted_write_whose_chunks_never_come_expires_on_both_sides(two):
     assert not a._pools["kv"].send.free.all()  # its gather (a GPU kernel, say) may still write them
     ready[0] = True
     spin_until(lambda: a._pools["kv"].send.free.all(), a, b)
+
+
+# --- the README's snippet, bench --remote's command line -------------------------------------------------
+
+
+@needs_nixl
+def test_remote_readme_snippet_runs_as_written():
+    """The first Python block of cupy_swap/remote/README.md, run as it is."""
+    with open(os.path.join(ROOT, "cupy_swap", "remote", "README.md")) as f:
+        text = f.read()
+    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
+    out = run_script(snippet, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "write [5 9]"
+
+
+def test_remote_bench_command_line_exit_codes(capsys):
+    """bench --remote: 2 for a bad command line (a size it cannot read, a
+    count of 0, rows that need more memory than --max-memory), 3 without a
+    GPU for --from gpu; its default rows fit in 8 GiB for both processes."""
+    from cupy_swap.tools import remote_bench
+
+    assert remote_bench.main(["--sizes", "5Q"]) == 2
+    assert remote_bench.main(["--rows", "32Kx0"]) == 2
+    assert remote_bench.main(["--rows", "2Mx1250"]) == 2
+    assert "more than --max-memory" in capsys.readouterr().err
+    default_rows = [(32768, 1250), (2 << 20, 16)]
+    assert sum(remote_bench.memory_needed(b, n) for b, n in default_rows) < 1 << 30
+    if NIXL_WHY is None and remote_bench._gpu_reason() is not None:
+        assert remote_bench.main(["--from", "gpu", "--reps", "1"]) == 3
+        assert "needs a usable GPU" in capsys.readouterr().err

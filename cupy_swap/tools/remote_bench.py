@@ -5,8 +5,15 @@ the local swap where the pool is on a GPU.
 
 Usage::
 
-    UCX_NET_DEVICES=lo python -m cupy_swap.tools.remote_bench [--from host|gpu] [--to host|gpu]
-        [--sizes 32K,2M] [--counts 16,1250] [--reps 30] [--staged-chunks 2M,0] [--json FILE]
+    UCX_NET_DEVICES=lo python -m cupy_swap bench --remote [--from host|gpu] [--to host|gpu]
+        [--rows 32Kx1250,2Mx16 | --sizes 32K,2M --counts 16,1250] [--reps 30]
+        [--staged-chunks 2M,0] [--max-memory 8G] [--json FILE]
+
+Defaults: the rows 32 KiB x 1250 and 2 MiB x 16 (about 0.3 GB of host
+memory for both processes together); a run whose pools would need more than
+``--max-memory`` (8 GiB) is refused before anything is allocated.  Exit
+status: 0, 1 a copy did not match, 2 a bad command line (or no NIXL), 3 no
+usable GPU for ``--from gpu`` / ``--to gpu``.
 
 Each row: one process (this one) writes ``n`` random distinct blocks of its
 pool into random distinct blocks of the peer's pool (a spawned process that
@@ -47,6 +54,33 @@ import numpy as np
 __all__ = ["main", "run"]
 
 SIZES = {"4K": 4096, "32K": 32768, "256K": 262144, "2M": 2 << 20}
+ROWS = "32Kx1250,2Mx16"
+MAX_MEMORY = "8G"
+EXIT_MISMATCH, EXIT_USAGE, EXIT_NO_GPU = 1, 2, 3
+
+
+def memory_needed(block_bytes: int, n: int) -> int:
+    """Host (and GPU) bytes one row's two processes allocate: each a pool of
+    ``n + max(8, n // 8)`` blocks and two staging runs of ``n`` slots."""
+    blocks = n + max(8, n // 8)
+    return 2 * (blocks + 2 * n) * block_bytes
+
+
+def _gpu_reason() -> str | None:
+    """Why no GPU can be used here, or None."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+        return "CUDA answered but found no GPU"
+    except Exception as e:  # ImportError, CUDARuntimeError
+        try:
+            from cupy_swap.cuda.availability import no_gpu_message
+
+            return no_gpu_message(f"{type(e).__name__}: {e}")
+        except Exception:
+            return f"{type(e).__name__}: {e}"
 
 
 def _parts(blocks: int, block_bytes: int, mem: str, fill: int | None, rng=None):
@@ -151,7 +185,8 @@ def run(
         nixl = agent.nixl
         ldl, rdl, layout, rlayout = agent.prepared("kv", remote)  # the descriptors write() posts
         lidx, ridx = m[:, 0].astype(np.int32), m[:, 1].astype(np.int32)
-        note = wire.pack_note(wire.WRITE, 0, "kv", m[:, 1])
+        # the same notification bytes write() sends (from this incarnation, for the peer's)
+        note = wire.pack_note(wire.WRITE, 0, "kv", m[:, 1], agent.incarnation, agent._peers[peer].incarnation)
         lrun, rrun = layout.staging[0], rlayout.staging[0]
         one_l = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", [(lrun.address, nbytes, 0)], "DRAM")
         one_r = nixl.prep_xfer_dlist(peer, [(rrun.address, nbytes, 0)], "DRAM")
@@ -220,43 +255,107 @@ def run(
     return rows
 
 
+def _positive_size(text: str) -> int:
+    try:
+        value = _parse_size(text.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a block size such as 4K, 32K, 2M or 4096, got {text!r}")
+    return value
+
+
+def _rows(args, ap) -> list:
+    """``[(block_bytes, n), ...]`` from ``--rows`` or from ``--sizes`` x ``--counts``."""
+    try:
+        if args.sizes or args.counts:
+            sizes = [_positive_size(t) for t in (args.sizes or "32K,2M").split(",") if t]
+            counts = [int(c) for c in (args.counts or "16,1250").split(",") if c]
+            rows = [(b, n) for b in sizes for n in counts]
+        else:
+            rows = []
+            for item in args.rows.split(","):
+                size, _, n = item.strip().lower().partition("x")
+                rows.append((_positive_size(size), int(n)))
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        ap.error(f"--rows/--sizes/--counts: {e}")
+    if not rows or any(n < 1 for _, n in rows):
+        ap.error("--rows/--counts: expected positive block counts")
+    return rows
+
+
 def main(argv=None) -> int:
+    """``bench --remote``; returns the exit status (0, 1 a mismatch, 2 a bad
+    command line or no NIXL, 3 no usable GPU)."""
     ap = argparse.ArgumentParser(prog="cupy_swap bench --remote", description=__doc__.split("\n\n")[0])
     ap.add_argument("--from", dest="src", choices=("host", "gpu"), default="host")
     ap.add_argument("--to", dest="dst", choices=("host", "gpu"), default="host")
-    ap.add_argument("--sizes", default="32K,2M", help=f"block sizes, of {sorted(SIZES)}")
-    ap.add_argument("--counts", default="16,1250")
+    ap.add_argument(
+        "--rows",
+        default=ROWS,
+        help=f"block size x count pairs (default {ROWS}); sizes like 4K, 32K, 2M, 4096",
+    )
+    ap.add_argument("--sizes", help="block sizes, crossed with --counts (instead of --rows)")
+    ap.add_argument("--counts", help="block counts, crossed with --sizes (instead of --rows)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument(
         "--staged-chunks",
         default="",
         help="staged chunk sizes to time beside the default, e.g. 2M,32M (0: one chunk)",
     )
+    ap.add_argument(
+        "--max-memory",
+        default=MAX_MEMORY,
+        type=_positive_size,
+        help=f"refuse rows whose pools need more host memory than this (default {MAX_MEMORY})",
+    )
     ap.add_argument("--json", help="write the rows to this file")
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+        rows_wanted = _rows(args, ap)
+        chunks = tuple(_parse_size(c) for c in args.staged_chunks.split(",") if c)
+        if args.reps < 1:
+            ap.error("--reps: expected a positive count")
+        for block_bytes, n in rows_wanted:
+            need = memory_needed(block_bytes, n)
+            if need > args.max_memory:
+                ap.error(
+                    f"{_size_name(block_bytes)} x {n} needs about {need / 2**30:.1f} GiB of memory for its two "
+                    f"processes, more than --max-memory {args.max_memory / 2**30:.1f} GiB; raise --max-memory "
+                    "or ask for fewer blocks"
+                )
+    except SystemExit as e:  # argparse: --help (0) or a bad command line (2)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    except ValueError as e:
+        print(f"cupy_swap bench --remote: {e}", file=sys.stderr)
+        return EXIT_USAGE
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     from cupy_swap.remote import unavailable_reason
 
     why = unavailable_reason()
     if why:
         print(why, file=sys.stderr)
-        return 2
-    chunks = tuple(_parse_size(c) for c in args.staged_chunks.split(",") if c)
+        return EXIT_USAGE
+    if "gpu" in (args.src, args.dst):
+        why = _gpu_reason()
+        if why:
+            print(f"cupy_swap bench --remote: --from/--to gpu needs a usable GPU: {why}", file=sys.stderr)
+            return EXIT_NO_GPU
     rows = []
     print(f"{'from':>4} {'to':>4} {'block':>6} {'n':>5} {'contender':>10} {'GB/s':>7} {'best':>7} exact")
-    for size in args.sizes.split(","):
-        for n in (int(c) for c in args.counts.split(",")):
-            for r in run(args.src, args.dst, SIZES[size], n, args.reps, chunks=chunks):
-                rows.append(r)
-                print(
-                    f"{r['from']:>4} {r['to']:>4} {size:>6} {n:>5} {r['contender']:>10} "
-                    f"{r['gbps']:7.2f} {r['best_gbps']:7.2f} {'' if r['exact'] is None else r['exact']}",
-                    flush=True,
-                )
+    for block_bytes, n in rows_wanted:
+        size = _size_name(block_bytes)
+        for r in run(args.src, args.dst, block_bytes, n, args.reps, chunks=chunks):
+            rows.append(r)
+            print(
+                f"{r['from']:>4} {r['to']:>4} {size:>6} {n:>5} {r['contender']:>10} "
+                f"{r['gbps']:7.2f} {r['best_gbps']:7.2f} {'' if r['exact'] is None else r['exact']}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0 if all(r["exact"] in (None, True) for r in rows) else 1
+    return 0 if all(r["exact"] in (None, True) for r in rows) else EXIT_MISMATCH
 
 
 if __name__ == "__main__":
