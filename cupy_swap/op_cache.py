@@ -15,6 +15,7 @@ cleared or rebuilt in between.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import threading
@@ -114,6 +115,12 @@ class _Entry:
         self.refs = [_weak(o, died) for o in owners]
 
 
+def _forget(channels_ref, key, channel_ref, _dead) -> None:
+    channels, channel = channels_ref(), channel_ref()
+    if channels is not None and channel is not None and channels.get(key) is channel:
+        del channels[key]
+
+
 def _weak(obj, callback):
     """A weak reference calling ``callback`` on death, or a strong one for the
     rare owner that cannot be referenced weakly (held until eviction)."""
@@ -134,12 +141,16 @@ class OpCache:
         self._lock = threading.Lock()
         self._channels: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
-    def channel(self, key: tuple) -> Channel:
-        """The outcome channel of ``key``'s ops (made on first use)."""
+    def channel(self, key: tuple, src, dst) -> Channel:
+        """The outcome channel of ``key``'s ops (made on first use; the key
+        forgets it when an owner of ``src``/``dst`` dies, so new memory at a
+        reused address never inherits an old failure)."""
         with self._lock:
             channel = self._channels.get(key)
             if channel is None:
                 channel = self._channels[key] = Channel()
+                forget = functools.partial(_forget, weakref.ref(self._channels), key, weakref.ref(channel))
+                channel.owners = [_weak(_owner(o), forget) for o in arrays_of(src, dst)]
             return channel
 
     @staticmethod

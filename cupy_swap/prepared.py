@@ -25,7 +25,7 @@ from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import check_rows_for, host_rows
 from .core.route import MODES, prepared_route, staged_plan
-from .cuda import abi, capture, memory
+from .cuda import abi, capture, memory, release
 from .cuda.gpu_mapping import device_rows
 from .cuda.launcher import HOST_CHECK_ROWS
 from .cuda.outcomes import Channel
@@ -142,7 +142,8 @@ class PreparedSwap:
         (raises if this op's host memory is no longer pinned).  Threads
         inside a call keep the state they read: nothing is torn down."""
         sw = self._swapper
-        decided = _Decided(sw, sw._layout(*self._held), self._torch)
+        with capture.relaxed():  # may resolve and load kernels while another thread captures
+            decided = _Decided(sw, sw._layout(*self._held), self._torch)
         self._decided = decided
         return decided
 
@@ -237,7 +238,7 @@ class PreparedSwap:
         event = sw._events.take(timed)
         event.path, event.nbytes = path, n * layout.bytes_per_pair
         held: list = []  # descriptor slots this swap took (locked until gated)
-        recorded = False
+        launched = recorded = False
         try:
             if timed:
                 event.start = capture.new_event(timing=True)
@@ -247,11 +248,12 @@ class PreparedSwap:
                 status, seq = ticket.address, ticket.seq
             else:
                 status = seq = 0
-            if path == "kernel":
+            if path == "kernel":  # the copy launch is the last call of each form: it raised, or it is queued
                 if on_gpu is not None:
                     op.kernel.launch_rows(on_gpu, handle, capturing, status, seq)
                 else:
                     op.kernel.launch_host(pairs, n, handle, capturing, held, status, seq)
+                launched = True
             elif path == "dma":
                 sw._dma.copy(layout, pairs, handle, capturing)
             elif path == "staged":
@@ -264,11 +266,14 @@ class PreparedSwap:
             if held:
                 sw._launcher.release(held, event if recorded else None, handle)
             if ticket is not None and not recorded:
-                ticket.abandon()
+                ticket.abandon(launched)
+            if launched and on_gpu is not None:  # the kernel reads the caller's rows: hold them
+                if recorded:
+                    sw._launcher.keep_until_done(event, on_gpu.keep)
+                else:
+                    release.keep_for_process(on_gpu.keep)  # no event to wait for
         if ticket is not None:
             event.check, event.seq = ticket, ticket.seq
-        if on_gpu is not None and path == "kernel":
-            sw._launcher.keep_until_done(event, on_gpu.keep)  # the kernel reads the caller's rows
         sw.last_path = path
         return event
 

@@ -361,7 +361,7 @@ class BlockSwapper:
     def plan(self, src: Parts, dst: Parts, block_mapping: Mapping) -> SwapPlan:
         """Check a swap and return its :class:`~cupy_swap.core.layout.SwapPlan`
         without launching anything."""
-        with on_device(self.device):
+        with on_device(self.device), capture.relaxed():
             layout = self._layout(src, dst)
         return SwapPlan(layout, check_mapping_for(layout, block_mapping, self.max_blocks))
 
@@ -402,7 +402,7 @@ class BlockSwapper:
                     self._layout(src, dst),
                     None,
                     _any_torch(src, dst),
-                    self._ops.channel(key),
+                    self._ops.channel(key, src, dst),
                 )
             self._ops.put(key, op, src, dst)
         return op

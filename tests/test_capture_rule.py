@@ -25,6 +25,7 @@ SENSITIVE_CALLS = {
     "zeros_pinned_for_gpu", "empty_pinned", "zeros_pinned", "PinnedArray",
     "graphInstantiate", "graphDestroy", "graphExecDestroy", "create",
     "streamCreateWithFlags", "streamDestroy", "Stream", "Event", "_new_event", "_event",
+    "has_function", "get_function", "_layout",
 }  # fmt: skip
 SENSITIVE_ATTRIBUTES = {"done"}  # cupy.cuda.Event.done: cudaEventQuery
 
@@ -41,6 +42,11 @@ OFF_CAPTURE = {
     ("cuda/stager.py", "_wait_for_users"): "releaser gate",
     ("graph.py", "_wait_all"): "releaser gate",
     ("cuda/streams.py", "swap_event_class.SwapEvent.device_time"): "SwapEvent.synchronize, relaxed inside",
+    (
+        "cuda/kernels.py",
+        "get_function",
+    ): "its callers hold relaxed mode (Launcher.function, inline_tiers, byref_args)",
+    ("cuda/kernels.py", "has_function"): "its callers hold relaxed mode (Launcher.inline_tiers, byref_args)",
     ("cuda/memory.py", "wait_for_gpus_in_use"): "releaser only (release_owned)",
     ("cuda/memory.py", "release_owned"): "releaser release",
     ("cuda/shared.py", "_unpin"): "releaser release (release_owned)",

@@ -121,21 +121,33 @@ def test_the_channel_of_a_key_outlives_evictions_and_clears():
     """Finding 4: a rebuilt cached op came with new verdicts, so swap()
     callers lost a failed check after register_host() or 64 other layouts."""
     cache = OpCache(size=2)
-    channel = cache.channel(("a",))
+    src, dst = np.zeros(4), np.zeros(4)
+    channel = cache.channel(("a",), src, dst)
     cache.clear()
     for k in range(5):
         cache.put((k,), object(), np.zeros(1), np.zeros(1))
-    assert cache.channel(("a",)) is channel
+    assert cache.channel(("a",), src, dst) is channel
+
+
+def test_the_channel_of_a_key_dies_with_its_arrays():
+    """Review of issue 32: a key is (id, address, ...) of the owners, so new
+    memory at a reused id and address inherited an old unraised failure."""
+    cache = OpCache()
+    src, dst = np.zeros(4), np.zeros(4)
+    channel = cache.channel(("a",), src, dst)
+    del src
+    assert cache.channel(("a",), dst, dst) is not channel
 
 
 def test_a_failure_outlives_every_op_of_its_channel(fake_gpu):
     board = host_board()
     cache = OpCache()
-    op = _op(fake_gpu, board, cache.channel("key"))
+    keep = np.zeros(4)  # the arrays of the key, alive
+    op = _op(fake_gpu, board, cache.channel("key", keep, keep))
     bad = op(BAD, check="launch")
     del op  # evicted, cleared or rebuilt: the ticket and the board keep the channel
     board.land(bad.seq, 3, 1, 10)
-    again = _op(fake_gpu, board, cache.channel("key"))
+    again = _op(fake_gpu, board, cache.channel("key", keep, keep))
     with pytest.raises(ValueError, match=f"swap #{bad.seq}"):
         again(GOOD)
 
@@ -160,8 +172,25 @@ def test_an_abandoned_ticket_tells_nobody(fake_gpu):
     board = host_board()
     op = _op(fake_gpu, board)
     ticket = board.take(op._outcomes, op._decided.layout)
-    ticket.abandon()
+    ticket.abandon(launched=True)  # queued after all: its record comes back once written
     board.land(ticket.seq, 3, 1, 10)
     board.collect_if_alarmed()
-    op(GOOD)  # the launch raised: its caller was told that, not this
-    assert op._outcomes.open == 0
+    op(GOOD)  # the swap raised: its caller was told that, not this
+    assert op._outcomes.open == 0 and ticket.index in board._free
+
+
+def test_a_swap_whose_launch_raised_gives_its_record_back(fake_gpu):
+    """Review of issue 32: a checked swap whose launch raised (a kernel that
+    cannot load, an interrupt) kept its record for good; after as many as
+    the board holds, every checked swap waited for ever."""
+    board = host_board(slots=2)
+    op = _op(fake_gpu, board)
+
+    def refuses(*args):
+        raise RuntimeError("cuModuleLoadData failed")
+
+    op._decided.kernel.launch_host = refuses
+    for _ in range(5):
+        with pytest.raises(RuntimeError, match="cuModuleLoadData"):
+            op([(i, i) for i in range(20)], check="launch")
+    assert len(board._free) == 2 and op._outcomes.open == 0

@@ -68,15 +68,17 @@ def breakdown(direction, block, n, parts, rng, stream, t) -> None:
         "host check": lambda: check_mapping_for(layout, m, sw.max_blocks),
         "stream_on_device": lambda: stream_on_device(stream, 0),
         "stream_is_capturing": lambda: stream_is_capturing(handle),
-        "status take": sw._status.take,
+        "status take (and give back)": lambda: sw._status.take(None, layout).abandon(launched=False),
         "events.take": lambda: sw._events.take(False),
         "event record": lambda: sw._record(sw._events.take(False).ptr, handle),
     }
     if path == "kernel":
-        status, seq = sw._status.take()
-        steps["kernel launch (inline, checked)"] = lambda: decided.kernel.launch(
-            pairs, count, handle, False, status, seq
-        )
+
+        def checked_launch():
+            ticket = sw._status.take(None, layout)  # each launch its own record, as a swap's
+            decided.kernel.launch(pairs, count, handle, False, ticket.address, ticket.seq)
+
+        steps["kernel launch (inline, checked)"] = checked_launch
         steps["kernel launch (inline)"] = lambda: decided.kernel.launch(pairs, count, handle, False)
     else:
         arr = np.array(pairs, dtype=np.int64).reshape(-1, 2) if type(pairs) is list else pairs

@@ -57,7 +57,7 @@ MAX_KERNEL_NODES = 64
 _H2D = 1
 # A swap that finds every ring slot busy looks again after these many
 # seconds, doubling up to the last.
-_POLL_FIRST, _POLL_MAX = 20e-6, 1e-3
+_POLL_FIRST, _POLL_MAX = 20e-6, 100e-6
 # Host mappings of at most this many rows are checked on the host and travel
 # in the launch's parameter; longer ones go through a ring slot, checked in
 # the launch (benchmarks/NOTES.md, item 43).
@@ -351,7 +351,6 @@ class Launcher:
     """
 
     def __init__(self, device: int, max_parts: int, max_blocks: int, ring_size: int, max_ctas: int):
-        import cupy
         from cupy.cuda import driver, runtime
 
         self.device = device
@@ -361,7 +360,6 @@ class Launcher:
         self.max_inline_pairs = max(t.pairs for t in abi.TIERS)
         self._launch = driver.launchKernel
         self._memcpy = runtime.memcpyAsync
-        self._event = cupy.cuda.Event
         self._record = runtime.eventRecord
         self._lock = threading.Lock()
         self.inline_lock = threading.Lock()
@@ -440,7 +438,9 @@ class Launcher:
         parts = len(layout.src)
         tier = next(p for p in abi.BYREF_PARTS if p >= parts)
         name = abi.byref_kernel(layout.width, tier)
-        if not kernels.has_function(self.device, name):
+        with capture.relaxed():  # may compile and load the module
+            found = kernels.has_function(self.device, name)
+        if not found:
             raise ValueError(
                 f"block_mapping: a mapping on the GPU with {parts} parts needs CUDA 12.1 or later (kernel "
                 f"parameters over 4 KiB); pass the rows on the host or use at most {abi.BYREF_PARTS[-2]} parts"
@@ -605,10 +605,11 @@ class Launcher:
             pause = min(2 * pause, _POLL_MAX)
 
     def _free_slot(self) -> _Slot | None:
-        """One look round the ring: a free slot, locked, or None."""
+        """One look round the ring: a free slot, locked, or None (event
+        queries in relaxed mode: legal while another thread captures)."""
         slots = self._slots
         n = len(slots)
-        with self._lock:
+        with self._lock, capture.relaxed():
             first = self._next
             for k in range(n):
                 i = (first + k) % n
@@ -616,7 +617,9 @@ class Launcher:
                 if not slot.lock.acquire(blocking=False):
                     continue  # a swap is enqueueing on it
                 try:
-                    busy = slot.event is not None and not capture.event_done(slot.event)
+                    if not self._finalizer.alive:  # closed: the releaser may free the ring now
+                        raise RuntimeError("swap: the BlockSwapper that made this object is closed")
+                    busy = slot.event is not None and not slot.event.done
                 except BaseException:
                     slot.lock.release()
                     raise
@@ -639,7 +642,7 @@ class Launcher:
             if event is None:
                 try:
                     with capture.relaxed():  # legal while another thread captures
-                        event = self._event(disable_timing=True)
+                        event = capture.new_event()
                         self._record(event.ptr, stream)
                 except Exception:
                     event = None

@@ -27,8 +27,8 @@ NumPy pass over the board) only when the alarm moved or every record is
 reserved.  When all :data:`SLOTS` records are reserved by swaps whose
 checks have not run, :meth:`StatusBoard.take` waits on the host for the
 first to land (no driver call: it polls pinned memory).  A ticket whose
-launch raised is abandoned: its record comes back if that launch ran after
-all, else stays reserved (a broken context, where nothing launches again).
+swap raised is abandoned, told to nobody: its record is free at once when
+its launch never went out, else once that launch wrote it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ __all__ = ["StatusBoard", "Channel", "Ticket", "SLOTS", "mapping_error"]
 SLOTS = 4096
 _KIND, _ROW, _VALUE, _ALARM = 1, 2, 3, 4  # SwapStatus words (seq is word 0)
 _WAIT_START, _WAIT_MAX = 20e-6, 1e-3  # seconds between looks at a full board
-_thread_id = threading.get_ident
 
 
 class Channel:
@@ -53,11 +52,12 @@ class Channel:
     wait for the next call: ``open`` tickets not read yet, and ``failed``
     ones read and not raised (guarded by the board's lock)."""
 
-    __slots__ = ("__weakref__", "open", "failed")
+    __slots__ = ("__weakref__", "open", "failed", "owners")
 
     def __init__(self):
         self.open = 0
         self.failed: list[Ticket] = []
+        self.owners: list = []  # weak references that forget a swap() channel (op_cache)
 
     def raise_pending(self, board: StatusBoard) -> None:
         """Raise the first failure of this thread's swaps that no event has
@@ -65,9 +65,15 @@ class Channel:
         board.collect_if_alarmed()
         if not self.failed:
             return
-        me = _thread_id()
+        me = threading.current_thread()
         with board.lock:
-            ticket = next((t for t in self.failed if t.thread == me), None)
+            ticket = None
+            for t in list(self.failed):
+                if t.thread is me:
+                    ticket = t
+                    break
+                if not t.thread.is_alive():
+                    board.mark_raised(t)  # its thread ended: only its event can still tell it
             if ticket is None:
                 return
             board.mark_raised(ticket)
@@ -82,7 +88,7 @@ class Ticket:
     def __init__(self, board: StatusBoard, index: int, seq: int, channel: Channel | None, layout):
         self.board, self.index, self.seq, self.channel, self.layout = board, index, seq, channel, layout
         self.address = board.addresses[index]
-        self.thread = _thread_id()
+        self.thread = threading.current_thread()
         self.verdict: tuple | None = None  # (kind, row, value) once read
         self.raised = False
 
@@ -102,12 +108,18 @@ class Ticket:
         if verdict[0]:
             raise mapping_error(self)
 
-    def abandon(self) -> None:
-        """The launch raised: nobody is told this ticket's verdict."""
-        with self.board.lock:
+    def abandon(self, launched: bool) -> None:
+        """The swap raised: nobody is told this ticket's verdict.  Its
+        record is free at once when the launch never went out, else once
+        the launch wrote it."""
+        board = self.board
+        with board.lock:
             if self.channel is not None and self.verdict is None:
                 self.channel.open -= 1
             self.channel = None
+            if not launched and self.verdict is None:
+                self.verdict = (0, 0, 0)  # never read: nothing was launched
+                board.give_back(self.index)
 
 
 class StatusBoard:
@@ -192,9 +204,7 @@ class StatusBoard:
             if self._item(index, 0) != ticket.seq or self._expected[index] != ticket.seq:
                 return None
             ticket.verdict = (self._item(index, _KIND), self._item(index, _ROW), self._item(index, _VALUE))
-            self._expected[index] = 0
-            self._tickets[index] = None
-            self._free.append(index)
+            self.give_back(index)
             channel = ticket.channel
             if channel is not None:
                 channel.open -= 1
@@ -202,6 +212,12 @@ class StatusBoard:
                     channel.failed.append(ticket)
                     self._failing.add(channel)
         return ticket.verdict
+
+    def give_back(self, index: int) -> None:
+        """Under the lock: record ``index`` may be taken again."""
+        self._expected[index] = 0
+        self._tickets[index] = None
+        self._free.append(index)
 
     def mark_raised(self, ticket: Ticket) -> None:
         """Under the lock: ``ticket``'s failure has been raised to its caller."""

@@ -72,6 +72,14 @@ def swap_event_class():
             if self.check is not None:
                 self.check.raise_on_event()
 
+        @property
+        def done(self) -> bool:
+            """True once the swap has completed (asked in relaxed capture
+            mode: legal while another thread captures)."""
+            from . import capture
+
+            return capture.event_done(super())
+
         def device_time(self) -> float:
             """Seconds of device time from the swap's start to its end (waits
             for the swap to finish)."""
@@ -262,7 +270,7 @@ class EventPool:
             event = issued[0]
             if self._refs(event) == self._free_refs and event.start is None:
                 issued.rotate(-1)  # oldest -> newest
-                event.check = None
+                event.check = event.seq = None
                 return event
         from . import capture
 
