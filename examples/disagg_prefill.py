@@ -9,6 +9,10 @@ cupy_swap, checks every byte and reports GB/s for both steps.
     UCX_NET_DEVICES=lo python examples/disagg_prefill.py [--layers 4] [--blocks 128]
     UCX_NET_DEVICES=lo python examples/disagg_prefill.py --host-only   # no GPU: NumPy caches
 
+A write that fails (the prefill process dies, a deadline of ``peer_timeout``
+passes) reaches decode as an Arrival of kind ``"failed"`` naming the blocks,
+so a scheduler can recompute them (``cupy_swap/remote/README.md``).
+
 Geometry: Llama-3-8B's, 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB per
 block, a K and a V part per layer.  Metadata travels through files in a
 private temporary directory (cupy_swap.remote.publish/fetch).
@@ -93,6 +97,11 @@ def decode(args, md_dir: str, ready, done) -> int:
         arrivals = agent.poll()
         time.sleep(1e-4)
     (arrival,) = arrivals
+    if arrival.kind == "failed":  # the write failed or its sender died: a scheduler recomputes these
+        print(f"decode: {arrival.blocks.size} blocks failed ({arrival.reason}); recompute them", flush=True)
+        done.set()
+        agent.close()
+        return 1
     blocks = arrival.blocks.astype(np.int64)
     print(f"decode: {len(blocks)} blocks arrived from {arrival.peer} ({arrival.kind})", flush=True)
     if args.host_only:

@@ -613,3 +613,43 @@ def test_remote_bench_command_line_exit_codes(capsys):
     if NIXL_WHY is None and remote_bench._gpu_reason() is not None:
         assert remote_bench.main(["--from", "gpu", "--reps", "1"]) == 3
         assert "needs a usable GPU" in capsys.readouterr().err
+
+
+# --- GPU (run on the device) ---------------------------------------------------------------------------
+
+
+@needs_nixl
+@pytest.mark.gpu
+@pytest.mark.parametrize("mine,theirs", [("gpu", "host"), ("host", "gpu"), ("gpu", "gpu")])
+def test_gpu_staged_writes_in_flight_together(tmp_path, rng, mine, theirs):  # pragma: no cover - device
+    """Two staged writes from one pool in flight at once take distinct slots
+    of its send run (a GPU gather into the second's slots while the first's
+    leave) and of the receiver's run (a GPU scatter each); both byte-exact,
+    two Arrivals, every slot free after."""
+    from .remote_workers import to_device, to_host
+
+    spec = {"kv": {"blocks": 256, "shape": (32768,), "parts": 2, "mem": mine, "staging": 128}}
+    remote = {"kv": dict(spec["kv"], mem=theirs)}
+    agent, pools, peer = start(tmp_path, spec, remote, f"gpu-two-{mine}-{theirs}", peer_timeout=30.0)
+    try:
+        data = [rng.integers(0, 256, p.shape, dtype=np.uint8) for p in to_host(pools["kv"])]
+        for p, d in zip(pools["kv"], data):
+            p[...] = to_device(p, d)
+        src, dst = rng.choice(256, 128, replace=False), rng.choice(256, 128, replace=False)
+        t1 = agent.write("kv", (peer.name, "kv"), (src[:60], dst[:60]), path="staged")
+        t2 = agent.write("kv", (peer.name, "kv"), (src[60:], dst[60:]), path="staged")
+        t1.wait(timeout=30)
+        t2.wait(timeout=30)
+        got = []
+        end = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < end:
+            got += peer.call("arrivals", 1)
+        assert sorted(a[2] for a in got) == ["staged", "staged"]
+        for d, g in zip(data, peer.call("get", "kv")):
+            want = np.full(g.shape, POISON, np.uint8)
+            want[dst] = d[src]
+            np.testing.assert_array_equal(g, want)
+        drive(agent, until=lambda: agent._pools["kv"].send.free.all())
+        assert peer.call("state", "kv") == (128, 0, 0)
+    finally:
+        peer.stop(agent)

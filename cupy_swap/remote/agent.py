@@ -1059,23 +1059,23 @@ class RemoteAgent:
                         self._on_note(peer_name, note)
                 except Exception as e:  # one bad message must not cost the others
                     self._warn(f"a notification from {peer_name!r} was not handled ({type(e).__name__}: {e})")
-        if self._scattering:  # pragma: no cover - GPU scatters
-            still = []
-            for entry in self._scattering:
+        if self._scattering:  # GPU scatters (CPU tests stand one in)
+            scattering, self._scattering, still = self._scattering, [], []
+            for entry in scattering:
                 if entry[0].done:
                     entry[2].inflight -= 1
                     self._scattered(*entry[1:])
                 else:
                     still.append(entry)
-            self._scattering = still
-        if self._later:
-            still = []
-            for cond, then in self._later:
+            self._scattering = still + self._scattering
+        if self._later:  # taken first: a then() may add more
+            later, self._later, still = self._later, [], []
+            for cond, then in later:
                 if cond():
                     then()
                 else:
                     still.append((cond, then))
-            self._later = still
+            self._later = still + self._later
         now = time.monotonic()
         if now >= self._next_expiry:
             self._next_expiry = now + min(0.01, self.peer_timeout / 20)
