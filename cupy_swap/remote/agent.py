@@ -780,8 +780,8 @@ class RemoteAgent:
         what = f"write {pool.layout.name} -> {peer.name}/{rpool.name} ({n} blocks, staged)"
         if not n:
             return Transfer(self.nixl, what, 0, 0, None)
-        send_at = self._take_send(pool, n, timeout)
         remote_dlist = self._remote_dlist(peer, rpool, True)
+        send_at = self._take_send(pool, n, timeout)
         block_bytes = sum(pool.layout.block_bytes)
         chunk = max(1, self.staged_chunk_bytes // block_bytes)
         starts = list(range(0, n, chunk))

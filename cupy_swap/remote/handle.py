@@ -82,7 +82,7 @@ class Transfer:
         self._xfers: list = []  # posted NIXL transfers not finished yet
         self._since = 0.0  # when a request was last posted or finished (the deadline runs from it)
         self._all_posted = self._moved = post is None  # None: nothing to post (empty mapping)
-        self._done = False
+        self._done = self._advancing = False
         self._error: TransferError | None = None
         if ready is None and post is not None:
             self._post_ready()
@@ -126,11 +126,22 @@ class Transfer:
             return True
 
     def _advance(self) -> bool:
-        """Post what is ready, then poll NIXL: True once every byte moved."""
+        """Post what is ready, then poll NIXL: True once every byte moved.
+        Not re-entered: the agent's progress, driven from inside ``ready()``,
+        skips the transfer that is advancing."""
         if self._error is not None:
             raise self._error
         if self._moved:
             return True
+        if self._advancing:
+            return False
+        self._advancing = True
+        try:
+            return self._advance_once()
+        finally:
+            self._advancing = False
+
+    def _advance_once(self) -> bool:
         if not self._all_posted:
             if self._ready is not None:
                 try:
