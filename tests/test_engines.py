@@ -428,3 +428,12 @@ def test_markdown_table_bolds_the_lead_and_marks_mismatches():
     )
     assert "| **50.0 (100)** | 25.0 (100) ! |" in lines[3]
     assert engines.markdown_table(rows, keep=lambda r: r["direction"] == "in")[2:] == [lines[2]]
+
+
+def test_results_page_says_what_where_and_how():
+    report = {"environment": ["GPU 0: fake"], "engines": [_row(), _row(n=256, pr_per_part=50)]}
+    page = engines.results_page(report, "abc1234", "python -m cupy_swap bench --engines", ["extra"])
+    text = "\n".join(page)
+    assert page[0] == "# bench --engines" and "commit abc1234: `python -m cupy_swap bench --engines`" in text
+    assert "- GPU 0: fake" in text and "in 1 of 2 rows" in text and "Headline: 16 blocks" in text
+    assert "| 64 x 32 KiB | 256 |" in text and page[-1] == "extra" and "engines_chart.png" in text

@@ -58,6 +58,7 @@ __all__ = [
     "table_line",
     "legend_lines",
     "markdown_table",
+    "results_page",
     "run_engines",
 ]
 
@@ -408,6 +409,49 @@ def markdown_table(rows: list, keep=None) -> list[str]:
             cells.append(text)
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def results_page(report: dict, commit: str, command: str, extra: list | None = None) -> list[str]:
+    """The Markdown page of one stored ``bench --engines --json`` run: what
+    was measured, on what, by which command at which commit, the summary,
+    the headline and every row."""
+    rows = report.get("engines") or []
+    s = summary(rows)
+    low, high = s["host_ratio"]
+    lines = [
+        "# bench --engines",
+        "",
+        f"One run on the device at commit {commit}: `{command}`. Machine:",
+        "",
+        *[f"- {line}" for line in report.get("environment", [])],
+        "",
+        "Blocking GB/s (1e9 B/s; submit + synchronize), with host µs per call (submit alone) in",
+        "brackets: each the fastest round median of 3 rounds in which the calls take turns. Random",
+        "distinct blocks; every contender's bytes checked bit for bit after its timing (every mapped",
+        "block equal to its source, every other destination block untouched); `!`: a mismatch; bold:",
+        "the row's fastest. Shapes:",
+        "",
+        *[f"- `{sh.label()}`: {sh.text}" for sh in SHAPES],
+        "",
+        "Contenders:",
+        "",
+        "- memcpy: one contiguous `cudaMemcpyAsync` of the same bytes (the ceiling);",
+        *[f"- {LABELS[c]}" for c in MARKDOWN_ORDER],
+        "",
+    ]
+    if s["rows"]:
+        lines += [
+            f"Prepared is at or above the best engine pattern in {s['prepared_leads']} of {s['rows']} rows, "
+            f"by up to {s['max_gain']:.2f}x in GB/s; the best engine pattern's host time is {low:.1f}-{high:.1f}x "
+            "prepared's.",
+            "",
+        ]
+    line = headline(rows)
+    if line:
+        lines += [f"Headline: {line}.", ""]
+    lines += markdown_table(rows)
+    lines += ["", "![GB/s of engine-shaped swaps](engines_chart.png)", ""]
+    return lines + (extra or [])
 
 
 # ---------------------------------------------------------------- on the GPU
