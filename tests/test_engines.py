@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import sys
 import types
 
 import numpy as np
@@ -437,3 +438,81 @@ def test_results_page_says_what_where_and_how():
     assert page[0] == "# bench --engines" and "commit abc1234: `python -m cupy_swap bench --engines`" in text
     assert "- GPU 0: fake" in text and "in 1 of 2 rows" in text and "Headline: 16 blocks" in text
     assert "| 64 x 32 KiB | 256 |" in text and page[-1] == "extra" and "engines_chart.png" in text
+
+
+class _Dev(np.ndarray):
+    """A NumPy array posing as a CuPy one: ``data.ptr``."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+def _splitmix(seed, out):
+    i = np.arange(out.size, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + i * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    out[...] = z ^ (z >> np.uint64(31))
+
+
+@pytest.fixture
+def numpy_cupy(monkeypatch):
+    """CuPy's calls that EngineBuffers makes, done by NumPy (device memory is host memory)."""
+    runtime = types.SimpleNamespace(
+        memcpy=lambda dst, src, n, kind: ctypes.memmove(dst, src, n),
+        memcpyHostToDevice=1,
+        memcpyDeviceToHost=2,
+    )
+    fake = types.SimpleNamespace(
+        uint8=np.uint8,
+        uint64=np.uint64,
+        empty=lambda shape, dtype: np.empty(shape, dtype).view(_Dev),
+        asarray=np.asarray,
+        array_equal=np.array_equal,
+        ElementwiseKernel=lambda *a: _splitmix,
+        cuda=types.SimpleNamespace(
+            runtime=runtime, Device=lambda: types.SimpleNamespace(synchronize=lambda: None)
+        ),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", fake.cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.runtime", runtime)
+    monkeypatch.setattr(engines, "_FILL_KERNEL", None)
+    from cupy_swap.cuda import memory
+
+    monkeypatch.setattr(memory, "empty_pinned", lambda shape, dtype: np.empty(shape, dtype))
+
+
+@pytest.mark.parametrize("host", ["separate", "pool"])
+@pytest.mark.parametrize("direction", ["in", "out"])
+def test_engine_buffers_fill_poison_and_verify(host, direction, numpy_cupy):
+    bufs = engines.EngineBuffers(EngineShape("t", 3, 64, host, "test"), 4)
+    assert bufs.blocks == 8 and len(bufs.host_parts) == len(bufs.gpu_parts) == 3
+    bufs.fill(7)
+    for h, m in zip(bufs.host_parts, bufs.mirror_parts):
+        assert np.array_equal(h, m)  # the mirror holds what the host holds
+    assert (
+        len({bytes(p[b]) for p in bufs.host_parts + bufs.gpu_parts for b in range(8)}) == 48
+    )  # all distinct
+    mapping = np.array([[2, 5], [7, 0]])
+    src, dst = bufs.sides(direction)
+    assert (src, dst) == (
+        (bufs.host_parts, bufs.gpu_parts) if direction == "in" else (bufs.gpu_parts, bufs.host_parts)
+    )
+
+    def swap(wrong=None, stray=None):
+        bufs.poison(direction)
+        assert all((p == engines.POISON).all() for p in dst)
+        for p, (s, d) in enumerate(zip(src, dst)):
+            d[mapping[:, 1]] = s[mapping[:, 0]]
+            if wrong == p:
+                d[0, 3] ^= 1
+            if stray == p:
+                d[6, 0] = 0
+        return bufs.verify(direction, mapping)
+
+    assert swap() is True
+    assert swap(wrong=1) is False and swap(stray=2) is False
+    assert swap() is True  # and a good copy after bad ones
