@@ -18,6 +18,7 @@ import importlib.util
 import statistics
 import sys
 import time
+import timeit
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,24 @@ def cpu() -> None:
             path, us = probe.time_case(parts, block, n, rng)
             cells.append(f"n={n}: {us:6.2f} ({path})")
         print(f"  {parts:>3} x {block // KIB:>3} KiB  " + "  ".join(cells), flush=True)
+    # The copy-engine path (2 MiB blocks) against the V1 pattern's NumPy pointer lists and
+    # the same batch call, both with CUDA stubbed: what the library's Python adds.
+    sys.path.insert(0, str(HERE.parents[1]))
+    from cupy_swap.cuda.copy_engine import DmaCopier
+    from cupy_swap.tools.engines import pointer_lists
+
+    copier = DmaCopier()
+    copier._memcpy, copier._batch = (lambda *a: 0), ((lambda *a: 0), False)
+    print("copy-engine path against the V1 pattern, 1 x 2 MiB, CUDA stubbed, us:")
+    for n in (16, 256, 1250):
+        path, us = probe.time_case(1, 2 << 20, n, rng)
+        m = np.column_stack([rng.choice(2 * n, n, replace=False) for _ in range(2)]).astype(np.int64)
+
+        def v1(m=m):
+            copier.issue(*pointer_lists([1 << 40], [2 << 20], [2 << 41], [2 << 20], m, 2 << 20), 7, 1)
+
+        v1_us = min(timeit.repeat(v1, number=2000, repeat=4)) / 2000 * 1e6
+        print(f"  n={n:>5}: prepared ({path}) {us:6.2f}, V1 pattern {v1_us:6.2f}", flush=True)
 
 
 def gpu(reps: int = 100) -> None:
