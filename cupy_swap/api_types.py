@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Array", "Parts", "Mapping", "Stream", "WaitFor"]
-
 #: A ``cupy.ndarray``, a torch tensor, a NumPy array in pinned memory, or any
 #: object with ``__cuda_array_interface__`` / DLPack.
 Array = Any

@@ -25,8 +25,6 @@ from .cuda import capture, release
 from .cuda.abi import descriptor_words
 from .cuda.streams import on_device, stream_is_capturing, stream_on_device, torch_stream_getter
 
-__all__ = ["GraphSwap"]
-
 
 class GraphSwap:
     """A graph-capturable swap of fixed parts with a per-replay mapping.

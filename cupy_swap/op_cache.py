@@ -3,14 +3,11 @@
 of the same memory, built per call as servers do, find the op their first
 call built.  An entry holds the owners weakly and dies with any of them (a
 reused address never finds an op built for the old memory); registering or
-unregistering pinned memory invalidates every entry.  Least recently used
-entries are evicted first.
-
-What a failed check must still raise outlives the cache: the ops of one key
-share one outcome channel (:mod:`cupy_swap.cuda.outcomes`), held weakly
-here and alive while any op, unread swap or unraised failure holds it, so
-the next ``swap()`` of the same arrays raises it whatever was evicted,
-cleared or rebuilt in between.
+unregistering pinned memory invalidates every entry; the least recently
+used goes first.  The ops of one key share one outcome channel
+(:mod:`cupy_swap.cuda.outcomes`) that outlives evictions and rebuilds, so
+the next ``swap()`` of the same arrays raises a failed check whatever the
+cache did in between; it dies with the arrays.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ import numpy as np
 
 from .cuda import memory
 from .cuda.outcomes import Channel
-
-__all__ = ["OpCache", "array_key"]
 
 
 def _owner(obj):
@@ -91,13 +86,14 @@ def array_key(obj) -> tuple:
     return key
 
 
-def _listed(side):
+def listed(side):
+    """``side`` as a sequence: one array, or a list or tuple of them."""
     return side if isinstance(side, (list, tuple)) else (side,)
 
 
 def arrays_of(src, dst) -> list:
     """Every array of a ``(src, dst)`` argument pair."""
-    return [*_listed(src), *_listed(dst)]
+    return [*listed(src), *listed(dst)]
 
 
 class _Entry:

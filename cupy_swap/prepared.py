@@ -1,18 +1,12 @@
 """The hot path: one swap of a layout prepared once, the one path every call
-takes (``BlockSwapper.swap()`` looks the op up and lands here too).
+takes (``swap()`` looks the op up and lands here too).
 
 Everything the layout decides was decided when the op was made
-(:class:`_Decided`: the path, the kernel launches, whether the launch can
-check the rows).  A call reads the mapping's form, takes the stream,
+(:class:`_Decided`).  A call reads the mapping's form, takes the stream,
 enqueues the waits, asks whether the stream captures, launches once and
-records one event.  The copy launch checks the rows itself (bounds,
-duplicate destinations) before any byte is written and reports through the
-swapper's status board, under the outcome rule of :mod:`.cuda.outcomes`.  That is how mappings on the
-GPU are checked, and host mappings of more than 16 rows, which travel in a
-pinned ring slot the kernel reads; up to 16 host rows are checked on the
-host, where the numbers came out cheaper (``benchmarks/NOTES.md``, items 42
-and 43), and so is everything the launch cannot check: copy engines,
-staged swaps, captures, layouts whose parts may meet.
+records one event.  Which rows the copy launch checks and which the host
+checks: ``swap()``'s ``check`` (NOTES items 42, 43); how a launch's verdict
+reaches its caller: :mod:`.cuda.outcomes`.
 """
 
 from __future__ import annotations
@@ -24,17 +18,16 @@ import numpy as np
 from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import check_rows_for, host_rows
-from .core.route import MODES, prepared_route, staged_plan
+from .core.route import check_mode, prepared_route, staged_plan
 from .cuda import abi, capture, memory, release
 from .cuda.gpu_mapping import device_rows
 from .cuda.launcher import HOST_CHECK_ROWS
 from .cuda.outcomes import Channel
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
+from .op_cache import listed
 
 if TYPE_CHECKING:
     from .cuda.streams import SwapEvent
-
-__all__ = ["PreparedSwap"]
 
 
 class _Decided:
@@ -63,7 +56,8 @@ class _Decided:
 
 class PreparedSwap:
     """A swap between fixed ``src`` and ``dst``, checked and decided once;
-    call it with a mapping.  Made by :meth:`BlockSwapper.prepare`.
+    call it with a mapping and get a ``SwapEvent``, as
+    :meth:`BlockSwapper.swap` does.  Made by :meth:`BlockSwapper.prepare`.
 
     Parameters of a call
     --------------------
@@ -71,8 +65,6 @@ class PreparedSwap:
         ``(src_block, dst_block)`` rows, ``N <= max_blocks``.
     stream, mode, wait_for, timing, check
         As for :meth:`BlockSwapper.swap`.
-
-    Returns a ``SwapEvent``, as :meth:`BlockSwapper.swap` does.
 
     Attributes
     ----------
@@ -115,9 +107,7 @@ class PreparedSwap:
         self.direction = layout.direction
         self.bytes_per_pair = layout.bytes_per_pair
 
-    @property
-    def route(self) -> str:
-        return self._decided.route
+    route = property(lambda self: self._decided.route)
 
     def __call__(
         self,
@@ -185,7 +175,7 @@ class PreparedSwap:
             handle = op.default_stream()
         else:
             handle = sw._current_stream().ptr
-        route = op.route if mode is None else self._route_for(layout, mode)
+        route = op.route if mode is None else prepared_route(layout, check_mode(mode), sw.policy)
         # Decided before any wait is enqueued, so a refusal enqueues nothing;
         # only what depends on a capture waits for the capture query.
         path, checked, ticket = "none", on_gpu is not None, None
@@ -217,7 +207,7 @@ class PreparedSwap:
                 plan = self._staged_ready(layout, _rows_array(pairs))
         no_waits = wait_for is None or (type(wait_for) is tuple and not wait_for)  # 0 is a stream
         if not no_waits:
-            for w in [wait_handle(w, sw.device, caller) for w in _as_sequence(wait_for)]:
+            for w in [wait_handle(w, sw.device, caller) for w in listed(wait_for)]:
                 if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
                     sw._wait_event(handle, w.event_ptr, 0)
         if path != "none":
@@ -277,11 +267,6 @@ class PreparedSwap:
         sw.last_path = path
         return event
 
-    def _route_for(self, layout: Layout, mode) -> str:
-        if mode not in MODES:
-            raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
-        return prepared_route(layout, mode, self._swapper.policy)
-
     def _refuse_on_gpu(self, op: _Decided, mode, check, n: int) -> None:
         """Refuse what a mapping on the GPU cannot do, before anything is
         enqueued: the kernel reads it and checks it in the launch."""
@@ -340,11 +325,3 @@ class PreparedSwap:
 def _rows_array(pairs) -> np.ndarray:
     """Rows as an ``(N, 2)`` array (short ones come flattened)."""
     return np.array(pairs, dtype=np.int64).reshape(-1, 2) if type(pairs) is list else pairs
-
-
-def _as_sequence(items) -> tuple:
-    if items is None:
-        return ()
-    if isinstance(items, (list, tuple)):
-        return tuple(items)
-    return (items,)

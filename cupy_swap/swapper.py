@@ -16,7 +16,7 @@ import numpy as np
 from .api_types import Mapping, Parts, Stream, WaitFor
 from .core.layout import IN, OUT, Layout, SwapPlan, check_layout
 from .core.mapping import check_mapping_for
-from .core.route import MODES, Policy
+from .core.route import Policy, check_mode
 from .cuda import abi, capture
 from .cuda.arrays import convert_array
 from .cuda.availability import translate_unavailable
@@ -33,8 +33,6 @@ from .prepared import PreparedSwap
 if TYPE_CHECKING:
     from .cuda.streams import SwapEvent
     from .graph import GraphSwap
-
-__all__ = ["BlockSwapper", "PreparedSwap", "DEFAULT_MAX_CTAS"]
 
 DEFAULT_MAX_CTAS = 8
 DEFAULT_STAGING_BYTES = 64 << 20
@@ -64,9 +62,6 @@ class BlockSwapper:
         than an inline tier holds, staged swaps).  A swap takes any free
         slot; only when all are still queued does ``swap`` wait on the host,
         for the first to free. Default 16.
-    capture_slots : int, optional
-        Deprecated and ignored: captured swaps no longer take slots from a
-        reserve (see :meth:`swap`).
     mode : {"auto", "kernel", "dma", "staged"}, optional
         Default path (see :meth:`swap`).
     staging_bytes : int, optional
@@ -117,7 +112,6 @@ class BlockSwapper:
         max_ctas: int | None = None,
         max_parts: int = abi.MAX_PARTS,
         ring_size: int = 16,
-        capture_slots: int | None = None,
         mode: str = "auto",
         timing: bool = False,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
@@ -126,7 +120,7 @@ class BlockSwapper:
         import cupy
         from cupy.cuda import runtime
 
-        self.mode = _check_mode(mode)
+        self.mode = check_mode(mode)
         self.timing = bool(timing)
         self._closed = False
         self.max_blocks = _positive_int(max_blocks, "max_blocks")
@@ -137,13 +131,6 @@ class BlockSwapper:
                 f"max_parts: expected at most {abi.MAX_PARTS} (the kernel's limit), got {max_parts}"
             )
         ring_size = _positive_int(ring_size, "ring_size")
-        if capture_slots is not None:
-            warnings.warn(
-                "capture_slots: no longer used (a swap captured into a graph gets a descriptor "
-                "buffer of its own, with no limit); the argument will be removed",
-                DeprecationWarning,
-                stacklevel=3,  # the caller, past the availability wrapper
-            )
         staging_bytes = _positive_int(staging_bytes, "staging_bytes", minimum=0)
         self.device = runtime.getDevice() if device is None else int(device)
         calibrated = load_calibration(self.device) or {}
@@ -167,7 +154,6 @@ class BlockSwapper:
         self._get_device, self._set_device = runtime.getDevice, runtime.setDevice
         self._current_stream = cupy.cuda.get_current_stream
         self._record, self._wait_event = runtime.eventRecord, runtime.streamWaitEvent
-        self._new_event = cupy.cuda.Event
 
     def close(self) -> None:
         """Give back the swapper's memory once the swaps queued on it have
@@ -440,12 +426,6 @@ def _warn_unmapped(reason: str) -> None:
             RuntimeWarning,
             stacklevel=4,
         )
-
-
-def _check_mode(mode) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
-    return mode
 
 
 def _positive_int(value, name: str, minimum: int = 1) -> int:

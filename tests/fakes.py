@@ -147,8 +147,18 @@ class FakeKernel:
 
 def host_board(base: int = 0x5000, slots: int = 64) -> StatusBoard:
     """A real status board over NumPy memory at device address ``base``
-    (0: not mapped); tests write what a launch would with ``board.land``."""
+    (0: not mapped); tests write what a launch would with :func:`land`."""
     return StatusBoard(0, slots, records=np.zeros((slots + 1, abi.STATUS_WORDS), np.int64), base=base)
+
+
+def land(board: StatusBoard, seq: int, kind: int = 0, row: int = 0, value: int = 0) -> None:
+    """Write swap ``seq``'s verdict into its record as its launch does: the
+    verdict, ``seq`` last, then on a failure the alarm word."""
+    index = next(i for i, t in enumerate(board._tickets) if t is not None and t.seq == seq)
+    board.records[index, 1:4] = kind, row, value
+    board.records[index, 0] = seq
+    if kind:
+        board.records[board.slots, 0] = seq
 
 
 class FakeSwapper:

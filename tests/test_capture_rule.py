@@ -34,7 +34,7 @@ SENSITIVE_ATTRIBUTES = {"done"}  # cupy.cuda.Event.done: cudaEventQuery
 OFF_CAPTURE = {
     ("cuda/release.py", "device_free"): "the releaser thread only, relaxed for good",
     ("cuda/release.py", "drain"): "threading.Event, not a CUDA event",
-    ("cuda/launcher.py", "_wait"): "releaser gates only (_wait_for_slots: the ring is freed)",
+    ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
     ("cuda/launcher.py", "KernelNode.__init__"): "built only inside Launcher._new_node's relaxed block",
     ("cuda/launcher.py", "KernelNode.destroy"): "releaser release (_free_launcher)",
     ("cuda/launcher.py", "Launcher.__init__"): "built inside BlockSwapper.__init__'s relaxed block",

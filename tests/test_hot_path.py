@@ -13,7 +13,7 @@ from cupy_swap.cuda.gpu_mapping import DeviceRows
 from cupy_swap.cuda.outcomes import Ticket
 from cupy_swap.prepared import PreparedSwap
 
-from .fakes import FakeSwapper, host_board
+from .fakes import FakeSwapper, host_board, land
 
 pytest.importorskip("cupy", reason="wait_handle tells CuPy events apart")
 
@@ -64,8 +64,8 @@ def test_a_failed_launch_check_is_raised_by_the_next_call_once(fake_gpu, not_cap
     op = _op(calls, fake_gpu, board=board)
     bad = op([(1, 2), (3, 2)], check="launch")
     good = op([(1, 2), (3, 4)], check="launch")
-    board.land(1, 3, 1, 2)  # what the launch wrote: block 2 again in row 1
-    board.land(2)
+    land(board, 1, 3, 1, 2)  # what the launch wrote: block 2 again in row 1
+    land(board, 2)
     with pytest.raises(ValueError, match=r"earlier swap \(swap #1.*got block 2 again in row 1.*not launched"):
         op([(1, 2)])
     op([(1, 2)])  # raised once: the next call goes ahead
@@ -80,7 +80,7 @@ def test_a_check_not_yet_run_is_left_for_later(fake_gpu, not_capturing):
     op = _op(calls, fake_gpu, board=board)
     op([(1, 2), (0, 0)], check="launch")
     op([(1, 3), (0, 0)], check="launch")  # the first launch has not written its record yet: nothing to say
-    board.land(2, 2, 0, 30)  # the second ran first (another stream): its failure is not held up
+    land(board, 2, 2, 0, 30)  # the second ran first (another stream): its failure is not held up
     with pytest.raises(IndexError, match="swap #2.*destination block index 30 in row 0"):
         op([(1, 4), (0, 0)], check="launch")
 
@@ -127,7 +127,7 @@ def test_a_rebind_under_a_thread_inside_a_call(fake_gpu, not_capturing, monkeypa
     old.kernel.launch = rebind_midway
     op([(5, 6), (0, 0)], check="launch")
     assert ("kernel-old-state", [5, 6, 0, 0]) in calls and op._decided is not old
-    board.land(1, 1, 0, 9)
+    land(board, 1, 1, 0, 9)
     with pytest.raises(IndexError, match="source block index 9"):  # the pending failure survived
         op([(1, 2)])
 

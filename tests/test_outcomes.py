@@ -16,7 +16,7 @@ from cupy_swap.core.parts import as_parts
 from cupy_swap.op_cache import OpCache
 from cupy_swap.prepared import PreparedSwap
 
-from .fakes import FakeSwapper, host_board
+from .fakes import FakeSwapper, host_board, land
 
 pytest.importorskip("cupy", reason="wait_handle tells CuPy events apart")
 
@@ -45,11 +45,11 @@ def test_a_record_is_never_reused_while_its_verdict_is_unread(fake_gpu):
     op = _op(fake_gpu, board)
     late = op(GOOD, check="launch")  # its check has not run: its record stays reserved
     for _ in range(50):  # many more swaps than records: they cycle through the other three
-        board.land(op(GOOD, check="launch").seq)
+        land(board, op(GOOD, check="launch").seq)
     bad = op(BAD, check="launch")
     assert bad.check.address != late.check.address
-    board.land(late.seq)  # the late check runs now: it writes its own record only
-    board.land(bad.seq, 3, 1, 10)
+    land(board, late.seq)  # the late check runs now: it writes its own record only
+    land(board, bad.seq, 3, 1, 10)
     late.check.raise_on_event()
     with pytest.raises(ValueError, match=f"swap #{bad.seq}: .*block 10 again in row 1"):
         bad.check.raise_on_event()
@@ -62,9 +62,9 @@ def test_a_verdict_never_read_is_not_lost_and_a_lost_one_is_never_success(fake_g
     board = host_board(slots=4)
     op, other = _op(fake_gpu, board), _op(fake_gpu, board)
     first = op(BAD, check="launch")
-    board.land(first.seq, 3, 1, 10)
+    land(board, first.seq, 3, 1, 10)
     for _ in range(20):  # another op's swaps: records collected and reused, the failure kept
-        board.land(other(GOOD, check="launch").seq)
+        land(board, other(GOOD, check="launch").seq)
     with pytest.raises(ValueError, match=f"earlier swap \\(swap #{first.seq}"):
         op(GOOD, check="launch")
     never = op(GOOD, check="launch")
@@ -78,8 +78,8 @@ def test_each_failure_is_raised_once_whoever_asks_first(fake_gpu):
     board = host_board()
     op = _op(fake_gpu, board)
     one, two = op(BAD, check="launch"), op(BAD, check="launch")
-    board.land(one.seq, 3, 1, 10)
-    board.land(two.seq, 3, 1, 10)
+    land(board, one.seq, 3, 1, 10)
+    land(board, two.seq, 3, 1, 10)
     with pytest.raises(ValueError, match=f"swap #{two.seq}"):
         two.check.raise_on_event()
     with pytest.raises(ValueError, match=f"earlier swap \\(swap #{one.seq}"):
@@ -96,7 +96,7 @@ def test_a_failure_is_told_to_the_thread_that_made_the_swap(fake_gpu):
     op = _op(fake_gpu, board)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as thread_b:  # one thread, both calls
         bad = thread_b.submit(op, BAD, check="launch").result()
-        board.land(bad.seq, 3, 1, 10)
+        land(board, bad.seq, 3, 1, 10)
         op(GOOD)  # thread A: not its failure
         with pytest.raises(ValueError) as info:
             thread_b.submit(op, GOOD).result()
@@ -109,7 +109,7 @@ def test_the_error_of_a_later_call_names_the_earlier_swap(fake_gpu):
     board = host_board()
     op = _op(fake_gpu, board)
     bad = op([(1, 99)] + [(i, i) for i in range(20)], check="launch")
-    board.land(bad.seq, 2, 0, 99)
+    land(board, bad.seq, 2, 0, 99)
     with pytest.raises(IndexError) as info:
         op([(3, 4)])
     text = str(info.value)
@@ -146,7 +146,7 @@ def test_a_failure_outlives_every_op_of_its_channel(fake_gpu):
     op = _op(fake_gpu, board, cache.channel("key", keep, keep))
     bad = op(BAD, check="launch")
     del op  # evicted, cleared or rebuilt: the ticket and the board keep the channel
-    board.land(bad.seq, 3, 1, 10)
+    land(board, bad.seq, 3, 1, 10)
     again = _op(fake_gpu, board, cache.channel("key", keep, keep))
     with pytest.raises(ValueError, match=f"swap #{bad.seq}"):
         again(GOOD)
@@ -163,7 +163,7 @@ def test_a_full_board_waits_for_the_first_record_to_land(fake_gpu):
     t.start()
     while board.waits == 0 and t.is_alive():  # a condition, not a clock: it is waiting
         threading.Event().wait(0.001)
-    board.land(second.seq)  # the second lands first: its record is the one taken
+    land(board, second.seq)  # the second lands first: its record is the one taken
     t.join()
     assert got[0].check.address == second.check.address and first.check.verdict is None
 
@@ -173,7 +173,7 @@ def test_an_abandoned_ticket_tells_nobody(fake_gpu):
     op = _op(fake_gpu, board)
     ticket = board.take(op._outcomes, op._decided.layout)
     ticket.abandon(launched=True)  # queued after all: its record comes back once written
-    board.land(ticket.seq, 3, 1, 10)
+    land(board, ticket.seq, 3, 1, 10)
     board.collect_if_alarmed()
     op(GOOD)  # the swap raised: its caller was told that, not this
     assert op._outcomes.open == 0 and ticket.index in board._free

@@ -251,26 +251,26 @@ def test_part_span_negative_stride():
 
 
 def test_copy_list_and_count(fake_gpu):
-    from cupy_swap.core.copies import copy_count, copy_list
+    from cupy_swap.core.copies import copy_list
 
     src = [fake_gpu.part(np.zeros((10, 64), np.uint8), "src")]
     dst = [fake_gpu.part(np.zeros((10, 64), np.uint8), "dst")]
     layout = resolve_layout(layout_from_parts(src, dst), device=0)
     m = check_mapping_for(layout, [(0, 5), (1, 6), (2, 7), (9, 0)])
-    assert copy_count(layout, m) == 2
+    assert len(copy_list(layout, m)[2]) == 2
     dsts, srcs, sizes = copy_list(layout, m)
     assert sizes.tolist() == [192, 64]
     assert (srcs - src[0].ptr).tolist() == [0, 9 * 64] and (dsts - dst[0].ptr).tolist() == [5 * 64, 0]
     # A strided (block-first) view copies block by block.
     cache = np.zeros((10, 2, 64), np.uint8)
     layout2 = resolve_layout(layout_from_parts([fake_gpu.part(cache[:, 1], "src")], dst), device=0)
-    assert copy_count(layout2, m) == 4
+    assert len(copy_list(layout2, m)[2]) == 4
     d2, s2, z2 = copy_list(layout2, m)
     assert z2.tolist() == [64] * 4 and (s2 - layout2.src[0].ptr).tolist() == [0, 128, 256, 9 * 128]
 
 
 def test_pair_copies_match_numpy_path(fake_gpu):
-    from cupy_swap.core.copies import copy_count, copy_list, pair_copies
+    from cupy_swap.core.copies import copy_list, pair_copies
 
     src = [
         fake_gpu.part(np.zeros((10, 64), np.uint8), "src"),
@@ -285,7 +285,7 @@ def test_pair_copies_match_numpy_path(fake_gpu):
         m = check_mapping_for(layout, [(s, d)])
         assert [x.tolist() for x in copy_list(layout, m)] == list(pair_copies(layout, s, d))
     m = check_mapping_for(layout, [(0, 5), (1, 6), (2, 7), (9, 0)])
-    assert copy_count(layout, m) == 2 + 4  # runs of the packed part, blocks of the strided one
+    assert len(copy_list(layout, m)[2]) == 2 + 4  # runs of the packed part, blocks of the strided one
     one = resolve_layout(layout_from_parts(src[1:], dst[1:]), device=0)  # one part: its own branch
     for s, d in [(0, 5), (9, 0)]:
         m = check_mapping_for(one, [(s, d)])

@@ -4,13 +4,14 @@ import warnings
 
 import pytest
 
-from cupy_swap.swapper import _check_mode, _positive_int
+from cupy_swap.core.route import check_mode
+from cupy_swap.swapper import _positive_int
 
 
 def test_argument_checks():
-    assert _check_mode("dma") == "dma"
+    assert check_mode("dma") == "dma"
     with pytest.raises(ValueError, match="mode: expected one of"):
-        _check_mode("turbo")
+        check_mode("turbo")
     assert _positive_int(3, "x") == 3
     with pytest.raises(TypeError, match="x: expected a positive int, got bool"):
         _positive_int(True, "x")

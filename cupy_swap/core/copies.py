@@ -10,8 +10,6 @@ import numpy as np
 
 from .mapping import run_starts
 
-__all__ = ["copy_list", "pair_copies", "copy_count"]
-
 
 def copy_list(layout, mapping: np.ndarray):
     """``(dsts, srcs, sizes)``, uint64 arrays of shape (C,), of every copy of
@@ -97,12 +95,3 @@ def pair_copies(layout, s: int, d: int) -> tuple[list, list, list]:
         [row[2] + s * row[3] for row in table],
         [row[4] for row in table],
     )
-
-
-def copy_count(layout, mapping: np.ndarray) -> int:
-    """How many copies the copy-engine path would issue for an ``(N, 2)``
-    mapping, without building the copy list."""
-    packed = [_packed(s) and _packed(d) for s, d in _moving(layout)]
-    n = mapping.shape[0]
-    runs = run_starts(mapping).shape[0] if any(packed) else n
-    return sum(runs if p else n for p in packed)

@@ -16,15 +16,6 @@ from .mapping import check_mapping_for
 from .parts import DEVICE, HOST, Part, as_parts
 from .staged_plan import copy_groups
 
-__all__ = [
-    "Layout",
-    "SwapPlan",
-    "check_layout",
-    "layout_from_parts",
-    "check_swap",
-    "vector_width",
-]
-
 IN, OUT, GPU_TO_GPU = "in", "out", "gpu->gpu"
 _DIRECTIONS = {(HOST, DEVICE): IN, (DEVICE, HOST): OUT, (DEVICE, DEVICE): GPU_TO_GPU}
 DIRECTION_TEXT = {IN: "host -> GPU", OUT: "GPU -> host", GPU_TO_GPU: "GPU -> GPU"}

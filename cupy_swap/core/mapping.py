@@ -9,17 +9,6 @@ import sys
 
 import numpy as np
 
-__all__ = [
-    "normalize_mapping",
-    "host_rows",
-    "index_pair",
-    "check_mapping",
-    "check_mapping_for",
-    "check_rows_for",
-    "run_starts",
-    "SMALL_MAPPING",
-]
-
 # Mappings up to this many rows take a pure-Python path: building NumPy arrays
 # costs more than the conversion itself at this size.
 SMALL_MAPPING = 16

@@ -21,8 +21,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Part", "ElementType", "TypedView", "as_parts", "readable", "HOST", "DEVICE"]
-
 HOST = "host"
 DEVICE = "device"
 

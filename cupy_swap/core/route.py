@@ -20,9 +20,15 @@ import numpy as np
 from .layout import GPU_TO_GPU, IN, OUT, Layout
 from .staged_plan import StagedPlan, chunk_sizes, groups_problem, plan_chunks
 
-__all__ = ["Policy", "prepared_route", "staged_plan", "staged_refusal", "MODES", "HOST_COLUMN"]
-
 MODES = ("auto", "kernel", "dma", "staged")
+
+
+def check_mode(mode) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    return mode
+
+
 HOST_COLUMN = {IN: 0, OUT: 1}  # mapping column of host blocks
 
 

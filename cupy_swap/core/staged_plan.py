@@ -22,21 +22,6 @@ import numpy as np
 from .mapping import run_starts
 from .parts import DEVICE, Part
 
-__all__ = [
-    "CopyGroup",
-    "copy_groups",
-    "groups_problem",
-    "staging_parts",
-    "group_regions",
-    "chunk_sizes",
-    "host_runs",
-    "StagedPlan",
-    "plan_chunks",
-    "chunk_copies",
-    "kernel_pairs",
-    "RowRing",
-]
-
 # A swap-in is cut into as few chunks as the staging ring allows: each extra
 # copy-engine copy costs 30-40 us of link time when SM stores to host memory
 # run beside it (a concurrent swap-out; benchmarks/NOTES.md).  The last chunk

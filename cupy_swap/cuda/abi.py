@@ -26,33 +26,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = [
-    "HEADER_WORDS",
-    "PART_WORDS",
-    "MAX_PARTS",
-    "UNROLL",
-    "MAX_THREADS",
-    "WIDTHS",
-    "Tier",
-    "TIERS",
-    "DESCRIPTOR_ARGS",
-    "FETCH_KERNEL",
-    "FETCH_THREADS",
-    "descriptor_kernel",
-    "inline_kernel",
-    "descriptor_words",
-    "write_descriptor",
-    "InlineArgs",
-    "DescriptorArgs",
-    "FetchArgs",
-    "STATUS_WORDS",
-    "BYREF_PARTS",
-    "byref_kernel",
-    "ByRefArgs",
-    "check_shared_bytes",
-    "write_layout",
-]
-
 HEADER_WORDS = 8  # n_pairs, n_parts, units_per_pair, src_limit, dst_limit, status, seq, unused
 PART_WORDS = 6  # src, dst, src_stride, dst_stride, units, first_unit
 MAX_PARTS = 256  # descriptor kernels keep the part table in shared memory
@@ -177,15 +150,9 @@ class InlineArgs:
     NumPy buffer that holds the header and part table of one layout; each
     launch writes the pair count, status, number and pairs.  ``ptr`` is the
     ``void**`` array ``cuLaunchKernel`` takes (the driver copies the struct at
-    launch, so the buffer can be rewritten for the next one).
-
-    Parameters
-    ----------
-    tier : Tier
-    layout : Layout
-        Resolved, with at most ``tier.parts`` parts.
-    fn : int, optional
-        The tier's kernel function, kept with its buffer for the launcher.
+    launch, so the buffer can be rewritten for the next one).  ``layout``:
+    resolved, at most ``tier.parts`` parts; ``fn``: the tier's kernel,
+    kept with its buffer for the launcher.
     """
 
     __slots__ = ("fn", "words", "pairs", "pairs_c", "ptr", "_array")
@@ -248,16 +215,9 @@ class ByRefArgs:
     """The one parameter of a GPU-mapping kernel, a ``SwapByRef<P>``: header
     and part table of one layout, written once; each launch writes the pair
     count, status, number and the block indices' addresses and step.
-    ``ptr`` is the ``void**`` a launch takes.
-
-    Parameters
-    ----------
-    parts : int
-        ``P``, one of :data:`BYREF_PARTS`.
-    layout : Layout
-        Resolved, with at most ``parts`` parts.
-    fn : int
-        The kernel function.
+    ``ptr`` is the ``void**`` a launch takes.  ``parts``: ``P``, one of
+    :data:`BYREF_PARTS`; ``layout``: resolved, at most ``parts`` parts;
+    ``fn``: the kernel function.
     """
 
     __slots__ = ("fn", "words", "ptr", "_array")

@@ -9,8 +9,6 @@ import numpy as np
 
 from ..core.parts import ElementType, TypedView, readable
 
-__all__ = ["convert_array"]
-
 # torch dtypes NumPy and CuPy have under the same name.
 _PLAIN = frozenset(
     "bool uint8 int8 uint16 int16 uint32 int32 uint64 int64 float16 float32 float64 complex64 complex128".split()

@@ -13,19 +13,6 @@ from __future__ import annotations
 import ctypes
 from contextlib import contextmanager
 
-__all__ = [
-    "CudaUnavailableError",
-    "cuda_unavailable_error",
-    "translate_unavailable",
-    "probe_driver",
-    "runtime_version",
-    "explain_no_gpu",
-    "no_gpu_message",
-    "cupy_missing_message",
-    "CUPY_MISSING",
-    "INSTALL_EXTRAS",
-]
-
 # The CUDA extras of pyproject.toml's [project.optional-dependencies]: name ->
 # (driver it is for, what it installs).  tests/test_availability.py holds them to
 # pyproject.toml.  The project itself is not on PyPI, so the install command is

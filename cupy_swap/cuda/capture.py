@@ -3,17 +3,13 @@ captures a CUDA graph.
 
 **Invariant.**  Every driver call made outside a launch that can run while
 any thread captures in global mode (``torch.cuda.graph``'s default) --
-creating, querying or synchronizing an event, allocating or freeing pinned
-or device memory, synchronizing a stream, building a graph -- runs inside
-:func:`relaxed` (this thread's capture interaction mode *relaxed*), or is
-not made then.  In global mode such a call invalidates the other thread's
-capture, or fails with ``cudaErrorStreamCaptureUnsupported``; in relaxed
-mode the driver allows it.  The releaser thread runs relaxed for good
-(:mod:`.release`).  ``tests/test_capture_rule.py`` enforces the rule over
-every call site of the package.
-
-Launches, stream waits and event records on the caller's own stream are
-not such calls: they join (or are refused by) the caller's own capture.
+event create, query or synchronize, pinned or device allocation or free,
+stream synchronize, graph build, module load -- runs inside :func:`relaxed`
+(this thread's capture mode *relaxed*, which the driver allows; in global
+mode the call invalidates the other capture or fails), or is not made then.
+The releaser thread is relaxed for good (:mod:`.release`).  Launches,
+waits and records on the caller's own stream join (or are refused by) its
+own capture.  ``tests/test_capture_rule.py`` enforces the rule.
 """
 
 from __future__ import annotations
@@ -21,20 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 
-__all__ = ["relaxed", "relax", "restore", "event_done", "new_event", "RELAXED"]
-
 RELAXED = 2  # CUstreamCaptureMode
-
-
-def relax() -> int | None:
-    """Make this thread's capture interaction mode relaxed; returns the mode
-    to give :func:`restore` (the hot path's form of :func:`relaxed`)."""
-    return exchange(RELAXED)
-
-
-def restore(saved: int | None) -> None:
-    if saved is not None:
-        exchange(saved)
 
 
 @contextlib.contextmanager
@@ -65,12 +48,8 @@ def exchange(mode: int) -> int | None:
 
 def event_done(event) -> bool:
     """``event.done`` (``cudaEventQuery``), asked in relaxed mode."""
-    saved = exchange(RELAXED)
-    try:
+    with relaxed():
         return event.done
-    finally:
-        if saved is not None:
-            exchange(saved)
 
 
 def new_event(timing: bool = False):

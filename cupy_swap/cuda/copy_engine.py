@@ -15,8 +15,6 @@ import numpy as np
 from ..core.copies import copy_list, pair_copies
 from .driver import MemcpyAttributes, memcpy_batch
 
-__all__ = ["DmaCopier", "batch_available"]
-
 # cudaMemcpyKind per swap direction (explicit, as the memcpy ceiling uses;
 # cudaMemcpyDefault = 4 would infer it from unified addresses).
 _KINDS = {"in": 1, "out": 2, "gpu->gpu": 3}

@@ -8,8 +8,6 @@ import ctypes
 import functools
 from typing import NamedTuple
 
-__all__ = ["libcuda", "memcpy_batch", "KernelNodeParams", "graph_calls", "devices_in_use"]
-
 # Loaders run once per process (two threads racing get equivalent handles).
 
 

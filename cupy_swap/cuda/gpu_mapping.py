@@ -11,8 +11,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["DeviceRows", "device_rows"]
-
 _INT64 = np.dtype(np.int64)
 
 

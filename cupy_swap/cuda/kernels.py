@@ -12,16 +12,6 @@ import threading
 from functools import cache
 from pathlib import Path
 
-__all__ = [
-    "kernel_dir",
-    "kernel_source",
-    "source_hash",
-    "compile_options",
-    "compile_with_nvrtc",
-    "get_function",
-    "has_function",
-]
-
 MAIN_SOURCE = "block_swap.cu"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 

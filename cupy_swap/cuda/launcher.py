@@ -1,35 +1,23 @@
-"""Launch the swap kernel: inline parameters through a prebuilt graph for
-most swaps, rows read by address for the rest.
+"""Launch the swap kernel in one of three forms; own the descriptor ring.
 
-**Inline** (:class:`BoundKernel`): a swap of at most 64 parts and 1792
-pairs, or 256 parts and 1024, travels whole in the kernel's one parameter
-(:class:`~.abi.InlineArgs`), so the kernel's first load needs no dependent
-read of host memory.  The header and part table are written once per
-layout; a call writes the pairs.  An eager call then sets them as the
-parameters of a one-kernel graph (:class:`KernelNode`, one per kernel and
-stream, built on first use) and launches that graph: on the H200's host
-this costs less than ``cuLaunchKernel`` (``benchmarks/NOTES.md``, items 32
-and 34).  While the stream captures a graph the kernel is launched plainly,
-and the captured node keeps its pairs.
+* **Inline** (:class:`BoundKernel`): up to 64 parts x 1792 pairs (256 x
+  1024) travel whole in the kernel's parameter; an eager call sets them on
+  a one-kernel graph per kernel and stream and launches it (cheaper than
+  ``cuLaunchKernel`` on the H200's host: NOTES items 32, 34); on a
+  capturing stream the launch is plain and its node keeps its pairs.
+* **By reference** (:class:`~.abi.ByRefArgs`): rows on the GPU, and more
+  than :data:`HOST_CHECK_ROWS` host rows checked in the launch, in a ring
+  slot's pinned words read through their device alias.
+* **Descriptor**: larger and staged swaps, graph replays: written into a
+  ring slot and uploaded to its fixed device buffer by a small kernel on
+  the swap's stream (a copy engine's in-order queue could hold it behind
+  another stream's transfer).
 
-**By reference** (:class:`~.abi.ByRefArgs`): rows on the GPU, and more
-than :data:`HOST_CHECK_ROWS` host rows checked in the launch, written into
-a ring slot's pinned words and read through their device alias.
-
-**Descriptor** (:class:`Launcher`'s ring): larger swaps, staged swaps (one
-descriptor serves every chunk) and graph replays.  Each swap writes its
-descriptor into a slot of a ring of pinned buffers, and a small upload
-kernel copies it into the slot's fixed device buffer on the swap's stream
-(rather than a ``cudaMemcpyAsync``: copy engines work through their queue
-in order, so a descriptor copy could wait behind a long transfer of another
-stream).  Buffers are allocated once, so their addresses never move.  A
-slot is rewritten only after the event recorded behind its last launch has
-completed, and the ring is freed (by the releaser thread) only after every
-slot's last launch has.  A swap takes a free slot, looking from the ring's
-next; it waits only when every slot is busy, and then for the first to free
-(the queueing rule: never for one stream's slot while another is free).
-Event queries and waits go through :mod:`.capture`'s relaxed mode.  A descriptor swap captured into a graph gets
-buffers of its own, kept for the life of the process.
+**Queueing rule.**  A swap takes a free slot, looking from the ring's next;
+only when every slot is busy does it wait, for the first to free.  A slot
+is rewritten only after the event behind its last launch completed, and
+the releaser frees the ring after every slot's last launch.  A captured
+descriptor swap gets buffers of its own, kept for the process.
 """
 
 from __future__ import annotations
@@ -45,8 +33,6 @@ import numpy as np
 
 from . import abi, capture, kernels, memory, release
 from .driver import KernelNodeParams, graph_calls
-
-__all__ = ["Launcher", "BoundKernel", "KernelNode", "launch_shape"]
 
 # Descriptor uploads use at most this many CTAs (a 64 KiB descriptor is one
 # round of 16-byte loads per thread).
@@ -100,13 +86,8 @@ class KernelNode:
 
     Launches of one graph run one after another, so each stream gets its own
     graph (swaps on two streams stay concurrent).  Callers serialize
-    :meth:`launch_one` (the launcher's inline lock).
-
-    Parameters
-    ----------
-    fn, grid, threads, args_ptr : int
-        The kernel and a launch of it to build the node with.
-    """
+    :meth:`launch_one` (the launcher's inline lock).  Built with kernel
+    ``fn`` and a launch of it (``grid``, ``threads``, ``args_ptr``)."""
 
     __slots__ = ("graph", "exec", "params", "_args", "_set", "_launch")
 
@@ -194,16 +175,10 @@ def _wait_for_slots(slots: list) -> None:
     for slot in slots:
         with slot.lock:  # a swap holding the slot stores its event first
             event = slot.event
-        if event is not None:
-            _wait(event)
+        if event is not None:  # as a plain CUDA event: a swap's event raises its failed check
+            from cupy.cuda import runtime
 
-
-def _wait(event) -> None:
-    """Wait for a slot's event as a plain CUDA event: a swap's event would
-    raise its swap's failed mapping check from ``synchronize()``."""
-    from cupy.cuda import runtime
-
-    runtime.eventSynchronize(event.ptr)
+            runtime.eventSynchronize(event.ptr)
 
 
 class BoundKernel:
@@ -236,20 +211,11 @@ class BoundKernel:
         return shape[0], shape[1], shape[2] if checked else 0
 
     def launch(self, pairs, n: int, stream: int, capturing: bool, status: int = 0, seq: int = 0) -> bool:
-        """Launch over ``n`` pairs on ``stream`` with the smallest inline
-        tier that holds them; False (nothing launched) when none does.
-
-        Parameters
-        ----------
-        pairs : numpy.ndarray of shape (n, 2), int64, or list of 2n ints
-        n : int
-        stream : int
-        capturing : bool
-            ``stream`` captures a graph: launch plainly (a graph launch
-            cannot be captured).
-        status, seq : int
-            The launch's status record and number; status 0: no check.
-        """
+        """Launch over ``n`` pairs (``(n, 2)`` int64 array or list of 2n ints)
+        on ``stream`` with the smallest inline tier that holds them; False
+        (nothing launched) when none does.  ``capturing``: launch plainly (a
+        graph launch cannot be captured).  ``status``, ``seq``: the launch's
+        status record and number (status 0: no check)."""
         if n > self.max_pairs or n > self._launcher.max_inline_pairs:
             return False
         tiers = self._tiers
@@ -336,19 +302,8 @@ class BoundKernel:
 
 class Launcher:
     """Kernel functions, launch shapes, kernel nodes and the descriptor ring
-    of one swapper (one GPU).
-
-    Parameters
-    ----------
-    device : int
-    max_parts, max_blocks : int
-        Size of a descriptor slot.
-    ring_size : int
-        Slots for eager descriptor swaps (a swap captured into a graph gets
-        a descriptor buffer of its own instead).
-    max_ctas : int
-        CTA budget of one swap.
-    """
+    (``ring_size`` slots of ``max_parts`` x ``max_blocks``) of one swapper's
+    GPU ``device``; ``max_ctas`` is one swap's CTA budget."""
 
     def __init__(self, device: int, max_parts: int, max_blocks: int, ring_size: int, max_ctas: int):
         from cupy.cuda import driver, runtime

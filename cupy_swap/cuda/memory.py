@@ -19,17 +19,6 @@ import numpy as np
 from . import capture, driver, release
 from .availability import translate_unavailable
 
-__all__ = [
-    "host_mapping_status",
-    "empty_pinned",
-    "zeros_pinned",
-    "register_host",
-    "unregister_host",
-    "is_pinned",
-    "host_alias",
-    "uva_disabled_by_env",
-]
-
 # cudaHostAllocPortable | cudaHostAllocMapped, and the same bits for
 # cudaHostRegister: usable from every device, mapped into their address space.
 _PORTABLE_MAPPED = 0x1 | 0x2

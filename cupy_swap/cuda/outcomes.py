@@ -1,34 +1,25 @@
 """Outcomes: every swap checked inside its copy launch has exactly one
 verdict, told to its own caller, never lost and never false.
 
-**Invariant.**  A checked swap holds a :class:`Ticket`: one status record of
-its swapper's :class:`StatusBoard`, reserved for that swap alone from
-:meth:`StatusBoard.take` until the host has read the verdict its launch
-wrote there (``seq`` last, ``kernels_cu/block_swap.cu``).  No other swap's
-check can overwrite it, and it is never reused while unread.  The verdict
-read is kept in the ticket.  A failure is raised
-
-* by the swap's event, ``synchronize()`` (every time it is asked: the
-  event *is* that swap), else
-* once, by the next call of the same :class:`Channel` from the thread that
-  made the swap: a prepared op's channel, or for ``swap()`` the channel of
-  the arrays' cache key, which outlives the op cache's evictions
-  (:mod:`cupy_swap.op_cache`).
-
-A failure raised by a later call names the swap (its number, which its
-event carries as ``seq``) and says that the later call was not launched.
-An event that completed without its record holding the verdict raises a
+**Invariant.**  A checked swap holds a :class:`Ticket`: one status record,
+reserved for it alone from :meth:`StatusBoard.take` until the host read the
+verdict its launch wrote there (``seq`` last, ``kernels_cu/block_swap.cu``),
+so no other check overwrites it and it is never reused unread.  A failure
+is raised by the swap's event's ``synchronize()`` (every time: the event
+*is* that swap), else once by the next call of its :class:`Channel` from
+the thread that made it (a prepared op's channel; for ``swap()``, that of
+the arrays' cache key, which outlives the op cache: :mod:`cupy_swap.op_cache`),
+naming the swap (its event's ``seq``) and saying that call launched
+nothing.  An event that completed with no verdict in its record raises a
 lost verdict (``RuntimeError``), never success.
 
-**Cost.**  A launch that finds a bad row also writes its number into the
-board's alarm word, so a call whose channel has tickets out learns with one
-read of pinned memory that no failure landed; records are collected (one
-NumPy pass over the board) only when the alarm moved or every record is
-reserved.  When all :data:`SLOTS` records are reserved by swaps whose
-checks have not run, :meth:`StatusBoard.take` waits on the host for the
-first to land (no driver call: it polls pinned memory).  A ticket whose
-swap raised is abandoned, told to nobody: its record is free at once when
-its launch never went out, else once that launch wrote it.
+**Cost.**  A failing launch also writes its number into the board's alarm
+word: a call whose channel has tickets out reads that one word, and records
+are collected (one NumPy pass) only when it moved or every record is
+reserved; then :meth:`StatusBoard.take` waits for the first to land,
+polling pinned memory (no driver call).  A swap that raised abandons its
+ticket: the record is free at once if its launch never went out, else once
+that launch wrote it.
 """
 
 from __future__ import annotations
@@ -39,8 +30,6 @@ import time
 import numpy as np
 
 from . import abi, memory
-
-__all__ = ["StatusBoard", "Channel", "Ticket", "SLOTS", "mapping_error"]
 
 SLOTS = 4096
 _KIND, _ROW, _VALUE, _ALARM = 1, 2, 3, 4  # SwapStatus words (seq is word 0)
@@ -123,29 +112,13 @@ class Ticket:
 
 
 class StatusBoard:
-    """The status records of one swapper's checked launches, and their
-    tickets.
-
-    Parameters
-    ----------
-    device : int
-        The swapper's GPU (the records are allocated with it current).
-    slots : int
-        Records (tests make few to see them reserved).
-    records : numpy.ndarray of shape (slots + 1, STATUS_WORDS), int64, optional
-        Memory to use instead of mapped pinned memory, at device address
-        ``base`` (tests play the kernel's part with :meth:`land`).
-    base : int, optional
-
-    Attributes
-    ----------
-    base : int
-        Device address of record 0, or 0 where host memory cannot be mapped
-        into the GPU's address space: then no launch can report, and every
-        mapping is checked on the host.
-    waits : int
-        Times :meth:`take` waited for a record (all were reserved).
-    """
+    """The status records of one swapper's checked launches and their
+    tickets, allocated with GPU ``device`` current: ``slots`` records and
+    the alarm word, in mapped pinned memory, or in ``records`` at device
+    address ``base`` (tests play the kernel's part: ``tests/fakes.py``).
+    ``base`` is 0 where host memory cannot be mapped: then no launch can
+    report, and every mapping is checked on the host.  ``waits`` counts the
+    times :meth:`take` waited for a record."""
 
     def __init__(self, device: int, slots: int = SLOTS, *, records: np.ndarray | None = None, base: int = 0):
         if records is None:
@@ -243,15 +216,6 @@ class StatusBoard:
         landed = np.flatnonzero((self.records[: self.slots, 0] == expected) & (expected != 0))
         for index in landed.tolist():
             self.settle(self._tickets[index])
-
-    def land(self, seq: int, kind: int = 0, row: int = 0, value: int = 0) -> None:
-        """Write swap ``seq``'s verdict as its launch does (tests and
-        stand-ins; the kernel writes the records on the GPU)."""
-        index = next(i for i, t in enumerate(self._tickets) if t is not None and t.seq == seq)
-        self.records[index, _KIND : _VALUE + 1] = kind, row, value
-        self.records[index, 0] = seq
-        if kind:
-            self.records[self.slots, 0] = seq
 
 
 def mapping_error(ticket: Ticket, earlier: bool = False) -> Exception:

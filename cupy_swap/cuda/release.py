@@ -24,16 +24,6 @@ import weakref
 
 from . import capture
 
-__all__ = [
-    "defer",
-    "when_dropped",
-    "finalizer",
-    "drain",
-    "keep_for_process",
-    "device_malloc",
-    "device_free",
-]
-
 _queue: queue.SimpleQueue = queue.SimpleQueue()
 _start_lock = threading.Lock()
 _thread: list = []

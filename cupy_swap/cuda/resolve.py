@@ -10,8 +10,6 @@ from ..core.layout import Layout, vector_width
 from ..core.parts import DEVICE, HOST, Part
 from . import abi, memory
 
-__all__ = ["resolve_layout"]
-
 
 def _resolve_part(part: Part, device: int, mapped: bool) -> int | None:
     """Device-visible base address of a part; None for pinned host parts where

@@ -10,8 +10,6 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["calibration_path", "load_calibration", "KEYS"]
-
 KEYS = ("dma_min_copy_bytes", "dma_max_copies")
 
 

@@ -25,8 +25,6 @@ import numpy as np
 from . import memory, release
 from .availability import cuda_unavailable_error, translate_unavailable
 
-__all__ = ["shared_pinned", "unlink_shared", "SHM_DIR"]
-
 SHM_DIR = "/dev/shm"
 _PREFIX = "cupy_swap."
 _MAGIC = b"cupy_swap shared pool v1\n"

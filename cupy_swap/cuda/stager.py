@@ -21,8 +21,6 @@ from ..core.staged_plan import (
 from . import capture, release
 from .resolve import resolve_layout
 
-__all__ = ["Stager"]
-
 _H2D, _D2H = 1, 2
 
 

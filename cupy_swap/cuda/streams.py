@@ -9,20 +9,6 @@ import contextlib
 import sys
 from typing import NamedTuple
 
-__all__ = [
-    "swap_event_class",
-    "EventPool",
-    "wait_handle",
-    "Wait",
-    "NO_WAIT",
-    "stream_handle",
-    "stream_device",
-    "stream_on_device",
-    "stream_is_capturing",
-    "torch_stream_getter",
-    "on_device",
-]
-
 _cls: list = []
 
 
@@ -101,17 +87,16 @@ def swap_event_class():
 
 class Wait(NamedTuple):
     """One ``wait_for`` entry, ready to enqueue: the event (0: nothing to wait
-    for), what keeps it alive, and whether its stream is capturing a graph
-    (waiting on it joins the capture)."""
+    for) and what keeps it alive.  (Whether the wait joins a capture is asked
+    of the swap's own stream once its waits are enqueued.)"""
 
     event_ptr: int
     keepalive: object
-    capturing: bool
 
 
 # An unrecorded torch event (``cuda_event`` 0 until its first record()): torch
 # waits for nothing on it, where cudaStreamWaitEvent(0) would fail.
-NO_WAIT = Wait(0, None, False)
+NO_WAIT = Wait(0, None)
 
 
 # Raw handles of the legacy and per-thread default streams: they act on
@@ -131,10 +116,10 @@ def wait_handle(item, device: int | None = None, caller_device: int | None = Non
     import cupy
 
     if isinstance(item, cupy.cuda.Event):
-        return Wait(item.ptr, None, False)
+        return Wait(item.ptr, None)
     handle = getattr(item, "cuda_event", None)  # torch.cuda.Event
     if isinstance(handle, int):
-        return Wait(handle, None, False) if handle else NO_WAIT
+        return Wait(handle, None) if handle else NO_WAIT
     try:
         stream = stream_handle(item)
     except TypeError:
@@ -157,8 +142,7 @@ def wait_handle(item, device: int | None = None, caller_device: int | None = Non
                 f"wait_for: could not record an event on stream handle {stream:#x} of GPU {owner} ({e}); "
                 f"pass a stream of another GPU as its CuPy or torch object, or an event recorded on it"
             ) from None
-        capturing = stream_is_capturing(stream)
-    return Wait(ev.ptr, ev, capturing)
+    return Wait(ev.ptr, ev)
 
 
 def torch_stream_getter(device: int):
