@@ -136,6 +136,16 @@ def decode(args, md_dir: str, ready, done) -> int:
     return 1 if bad else 0
 
 
+def _no_gpu() -> str | None:
+    """Why no GPU can be used here, or None."""
+    try:
+        import cupy
+
+        return None if cupy.cuda.runtime.getDeviceCount() > 0 else "CUDA found no GPU"
+    except Exception as e:  # ImportError, CUDARuntimeError
+        return f"{type(e).__name__}: {e}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=4)
@@ -144,6 +154,11 @@ def main() -> int:
     ap.add_argument("--host-blocks", type=int, default=1024, help="decode's host cache")
     ap.add_argument("--host-only", action="store_true", help="NumPy caches on both sides (no GPU)")
     args = ap.parse_args()
+    if not args.host_only:
+        why = _no_gpu()
+        if why:
+            print(f"disagg_prefill: needs a GPU ({why}); --host-only runs it on NumPy caches")
+            return 3
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as md_dir:  # mode 0700: the metadata is a capability
         ready, done = ctx.Event(), ctx.Event()

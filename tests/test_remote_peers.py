@@ -653,3 +653,19 @@ def test_gpu_staged_writes_in_flight_together(tmp_path, rng, mine, theirs):  # p
         assert peer.call("state", "kv") == (128, 0, 0)
     finally:
         peer.stop(agent)
+
+
+def test_disagg_prefill_example_without_a_gpu_exits_3():
+    """Like every example, without a GPU it says so in one line and exits with status 3."""
+    from cupy_swap.tools.remote_bench import _gpu_reason
+
+    if _gpu_reason() is None:
+        pytest.skip("a GPU answers here")
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "disagg_prefill.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert out.stdout.startswith("disagg_prefill: needs a GPU") and "--host-only" in out.stdout
