@@ -8,8 +8,10 @@ Optional: needs a NIXL wheel (``pip install --no-deps nixl-cu12``, or
 Modules, one idea each: ``agent`` (RemoteAgent, Arrival), ``handle``
 (Transfer), ``layout`` (pool layouts and pairing), ``mapping`` (checks and
 descriptor indices), ``staging`` (gather/scatter for the staged path),
-``wire`` (metadata and notification bytes), ``exchange`` (carrying metadata
-on one host), ``errors``.
+``wire`` (metadata and notification bytes, incarnations), ``exchange``
+(carrying metadata on one host: a file, or ``fetch_from`` an agent's
+``listen_port``), ``errors``.  Outcomes, deadlines, threads and what a
+listener exposes: ``cupy_swap/remote/README.md``.
 """
 
 from ._nixl import unavailable_reason
