@@ -5,8 +5,8 @@
 OUT=${OUT:-device-out}
 PY=${PY:-/opt/torch/.venv/bin/python3}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+if ls .whl*/*.whl >/dev/null 2>&1; then  # .whl (build tools), .whl-nixl (NIXL): carried separately
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl*/*.whl
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

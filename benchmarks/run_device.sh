@@ -39,7 +39,8 @@ for step in $STEPS; do
         tail -40 "$OUT/pytest.log" ;;
     shards)
         n=${SHARDS:-4}
-        log="$OUT/shards${RUN:-}.log"
+        run=$((${run:-0} + 1))  # each shards step of this call logs to its own file
+        log="$OUT/shards$run.log"
         $PY -m pytest -q -rs -p no:cacheprovider -n "$n" --dist loadfile "$@" >"$log" 2>&1 || status=1
         tail -15 "$log" ;;
     trust)
