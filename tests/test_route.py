@@ -99,3 +99,24 @@ def test_staged_plan_covers_every_row(direction, fake_gpu):
     m = np.column_stack((np.arange(1250), _random(1250)[:, 1]))
     plan = staged_plan(layout, m if direction == "in" else m[:, ::-1].copy(), Policy(staging_bytes=8 << 20))
     assert plan.num_chunks >= 2 and sum(plan.sizes) == 1250
+
+
+def test_the_readme_says_what_auto_does():
+    """Finding 12 of issue 32: the README's Modes bullet said auto stages
+    long runs of 16 MiB and more; routes are decided at prepare, from the
+    arrays alone, and auto never stages."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    modes = re.search(r"- \*\*Modes\.\*\*(.*?)\n- \*\*", readme, re.DOTALL).group(1)
+    modes = " ".join(modes.split())
+    assert "`auto` never stages" in modes and "16 MiB" not in modes
+    assert "dma_min_copy_bytes" in modes and "dma_max_copies" in modes  # the two thresholds auto reads
+
+
+@pytest.mark.parametrize("direction", ["in", "out"])
+@pytest.mark.parametrize("block", [4096, 32 << 10, 2 << 20, 16 << 20])
+def test_auto_never_stages(direction, block, fake_gpu):
+    layout = _layout(fake_gpu, direction, block, blocks=8)
+    assert _route(layout) in ("kernel", "dma")
