@@ -18,7 +18,7 @@ import numpy as np
 from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import check_rows_for, host_rows
-from .core.route import check_mode, prepared_route, staged_plan
+from .core.route import check_mode, prepared_route, run_route, run_rows, staged_plan, staged_refusal
 from .cuda import abi, capture, memory, release
 from .cuda.gpu_mapping import device_rows
 from .cuda.launcher import HOST_CHECK_ROWS
@@ -34,13 +34,30 @@ class _Decided:
     """What an op decided from its layout, never changed afterwards (a new
     one replaces it when pinned memory was registered or unregistered)."""
 
-    __slots__ = ("layout", "kernel", "mode", "route", "launch_checks", "generation", "default_stream")
+    __slots__ = (
+        "layout",
+        "kernel",
+        "mode",
+        "route",
+        "launch_checks",
+        "generation",
+        "default_stream",
+        "run_rows",
+        "staged_ok",
+        "merge_runs",
+    )
 
     def __init__(self, swapper, layout: Layout, torch_parts: bool):
         self.layout = layout
         self.kernel = swapper._launcher.bind(layout)
         self.mode = swapper.mode
-        self.route = prepared_route(layout, swapper.mode, swapper.policy)
+        policy = swapper.policy
+        self.route = prepared_route(layout, swapper.mode, policy)
+        # auto's look for one run (core/route.py, run_route), and whether
+        # copies merge runs: only blocks below a full-speed copy gain by it.
+        self.run_rows = run_rows(layout, policy)
+        self.staged_ok = not staged_refusal(layout, policy)
+        self.merge_runs = layout.min_block_bytes < policy.dma_min_copy_bytes
         # The launch can check: status records mapped, no parts that may
         # share bytes (only the host checks those), blocks its table holds.
         self.launch_checks = bool(
@@ -178,7 +195,7 @@ class PreparedSwap:
         route = op.route if mode is None else prepared_route(layout, check_mode(mode), sw.policy)
         # Decided before any wait is enqueued, so a refusal enqueues nothing;
         # only what depends on a capture waits for the capture query.
-        path, checked, ticket = "none", on_gpu is not None, None
+        path, checked, ticket, looked = "none", on_gpu is not None, None, False
         if n and on_gpu is not None:
             path = "kernel" if layout.bytes_per_pair else "none"  # the kernel reads rows on the GPU
             self._refuse_on_gpu(op, mode, check, n)
@@ -190,6 +207,14 @@ class PreparedSwap:
                 and n * len(layout.src) <= sw.policy.dma_max_copies
             ):
                 path = "dma"  # one copy: the copy engines start sooner
+            elif (
+                path == "kernel"
+                and op.run_rows is not None
+                and n >= op.run_rows
+                and (mode or op.mode) == "auto"
+            ):  # one run of enough bytes goes to the copy engines (NOTES 58)
+                path = run_route(pairs, n, layout.direction, op.staged_ok) or path
+                looked = path != "kernel"
             # More than a few host rows go through a ring slot to device
             # memory, where the launch checks them for free; a few are checked
             # on the host, cheaper than the launch's check over its parameter
@@ -204,7 +229,12 @@ class PreparedSwap:
             if not checked:  # raises before any launch
                 pairs = check_rows_for(layout, pairs, sw.max_blocks)
             if path == "staged":
-                plan = self._staged_ready(layout, _rows_array(pairs))
+                try:
+                    plan = self._staged_ready(layout, _rows_array(pairs))
+                except ValueError:
+                    if not looked:
+                        raise
+                    path = "kernel"  # auto's choice, not the caller's: no arena, the kernel copies
         no_waits = wait_for is None or (type(wait_for) is tuple and not wait_for)  # 0 is a stream
         if not no_waits:
             for w in [wait_handle(w, sw.device, caller) for w in listed(wait_for)]:
@@ -220,7 +250,9 @@ class PreparedSwap:
                 )
             if capturing and checked:  # a captured launch keeps its rows: checked once, here
                 pairs, checked = check_rows_for(layout, pairs, sw.max_blocks), False
-            if capturing and path == "staged":
+            if capturing and path == "staged" and looked:
+                path = "kernel"  # auto's choice; the rows were checked on the host above
+            elif capturing and path == "staged":
                 raise ValueError(
                     "mode: 'staged' cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()"
                 )
@@ -245,7 +277,7 @@ class PreparedSwap:
                     op.kernel.launch_host(pairs, n, handle, capturing, held, status, seq)
                 launched = True
             elif path == "dma":
-                sw._dma.copy(layout, pairs, handle, capturing)
+                sw._dma.copy(layout, pairs, handle, capturing, op.merge_runs)
             elif path == "staged":
                 sw._stagers[layout.direction].enqueue(
                     layout, plan, handle, held, sw._launcher, sw._dma, sw._serial

@@ -180,7 +180,7 @@ class FakeSwapper:
             keep_until_done=lambda event, keep: calls.append(("keep", keep)),
         )
         self._dma = types.SimpleNamespace(
-            copy=lambda layout, pairs, stream, capturing: calls.append(("dma", stream))
+            copy=lambda layout, pairs, stream, capturing, merge=True: calls.append(("dma", stream))
         )
         self._events = types.SimpleNamespace(take=lambda timed: FakeEvent())
         self._current_stream = lambda: types.SimpleNamespace(ptr=77)

