@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import sys
 import threading
 import weakref
@@ -72,17 +73,87 @@ def _mutable_state(obj):
 
 def array_key(obj) -> tuple:
     """Cache key of one ``src``/``dst`` array."""
+    return _array_key(obj)[0]
+
+
+def _array_key(obj) -> tuple[tuple, bool]:
+    """(key, memoized before): the key of one array, and whether it came
+    from an entry of an earlier call (the same object, unchanged)."""
     entry = _memo.get(id(obj))
-    if entry is not None and entry[0]() is obj and entry[1] == _mutable_state(obj):
-        return entry[2]
+    same = entry is not None and entry[0]() is obj
+    if same and entry[1] == _mutable_state(obj):
+        return entry[2], True
     key = _memory_key(obj)
     state = _mutable_state(obj)
     if state is not None:
         i = id(obj)
         try:
-            _memo[i] = (weakref.ref(obj, lambda _ref, i=i: _memo.pop(i, None)), state, key)
+            _memo[i] = (weakref.ref(obj, lambda _ref, i=i: _forget_array(i)), state, key)
         except TypeError:  # cannot be referenced weakly: not memoized
             pass
+    return key, False
+
+
+def _forget_array(i: int) -> None:
+    """An array died: its entry goes, and every side memo it was part of."""
+    _memo.pop(i, None)
+    for ids in _side_of.pop(i, ()):
+        _forget_side(ids)
+
+
+# A side (list or tuple of parts) passed again: the ids of its arrays ->
+# (its key, the look at what can change in place, what the look saw).  Built
+# the second time a side's arrays are all memoized; one look over the side
+# replaces a call per array (64 NumPy parts: 9 against 25 µs on the CPU;
+# benchmarks/NOTES.md, item 58).  Any of its arrays dying drops it.
+_sides: dict[tuple, tuple] = {}
+_side_of: dict[int, set] = {}  # id of a memoized array -> ids of the sides it is in
+_STATE_OF = {
+    np.ndarray: operator.attrgetter("shape", "strides", "dtype", "flags.writeable"),
+}
+
+
+def _state_look(side):
+    """The one look at a side's in-place state, or None (mixed or other
+    types: arrays one by one)."""
+    kind = type(side[0])
+    if any(type(a) is not kind for a in side):
+        return None
+    look = _STATE_OF.get(kind)
+    if look is None and _is_cupy(side[0]):
+        look = _STATE_OF[kind] = operator.attrgetter("shape", "strides", "dtype")
+    return look
+
+
+def _forget_side(ids: tuple) -> None:
+    _sides.pop(ids, None)
+    for i in ids:
+        sides = _side_of.get(i)
+        if sides is not None:
+            sides.discard(ids)
+            if not sides:
+                _side_of.pop(i, None)
+
+
+def side_key(side) -> tuple:
+    """Cache key of one side given as a list or tuple of arrays."""
+    ids = tuple(map(id, side))
+    entry = _sides.get(ids)
+    if entry is not None and list(map(entry[1], side)) == entry[2]:
+        return entry[0]
+    keys, all_memoized = [], True
+    for a in side:
+        key, memoized = _array_key(a)
+        keys.append(key)
+        all_memoized &= memoized
+    key = tuple(keys)
+    look = _state_look(side) if all_memoized and side else None
+    if look is not None:
+        _sides[ids] = (key, look, list(map(look, side)))
+        for i in ids:
+            _side_of.setdefault(i, set()).add(ids)
+        if any(i not in _memo for i in ids):  # one died meanwhile (another thread): no memo of this side
+            _forget_side(ids)
     return key
 
 
@@ -153,8 +224,8 @@ class OpCache:
     def key(src, dst) -> tuple:
         """The key of a ``(src, dst)`` argument pair (one array or a list or
         tuple of arrays per side)."""
-        s = tuple(map(array_key, src)) if isinstance(src, (list, tuple)) else (array_key(src),)
-        d = tuple(map(array_key, dst)) if isinstance(dst, (list, tuple)) else (array_key(dst),)
+        s = side_key(src) if isinstance(src, (list, tuple)) else (array_key(src),)
+        d = side_key(dst) if isinstance(dst, (list, tuple)) else (array_key(dst),)
         return s, d
 
     def get(self, key: tuple):

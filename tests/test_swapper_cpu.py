@@ -169,3 +169,28 @@ def test_event_pool_recycles_only_events_nobody_holds(monkeypatch):
     assert pool.take(False) is not slot_holds[0]  # the slot's event stays untouched
     timed = pool.take(True)
     assert timed.timed and timed not in list(pool._issued)  # timed events are never pooled
+
+
+def test_a_side_passed_again_is_looked_at_once_and_still_notices_changes():
+    """Issue 34, item 3: a list of parts seen before costs one look over the
+    side (no call per array), which still sees a part changed in place; the
+    side's memo goes with any of its arrays."""
+    import gc
+
+    import numpy as np
+
+    from cupy_swap import op_cache
+
+    parts = [np.zeros((8, 4), np.uint8) for _ in range(3)]
+    first = op_cache.side_key(parts)
+    assert op_cache.side_key(parts) == first  # the second sight builds the side's memo
+    ids = tuple(map(id, parts))
+    assert ids in op_cache._sides
+    assert op_cache.side_key(parts) == first  # served by it
+    parts[1].flags.writeable = False  # changed in place: seen by the side's look
+    changed = op_cache.side_key(parts)
+    assert changed != first and changed[1] == op_cache._memory_key(parts[1])
+    assert op_cache.side_key(parts) == changed
+    del parts[2]
+    gc.collect()
+    assert ids not in op_cache._sides and not any(ids in s for s in op_cache._side_of.values())
