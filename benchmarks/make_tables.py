@@ -8,7 +8,9 @@
 
 ``--page`` writes the current results page from the stored run in a
 folder: ``peers.json`` (``bench --peers --json``, measured at COMMIT) and,
-where present, ``peers_chart.png``, ``host_time.log`` and ``pytest.log``.
+where present, ``peers_chart.png``, ``engines.json`` (``bench --engines
+--json``, the same call) with ``engines_chart.png``, ``host_time.log`` and
+``pytest.log``.
 Every figure the README quotes is a copy of one on that page.
 """
 
@@ -277,6 +279,28 @@ def _log_summary(path: Path) -> list:
     return [f"`{path.name}`: {lines[1]}", "", f"Result: **{lines[-1]}**"]
 
 
+def engines_section(folder: Path) -> list:
+    """The results page's section of the stored ``bench --engines`` run
+    (``engines.json``, the chart ``engines_chart.png`` where present)."""
+    from cupy_swap.tools import engines
+
+    report = json.loads((folder / "engines.json").read_text())
+    argv = " ".join(Path(a).name if "/" in a else a for a in report["argv"])
+    out = [
+        "## At the shapes engines swap",
+        "",
+        f"`python -m cupy_swap {argv}`, on the machine above.",
+        "",
+        *engines.method_lines(),
+        *engines.findings(report["engines"]),
+        "",
+    ]
+    if (folder / "engines_chart.png").exists():
+        chart = "python -m cupy_swap bench --from-json engines.json --plot engines_chart.png"
+        out += ["![GB/s of engine-shaped swaps](engines_chart.png)", "", f"The chart: `{chart}`.", ""]
+    return out
+
+
 def results_page(folder: Path, commit: str) -> list:
     """The current results page (``benchmarks/results/README.md``) from the
     stored run in ``folder``."""
@@ -318,6 +342,8 @@ def results_page(folder: Path, commit: str) -> list:
     if (folder / "peers_chart.png").exists():
         chart = "python -m cupy_swap bench --from-json peers.json --plot peers_chart.png"
         out += ["![GB/s against block size](peers_chart.png)", "", f"The chart: `{chart}`.", ""]
+    if (folder / "engines.json").exists():
+        out += engines_section(folder)
     if (folder / "host_time.log").exists():
         out += [
             "## Host time per call",

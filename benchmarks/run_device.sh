@@ -7,6 +7,9 @@
 #   shards   the same suite in $SHARDS (4) parallel processes, by file (pytest-xdist)  (~3 min)
 #   trust    issue 32's probes: a slot swap beside a gated one, what a release blocks
 #   peers    bench --peers: the README's performance table and chart               (~2 min)
+#   engines  bench --engines: the engine-shaped rows of the README and the results page
+#   bidir    bench --bidir: full duplex, random blocks and host runs                 (~30 s)
+#   rows     probes/many_rows_host.py: each step of a prepared call of 16-1250 rows (~30 s)
 #   gpus     bench --gpus all, 1250 x 32 KiB and 2 MiB, every driver               (~3 min)
 #   bench    the reference table, the wide sweep, duplex, staged sweep, pytest-benchmark,
 #            breakdown (benchmarks/make_tables.py turns them into results/RESULTS.md)
@@ -47,6 +50,15 @@ for step in $STEPS; do
         $PY benchmarks/probes/trust_probe.py 2>&1 | tee "$OUT/trust_probe.log" || status=1 ;;
     peers)
         bench --peers --json "$OUT/peers.json" 2>&1 | tee "$OUT/peers.log" || status=1 ;;
+    engines)
+        CUPY_SWAP_BENCH_HOST_BYTES=100e9 bench --engines --json "$OUT/engines.json" 2>&1 \
+            | tee "$OUT/engines.log"
+        [[ ${PIPESTATUS[0]} == 0 ]] || status=1 ;;
+    bidir)
+        bench --bidir --reps 15 --json "$OUT/bidir.json" 2>&1 | tee "$OUT/bidir.log"
+        [[ ${PIPESTATUS[0]} == 0 ]] || status=1 ;;
+    rows)
+        $PY benchmarks/probes/many_rows_host.py 2>&1 | tee "$OUT/many_rows_host.log" || status=1 ;;
     gpus)
         bench --gpus all --gpu-blocks 1250 --block-bytes 32k,2m --reps 15 --json "$OUT/gpus.json" 2>&1 \
             | tee "$OUT/gpus.log"

@@ -77,7 +77,11 @@ def main() -> None:
             np.stack([rng.permutation(blocks)[:n], rng.permutation(blocks)[:n]], 1).astype(np.int64)
             for _ in range(8)
         ]
-        for label, check, warm in (("after sync", None, 0), ("after sync+spin", None, 300e-6), ("check=host", "host", 0)):
+        for label, check, warm in (
+            ("after sync", None, 0),
+            ("after sync+spin", None, 300e-6),
+            ("check=host", "host", 0),
+        ):
             xs, q = [], []
             for i in range(REPS + 3):
                 spin(warm)
@@ -88,7 +92,9 @@ def main() -> None:
                 t = time.perf_counter()
                 runtime.eventQuery(done.ptr)
                 q.append((time.perf_counter() - t) * 1e6)
-            print(f"  n={n:5d} {label:16s} call {stats(xs[3:])} | eventQuery after {statistics.median(q[3:]):.2f}")
+            print(
+                f"  n={n:5d} {label:16s} call {stats(xs[3:])} | eventQuery after {statistics.median(q[3:]):.2f}"
+            )
         times: dict = {}
         saved = {}
         for label, (attr, name) in STEPS.items():

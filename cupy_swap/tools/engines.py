@@ -411,20 +411,27 @@ def markdown_table(rows: list, keep=None) -> list[str]:
     return lines
 
 
-def results_page(report: dict, commit: str, command: str, extra: list | None = None) -> list[str]:
-    """The Markdown page of one stored ``bench --engines --json`` run: what
-    was measured, on what, by which command at which commit, the summary,
-    the headline and every row."""
-    rows = report.get("engines") or []
+def findings(rows: list) -> list[str]:
+    """The summary sentence, the headline and the table of an engines run."""
     s = summary(rows)
     low, high = s["host_ratio"]
-    lines = [
-        "# bench --engines",
-        "",
-        f"One run on the device at commit {commit}: `{command}`. Machine:",
-        "",
-        *[f"- {line}" for line in report.get("environment", [])],
-        "",
+    lines = []
+    if s["rows"]:
+        lines += [
+            f"Prepared is at or above the best engine pattern in {s['prepared_leads']} of {s['rows']} rows, "
+            f"by up to {s['max_gain']:.2f}x in GB/s; the best engine pattern's host time is {low:.1f}-{high:.1f}x "
+            "prepared's.",
+            "",
+        ]
+    line = headline(rows)
+    if line:
+        lines += [f"Headline: {line}.", ""]
+    return lines + markdown_table(rows)
+
+
+def method_lines() -> list[str]:
+    """How an engines run measures, its shapes and contenders (Markdown)."""
+    return [
         "Blocking GB/s (1e9 B/s; submit + synchronize), with host µs per call (submit alone) in",
         "brackets: each the fastest round median of 3 rounds in which the calls take turns. Random",
         "distinct blocks; every contender's bytes checked bit for bit after its timing (every mapped",
@@ -439,18 +446,25 @@ def results_page(report: dict, commit: str, command: str, extra: list | None = N
         *[f"- {LABELS[c]}" for c in MARKDOWN_ORDER],
         "",
     ]
-    if s["rows"]:
-        lines += [
-            f"Prepared is at or above the best engine pattern in {s['prepared_leads']} of {s['rows']} rows, "
-            f"by up to {s['max_gain']:.2f}x in GB/s; the best engine pattern's host time is {low:.1f}-{high:.1f}x "
-            "prepared's.",
-            "",
-        ]
-    line = headline(rows)
-    if line:
-        lines += [f"Headline: {line}.", ""]
-    lines += markdown_table(rows)
-    lines += ["", "![GB/s of engine-shaped swaps](engines_chart.png)", ""]
+
+
+def results_page(report: dict, commit: str, command: str, extra: list | None = None) -> list[str]:
+    """The Markdown page of one stored ``bench --engines --json`` run: what
+    was measured, on what, by which command at which commit, the summary,
+    the headline and every row."""
+    lines = [
+        "# bench --engines",
+        "",
+        f"One run on the device at commit {commit}: `{command}`. Machine:",
+        "",
+        *[f"- {line}" for line in report.get("environment", [])],
+        "",
+        *method_lines(),
+        *findings(report.get("engines") or []),
+        "",
+        "![GB/s of engine-shaped swaps](engines_chart.png)",
+        "",
+    ]
     return lines + (extra or [])
 
 
