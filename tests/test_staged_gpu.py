@@ -64,9 +64,10 @@ def test_staged_swap_bit_exact(rng, direction, layout, order, staging_bytes):
         assert sw.last_path == "staged" and ev.path == "staged"
 
 
-def test_auto_decides_from_the_layout_not_the_rows(rng):
-    """auto no longer samples a mapping's rows for runs (issue 25): host runs
-    and scattered blocks of one layout take the kernel; staging is asked for."""
+def test_auto_stages_a_host_run_and_leaves_scattered_rows_to_the_kernel(rng):
+    """auto looks at the ends of a call's rows (issue 34, item 6): a host
+    column that is one long run is staged, scattered blocks of the same
+    layout take the kernel; staging any mapping is asked for."""
     block, n = 32768, 1250
     host = cs.empty_pinned((2 * n, block), np.uint8)
     gpu = cp.empty((2 * n, block), dtype=cp.uint8)
@@ -76,10 +77,10 @@ def test_auto_decides_from_the_layout_not_the_rows(rng):
     gpu_random = rng.choice(2 * n, n, replace=False)
     runs = np.column_stack((np.arange(100, 100 + n), gpu_random))
     check_swap(sw, host, gpu, runs)
-    assert sw.last_path == "kernel"
+    assert sw.last_path == "staged"
     check_swap(sw, host, gpu, random_mapping(n, 2 * n, 2 * n, rng))
     assert sw.last_path == "kernel"
-    check_swap(sw, host, gpu, runs, mode="staged")
+    check_swap(sw, host, gpu, random_mapping(n, 2 * n, 2 * n, rng), mode="staged")
     assert sw.last_path == "staged"
     out = cs.empty_pinned((2 * n, block), np.uint8)
     check_swap(sw, gpu, out, np.column_stack((gpu_random, np.arange(n))), mode="staged")

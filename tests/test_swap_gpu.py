@@ -283,9 +283,11 @@ def test_modes(swapper, rng, mode, direction, contiguous, block_bytes, n):
     stream = cp.cuda.Stream(non_blocking=True)
     ev = check_swap(swapper, src, dst, mapping, mode=mode, stream=stream)
     if mode == "auto":
-        # The copy engines take 2 MiB blocks and a single copy; everything
-        # else is the kernel's (auto decides from the layout, not the rows).
-        expected = "dma" if block_bytes >= 2 << 20 or n == 1 else "kernel"
+        # The copy engines take 2 MiB blocks, a single copy, and host <-> GPU
+        # rows that are one run of at least 2 MiB a part (both columns here:
+        # dma); everything else is the kernel's.
+        one_run = contiguous and direction != "gpu->gpu" and n * block_bytes >= 2 << 20
+        expected = "dma" if block_bytes >= 2 << 20 or n == 1 or one_run else "kernel"
     else:
         expected = mode
     assert swapper.last_path == expected and ev.path == expected
