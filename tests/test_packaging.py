@@ -145,14 +145,14 @@ def sdist_names(sdist) -> list[str]:
     return [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
 
 
-# The one earlier-run folder the sdist carries: the engine-shapes run the README quotes and charts.
-CARRIED_HISTORY = ("benchmarks/results/history/README.md", "benchmarks/results/history/engine-shapes/")
+# Of the earlier runs the sdist carries only their index (the results page links to it).
+CARRIED_HISTORY = ("benchmarks/results/history/README.md",)
 
 
 def test_sdist_carries_the_sources_and_the_current_results_only(sdist_names):
     """The source distribution has what a build and the tests need, and the
-    current results page with its files, the index of the earlier runs and
-    the engine-shapes run, but not the other earlier runs."""
+    current results page with its files (the engines run among them) and
+    the index of the earlier runs, but not the earlier runs."""
     names = sdist_names
     assert "kernels_cu/block_swap.cu" in names and "cupy_swap/py.typed" in names and "CHANGELOG.md" in names
     assert "benchmarks/lean_goals.py" in names
