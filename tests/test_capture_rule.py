@@ -25,7 +25,7 @@ SENSITIVE_CALLS = {
     "zeros_pinned_for_gpu", "empty_pinned", "zeros_pinned", "PinnedArray",
     "graphInstantiate", "graphDestroy", "graphExecDestroy", "create",
     "streamCreateWithFlags", "streamDestroy", "Stream", "Event", "_new_event", "_event",
-    "has_function", "get_function", "_layout",
+    "has_function", "get_function", "_layout", "query_in_block",
 }  # fmt: skip
 SENSITIVE_ATTRIBUTES = {"done"}  # cupy.cuda.Event.done: cudaEventQuery
 

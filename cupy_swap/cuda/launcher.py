@@ -358,8 +358,9 @@ class Launcher:
             kept = self._kept
             kept.append((event, keep))
             try:
-                while len(kept) > 1 and capture.event_done(kept[0][0]):
-                    kept.popleft()
+                with capture.relaxed():
+                    while len(kept) > 1 and capture.query_in_block(kept[0][0]):
+                        kept.popleft()
             except Exception:
                 pass
 
@@ -574,7 +575,7 @@ class Launcher:
                 try:
                     if not self._finalizer.alive:  # closed: the releaser may free the ring now
                         raise RuntimeError("swap: the BlockSwapper that made this object is closed")
-                    busy = slot.event is not None and not slot.event.done
+                    busy = slot.event is not None and not capture.query_in_block(slot.event)
                 except BaseException:
                     slot.lock.release()
                     raise

@@ -64,7 +64,7 @@ def swap_event_class():
             mode: legal while another thread captures)."""
             from . import capture
 
-            return capture.event_done(super())
+            return capture.event_done(self)
 
         def device_time(self) -> float:
             """Seconds of device time from the swap's start to its end (waits
