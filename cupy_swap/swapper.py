@@ -243,7 +243,10 @@ class BlockSwapper:
             gathers (swap-out) the GPU blocks; ``"auto"`` (the swapper's
             default) takes the copy engines for layouts of blocks of at
             least ``dma_min_copy_bytes`` and for one copy, else the kernel
-            (decided when the op is made, from the layout alone).
+            (decided when the op is made), except for host rows that are one
+            run of consecutive blocks, long enough that a part's run reaches
+            ``dma_min_copy_bytes`` (told from the two ends of the rows):
+            ``"dma"`` when the GPU rows are one run too, else ``"staged"``.
             ``last_path`` tells which one served.
         wait_for : event, stream, or sequence of them, optional
             CuPy or torch events and streams (or raw stream handles) whose
