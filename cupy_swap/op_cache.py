@@ -97,8 +97,9 @@ def _array_key(obj) -> tuple[tuple, bool]:
 def _forget_array(i: int) -> None:
     """An array died: its entry goes, and every side memo it was part of."""
     _memo.pop(i, None)
-    for ids in _side_of.pop(i, ()):
-        _forget_side(ids)
+    with _sides_lock:
+        for ids in _side_of.pop(i, ()):
+            _forget_side(ids)
 
 
 # A side (list or tuple of parts) passed again: the ids of its arrays ->
@@ -108,6 +109,9 @@ def _forget_array(i: int) -> None:
 # benchmarks/NOTES.md, item 58).  Any of its arrays dying drops it.
 _sides: dict[tuple, tuple] = {}
 _side_of: dict[int, set] = {}  # id of a memoized array -> ids of the sides it is in
+# Guards the two dicts' writes; reentrant: an array's death may run its
+# callback inside this thread's own registration.
+_sides_lock = threading.RLock()
 _STATE_OF = {
     np.ndarray: operator.attrgetter("shape", "strides", "dtype", "flags.writeable"),
 }
@@ -126,6 +130,7 @@ def _state_look(side):
 
 
 def _forget_side(ids: tuple) -> None:
+    """Under ``_sides_lock``: drop one side's memo."""
     _sides.pop(ids, None)
     for i in ids:
         sides = _side_of.get(i)
@@ -149,11 +154,12 @@ def side_key(side) -> tuple:
     key = tuple(keys)
     look = _state_look(side) if all_memoized and side else None
     if look is not None:
-        _sides[ids] = (key, look, list(map(look, side)))
-        for i in ids:
-            _side_of.setdefault(i, set()).add(ids)
-        if any(i not in _memo for i in ids):  # one died meanwhile (another thread): no memo of this side
-            _forget_side(ids)
+        with _sides_lock:
+            _sides[ids] = (key, look, list(map(look, side)))
+            for i in ids:
+                _side_of.setdefault(i, set()).add(ids)
+            if any(i not in _memo for i in ids):  # one died meanwhile (another thread): no memo of this side
+                _forget_side(ids)
     return key
 
 
