@@ -194,3 +194,34 @@ def test_a_side_passed_again_is_looked_at_once_and_still_notices_changes():
     del parts[2]
     gc.collect()
     assert ids not in op_cache._sides and not any(ids in s for s in op_cache._side_of.values())
+
+
+def test_side_memos_never_outlive_their_arrays_across_threads():
+    """Arrays made and dropped in four threads, their ids reused all the
+    time: every side's key is the key of the memory it describes now, and
+    no memo of a dead side is left."""
+    import gc
+    import threading
+
+    import numpy as np
+
+    from cupy_swap import op_cache
+
+    before, wrong = len(op_cache._sides), []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(300):
+            parts = [np.zeros((4, int(rng.integers(1, 5))), np.uint8) for _ in range(3)]
+            for _ in range(3):
+                if op_cache.side_key(parts) != tuple(op_cache._memory_key(p) for p in parts):
+                    wrong.append(seed)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert not wrong
+    assert len(op_cache._sides) <= before
