@@ -265,8 +265,9 @@ class BlockSwapper:
             else once by the next call of the same op (for ``swap()``: of
             the same arrays) from the same thread, which then launches
             nothing; never by a plain ``stream.synchronize()``.  The error's
-            ``swap_seq`` is the failed swap's number (its event's ``seq``).  ``None`` (default): ``"host"`` for
-            up to 16 rows on the host (1 us of Python); ``"launch"`` for
+            ``swap_seq`` is the failed swap's number (its event's ``seq``).
+            ``None`` (default): ``"host"`` for up to 16 rows on the host
+            (1 us of Python); ``"launch"`` for
             more rows on the host (they travel in a pinned ring slot the
             kernel reads: 5-6 us less host time a call) and for mappings on
             the GPU.  Copy-engine and staged swaps, captured swaps, parts
