@@ -71,6 +71,8 @@ def _walk(node, rel, names, relaxed, found):
         inner_names, inner_relaxed = names, relaxed
         if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             inner_names = [*names, child.name]
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inner_relaxed = False  # a function defined in a relaxed block may run outside it
         if isinstance(child, ast.With) and any("relaxed" in ast.unparse(i.context_expr) for i in child.items):
             inner_relaxed = True
         what = None
