@@ -53,7 +53,6 @@ import numpy as np
 
 __all__ = ["main", "run"]
 
-SIZES = {"4K": 4096, "32K": 32768, "256K": 262144, "2M": 2 << 20}
 ROWS = "32Kx1250,2Mx16"
 MAX_MEMORY = "8G"
 EXIT_MISMATCH, EXIT_USAGE, EXIT_NO_GPU = 1, 2, 3
