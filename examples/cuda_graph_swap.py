@@ -13,10 +13,17 @@ import argparse
 import importlib.util
 import sys
 
-import cupy
 import numpy as np
 
 import cupy_swap
+
+try:
+    import cupy
+except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3
+    print(
+        f"{sys.argv[0]}: needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra", file=sys.stderr
+    )
+    sys.exit(3)
 
 HOST_BLOCKS, GPU_BLOCKS, BLOCK = 512, 256, (16, 8, 128)  # blocks of 32 KiB in fp16
 

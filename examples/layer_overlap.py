@@ -13,10 +13,17 @@ until the end, where every block is checked bit for bit.
 import argparse
 import sys
 
-import cupy
 import numpy as np
 
 import cupy_swap
+
+try:
+    import cupy
+except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3
+    print(
+        f"{sys.argv[0]}: needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra", file=sys.stderr
+    )
+    sys.exit(3)
 
 BLOCK = (16, 8, 128)  # tokens x KV heads x head dim: 32 KiB of fp16
 
