@@ -946,3 +946,32 @@ def test_disagg_prefill_example_host_only():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "decode: 16 blocks arrived from prefill" in out.stdout and "every byte checked" in out.stdout
+
+
+@pytest.mark.parametrize("on_error", [None, "told"])
+def test_a_request_nixl_cannot_let_go_keeps_its_transfer_busy(on_error):
+    """A closed transfer whose NIXL request refuses release stays busy (its
+    pool and peer cannot be dropped under it) until the agent, having
+    seen the request end, calls back; reads and writes without a receiver
+    to tell (no on_error) linger too."""
+    from cupy_swap.remote.handle import Transfer
+
+    class Stuck:
+        def release(self):
+            raise RuntimeError("NIXL_ERR_BUSY")
+
+    told, kept = [], []
+    t = Transfer(
+        None,
+        "write kv -> b/kv (1 block, direct)",
+        8,
+        1,
+        lambda track: track(Stuck()) or False,  # posted, not all posted yet
+        on_error=(lambda: told.append(1)) if on_error else None,
+        linger=lambda xfers, then: kept.append((xfers, then)),
+    )
+    assert t._busy()
+    t.close()
+    assert len(kept) == 1 and t._busy() and told == []  # failed, but NIXL still holds the request
+    kept[0][1]()  # the agent saw it end and released it
+    assert not t._busy() and told == ([1] if on_error else [])

@@ -1362,11 +1362,21 @@ class RemoteAgent:
         end = time.monotonic() + min(1.0, self.peer_timeout)
         while self._later and time.monotonic() < end:  # requests NIXL could not cancel at once
             self._progress()
-        self._later = []
         for name in list(self._pools):
-            self.drop_pool(name)
+            try:
+                self.drop_pool(name)
+            except RemoteError:  # a request NIXL still holds reads it: kept registered, never freed under it
+                warnings.warn(
+                    f"cupy_swap.remote ({self.name}): pool {name!r} stays registered: NIXL did not let go "
+                    f"of a request on it within {min(1.0, self.peer_timeout):.1f} s",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         for peer in list(self._peers):
-            self.disconnect(peer)
+            try:
+                self.disconnect(peer)
+            except RemoteError:  # as above: its descriptor lists stay with the request NIXL holds
+                pass
 
     def __enter__(self):
         return self

@@ -74,6 +74,7 @@ class Transfer:
         self._nixl, self._post, self._ready, self._settled = nixl, post, ready, settled
         self._check = check
         self._on_error = on_error  # called once, when nothing of this transfer can land any more
+        self._lingering = False  # failed, with NIXL requests the agent keeps until they end
         self._on_moved = on_moved  # called once, when every byte moved
         self._linger = linger  # linger(xfers, then): keep requests NIXL refused to release, then call then()
         self._lock = lock if lock is not None else contextlib.nullcontext()
@@ -94,8 +95,10 @@ class Transfer:
         return self._moved
 
     def _busy(self) -> bool:
-        """Still able to post or touch NIXL requests (their descriptor lists must stay)."""
-        return self._error is None and not self._moved
+        """Still able to post or touch NIXL requests (their descriptor lists
+        and registered memory must stay): not settled, or failed with
+        requests NIXL could not cancel that the agent keeps until they end."""
+        return (self._error is None and not self._moved) or self._lingering
 
     def done(self) -> bool:
         """True once the blocks are in the destination pool, on the live
@@ -269,11 +272,16 @@ class Transfer:
                 stuck.append(xfer)
         on_error, self._on_error = self._on_error, None
         self._on_moved = None
-        if on_error is None:
-            return
         if stuck and self._linger is not None:
-            self._linger(stuck, on_error)
-        elif not stuck:
+            self._lingering = True  # busy until NIXL let go of them: their memory must stay
+
+            def then():
+                self._lingering = False
+                if on_error is not None:
+                    on_error()
+
+            self._linger(stuck, then)
+        elif not stuck and on_error is not None:
             on_error()
 
     def _abort(self, cause) -> None:
