@@ -1410,6 +1410,7 @@ class _MetadataServer:
             except OSError:
                 return
             with conn:
+                conn.settimeout(5.0)  # a client that never reads cannot hold the server
                 agent = self._agent()
                 if agent is None:
                     return
