@@ -70,11 +70,7 @@ def run_script(body: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def drive(*agents, until, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not until():
-        for agent in agents:
-            agent.poll()
-        assert time.monotonic() < end, "timed out"
+    spin_until(until, *agents, timeout=timeout)
 
 
 # --- 1: the mapping is the caller's --------------------------------------------------------------------
