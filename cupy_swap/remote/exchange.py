@@ -109,34 +109,89 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def fetch_from(host: str, port: int, timeout: float = 30.0) -> bytes:
+# The most bytes fetch_from() accepts: an agent's metadata is a few KiB a
+# pool (NIXL's memory keys and the layouts), so this leaves room for
+# thousands of pools while a server that claims more cannot make a client
+# allocate without bound.
+MAX_METADATA_BYTES = 64 << 20
+
+
+def fetch_from(host: str, port: int, timeout: float = 30.0, *, max_bytes: int = MAX_METADATA_BYTES) -> bytes:
     """The metadata a :class:`RemoteAgent` made with ``listen_port=port``
     serves at ``host`` (it serves to anyone who can reach that address:
     loopback only unless it was given another ``listen_host``).
 
+    Parameters
+    ----------
+    host : str
+    port : int
+    timeout : float
+        Seconds for the whole fetch: connecting (retried while refused),
+        and every byte of the answer.  A server that trickles its answer
+        cannot hold the caller past it.
+    max_bytes : int
+        The largest answer accepted (:data:`MAX_METADATA_BYTES` by default).
+
     Raises
     ------
     TimeoutError
-        Nothing answered, or the answer did not come, within ``timeout``.
+        Nothing answered, or the whole answer did not come, within ``timeout``.
     ValueError
-        The answer is not an agent's metadata.
+        The answer is not an agent's metadata, or it announces more than ``max_bytes``.
     """
     end = time.monotonic() + timeout
     while True:
         try:
-            with socket.create_connection((host, port), timeout=max(0.1, end - time.monotonic())) as s:
-                s.settimeout(max(0.1, end - time.monotonic()))
-                data = b""
-                while True:
-                    chunk = s.recv(1 << 20)
-                    if not chunk:
-                        break
-                    data += chunk
-        except (TimeoutError, ConnectionRefusedError) as e:
-            if time.monotonic() > end:
-                raise TimeoutError(f"no metadata served at {host}:{port} after {timeout} s") from e
-            time.sleep(0.01)
+            try:
+                conn = socket.create_connection((host, port), timeout=_left(end, host, port, timeout))
+            except TimeoutError as e:  # the connect itself used what was left
+                _left(end, host, port, timeout, e)
+                continue
+            with conn as s:
+                head = _recv_exactly(s, 4, end, host, port, timeout)
+                if len(head) < 4:
+                    raise ValueError(
+                        f"fetch_from: {host}:{port} sent {len(head)} bytes, not an agent's metadata"
+                    )
+                (n,) = struct.unpack("<I", head)
+                if n > max_bytes:
+                    raise ValueError(
+                        f"fetch_from: {host}:{port} announced {n} bytes of metadata, more than the limit of "
+                        f"{max_bytes} (max_bytes)"
+                    )
+                blob = _recv_exactly(s, n, end, host, port, timeout)
+        except ConnectionRefusedError as e:  # not listening yet: try again until the deadline
+            _left(end, host, port, timeout, e)
+            time.sleep(min(0.01, max(0.0, end - time.monotonic())))
             continue
-        if len(data) < 4 or struct.unpack_from("<I", data)[0] != len(data) - 4:
-            raise ValueError(f"fetch_from: {host}:{port} sent {len(data)} bytes, not an agent's metadata")
-        return data[4:]
+        if len(blob) != n:
+            raise ValueError(
+                f"fetch_from: {host}:{port} sent {len(blob) + 4} bytes where it announced {n + 4}, not an "
+                "agent's metadata"
+            )
+        return blob
+
+
+def _left(end: float, host: str, port: int, timeout: float, cause=None) -> float:
+    """Seconds left before ``end``; TimeoutError once none are."""
+    left = end - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"no metadata served at {host}:{port} within {timeout} s") from cause
+    return left
+
+
+def _recv_exactly(s: socket.socket, n: int, end: float, host: str, port: int, timeout: float) -> bytes:
+    """Up to ``n`` bytes (fewer only when the server closed), each read bounded by what is left of ``end``."""
+    chunks, got = [], 0
+    while got < n:
+        s.settimeout(_left(end, host, port, timeout))
+        try:
+            chunk = s.recv(min(n - got, 1 << 20))
+        except TimeoutError as e:
+            _left(end, host, port, timeout, e)
+            continue  # woke a hair early: the deadline decides
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
