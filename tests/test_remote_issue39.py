@@ -12,14 +12,39 @@ Each waits on conditions with deadlines, never on sleeps."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from cupy_swap.remote import fetch_from
+
+from .test_remote import NIXL_WHY, POISON, loopback_agent, needs_nixl, spin_until
+
+DEADLINE = 1.5  # peer_timeout of the agents of the tests that do not say otherwise
+
+
+@pytest.fixture
+def two():
+    """Two agents in this process, "kv": 16 blocks of 64 bytes, 8 staging slots each."""
+    if NIXL_WHY:
+        pytest.skip(NIXL_WHY)
+    a = loopback_agent("i39-a", peer_timeout=DEADLINE)
+    b = loopback_agent("i39-b", peer_timeout=DEADLINE)
+    pa = [np.arange(16 * 64, dtype=np.uint8).reshape(16, 64)]
+    pb = [np.full((16, 64), POISON, np.uint8)]
+    a.register_pool("kv", pa, staging_blocks=8)
+    b.register_pool("kv", pb, staging_blocks=8)
+    a.connect(b.metadata())
+    b.connect(a.metadata())
+    yield a, b, pa, pb
+    a.close()
+    b.close()
+
 
 # --- 5: fetch_from, one deadline and a size cap --------------------------------------------------------
 
@@ -120,3 +145,37 @@ def test_fetch_from_a_short_answer_is_not_metadata():
             fetch_from("127.0.0.1", server.port, timeout=10)
     finally:
         server.close()
+
+
+# --- 4: a refresh with unchanged metadata --------------------------------------------------------------
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@needs_nixl
+def test_refresh_with_unchanged_metadata_costs_no_socket(two):
+    """Finding 4: 200 connect()s of a live peer's unchanged metadata leave the
+    open descriptors where they were (each cost NIXL two sockets: 12 -> 412),
+    with a write in flight too; a refresh with changed metadata still takes
+    the new view."""
+    a, b, pa, pb = two
+    blob = b.metadata()
+    a.connect(blob)
+    before = open_fds()
+    for _ in range(200):
+        assert a.connect(blob) == "i39-b"
+    assert open_fds() - before <= 2  # nothing per refresh (pytest may open a file meanwhile)
+    real, hold = a.nixl.check_xfer_state, [True]
+    a.nixl.check_xfer_state = lambda x: "PROC" if hold[0] else real(x)
+    t = a.write("kv", ("i39-b", "kv"), [(0, 0)])
+    a.connect(blob)  # in flight, and nothing changed: not refused, nothing released under it
+    hold[0] = False
+    spin_until(t.done, a, b)
+    more = np.zeros((4, 64), np.uint8)
+    b.register_pool("more", [more])
+    a.connect(b.metadata())  # changed: the new view, with the new pool
+    assert set(a.remote_pools("i39-b")) == {"kv", "more"}
+    spin_until(a.write("kv", ("i39-b", "more"), [(1, 3)]).done, a, b)
+    np.testing.assert_array_equal(more[3], pa[0][1])

@@ -500,15 +500,17 @@ def test_a_sender_that_never_polls_keeps_no_dead_references(two):
 
 @needs_nixl
 def test_connect_with_transfers_in_flight_is_refused_and_they_finish(two):
-    """Finding 11: refreshed metadata of a peer while a direct write to it is
-    in flight and a staged write waits for its grant: connect() refuses,
-    nothing is released under them, both finish byte-exact with their
-    Arrivals; once they are done connect() takes the new view."""
+    """Finding 11: refreshed metadata of a peer (it registered a pool) while
+    a direct write to it is in flight and a staged write waits for its
+    grant: connect() refuses, nothing is released under them, both finish
+    byte-exact with their Arrivals; once they are done connect() takes the
+    new view.  (Metadata that did not change is no refresh: issue 39.)"""
     a, b, pa, pb = two
     real, hold = a.nixl.check_xfer_state, [True]
     a.nixl.check_xfer_state = lambda x: "PROC" if hold[0] else real(x)
     direct = a.write("kv", ("two-b", "kv"), [(i, i) for i in range(8)])
     staged = a.write("kv", ("two-b", "kv"), [(8, 8), (9, 9)], path="staged")
+    b.register_pool("more", [np.zeros((4, 64), np.uint8)])
     with pytest.raises(RemoteError, match="still in flight"):
         a.connect(b.metadata())
     hold[0] = False

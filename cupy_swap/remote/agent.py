@@ -209,6 +209,7 @@ class _Peer:
     name: str
     incarnation: int
     pools: dict
+    blob: bytes = b""  # the metadata connect() took (a refresh with the same bytes does nothing)
     dlists: dict = field(default_factory=dict)  # (pool, staging?) -> prepared remote dlist
     dropped: set = field(default_factory=set)
     paired: dict = field(default_factory=dict)  # (id(local layout), id(remote layout)) -> both
@@ -502,8 +503,14 @@ class RemoteAgent:
     def connect(self, blob: bytes) -> str:
         """Import a peer's :meth:`metadata` and prepare its pools' descriptors.
 
-        Connecting again with newer metadata replaces the old view of that
-        peer, once nothing uses it: transfers to the peer that still have
+        Connecting again with the same bytes does nothing.  NIXL 1.5.1
+        leaves two sockets open each time an agent is removed and added
+        again: 200 ``remove_remote_agent`` + ``add_remote_agent`` of one
+        peer took a process from 14 to 414 open sockets (2-core CPU,
+        loopback; ``benchmarks/NOTES.md``, item 59), so each refresh with
+        *changed* metadata, and each disconnect and reconnect, still costs
+        two.  Connecting again with newer
+        metadata replaces the old view of that peer, once nothing uses it: transfers to the peer that still have
         NIXL requests in flight or may post (a staged write waiting for its
         grant, a GPU write waiting for its stream) make it refuse, unless the
         metadata is a new incarnation (the peer restarted): then those not
@@ -524,11 +531,14 @@ class RemoteAgent:
         RemoteError
             Transfers to this peer are in flight (see above).
         """
+        blob = bytes(blob)
         name, pools, nixl_md, incarnation = wire.unpack_metadata(blob)
         for pool_name, remote in pools.items():
             if pool_name in self._pools:
                 check_pairable(self._pools[pool_name].layout, remote, name)
         old = self._peers.get(name)
+        if old is not None and old.blob == blob:  # unchanged: the view held is this one
+            return name
         if old is not None:
             restarted = old.incarnation != incarnation
             if restarted:
@@ -546,7 +556,7 @@ class RemoteAgent:
         if added != name:
             raise RemoteError(f"connect: metadata names agent {name!r} but NIXL loaded {added!r}")
         self._retired.discard((name, incarnation))
-        self._peers[name] = _Peer(name, incarnation, pools)
+        self._peers[name] = _Peer(name, incarnation, pools, blob)
         self.nixl.make_connection(name)  # UCX wire-up now, not inside the first transfer
         return name
 
