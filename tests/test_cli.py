@@ -431,3 +431,121 @@ def test_without_cupy_says_so_with_the_install_command(monkeypatch, capsys):
     assert cli.main(["info"]) == EXIT_NO_GPU
     err = capsys.readouterr().err
     assert "cupy_swap: CuPy: missing (CuPy is not installed" in err and "GPU: none" not in err
+
+
+# Issue 39: `bench --remote` checks every argument, the --json file's folder included, before
+# it looks for NIXL or measures anything; a bad one is one line and exit status 2.
+REMOTE_BAD = [
+    (
+        ["--json", "/no/such/dir/x.json"],
+        "argument --json: expected an existing directory for '/no/such/dir/x.json', "
+        "but '/no/such/dir' does not exist",
+    ),
+    (["--staged-chunks=-2M"], "argument --staged-chunks: '-2M' is not a chunk size such as 2M or 32M, or 0"),
+    (["--staged-chunks", "2M,-1"], "argument --staged-chunks: '-1' is not a chunk size"),
+    (["--staged-chunks", "2Q"], "argument --staged-chunks: '2Q' is not a chunk size"),
+    (["--rows", "32Kx16", "--sizes", "4K"], "argument --rows: not allowed with --sizes (give SIZExCOUNT"),
+    (["--counts", "4", "--rows", "32Kx16"], "argument --rows: not allowed with --counts"),
+    (["--rows", "32Kx"], "argument --rows: '32Kx' is not a SIZExCOUNT pair such as 32Kx1250 or 2Mx16"),
+    (["--rows", "32Kx0"], "argument --rows: '32Kx0' is not a SIZExCOUNT pair"),
+    (["--sizes", "5Q"], "argument --sizes: '5Q' is not a block size such as 4096, 4K, 32K or 2M"),
+    (["--counts", "16,x"], "argument --counts: 'x' is not a positive whole number"),
+    (["--reps", "0"], "argument --reps: '0' is not a positive whole number"),
+    (["--max-memory", "lots"], "argument --max-memory: 'lots' is not a size such as 512M or 8G"),
+    (["--rows", "2Mx1250"], "2M x 1250 needs about 15.3 GiB of memory for its two processes"),
+    (["--from", "cpu"], "argument --from: invalid choice: 'cpu'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.mark.parametrize("argv, message", REMOTE_BAD)
+def test_remote_bench_refuses_a_bad_command_line_in_one_line_before_measuring(
+    argv, message, monkeypatch, capsys
+):
+    import cupy_swap.remote
+    from cupy_swap.tools import remote_bench
+
+    monkeypatch.setattr(remote_bench, "run", lambda *a, **k: pytest.fail("measured before the arguments"))
+    monkeypatch.setattr(cupy_swap.remote, "unavailable_reason", lambda: pytest.fail("NIXL looked for first"))
+    assert cli.main(["bench", "--remote", *argv]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("cupy-swap bench --remote: error: ") and err.endswith(" (see --help)\n")
+    assert message in err and err.count("\n") == 1, err
+    assert "invalid literal" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--json", "/no/such/dir/x.json"], ["--rows", "32Kx"]])
+def test_remote_bench_bad_command_line_as_a_user_runs_it(argv):
+    """Issue 39: --json into a missing folder ran the whole benchmark (NIXL
+    installed), then lost it in a traceback, exit 1; --rows 32Kx printed
+    int()'s message.  The timeout fails a run that measures first."""
+    r = subprocess.run(
+        [sys.executable, "-m", "cupy_swap", "bench", "--remote", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.startswith("python -m cupy_swap bench --remote: error: argument ")
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_remote_bench_help_reads_like_the_others():
+    """Issue 39: the help showed the module docstring's RST, options without
+    help text and no exit status."""
+    from cupy_swap.tools import remote_bench
+
+    r = _run("bench", "--remote", "--help")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.startswith("usage: python -m cupy_swap bench --remote [-h] ")
+    assert "``" not in out and "::" not in out and ":data:" not in out
+    assert "exit status:\n  0  success\n  1  a transfer's bytes did not match\n  2  bad command line" in out
+    assert "3  no usable NVIDIA GPU for --from gpu or --to gpu" in out
+    for name in ("direct", "staged", "raw", "raw-nonote", "raw-1desc", "local"):
+        assert f"\n  {name:<11} " in out, name
+    parser = remote_bench.build_parser()
+    assert all(action.help for action in parser._actions), [a.dest for a in parser._actions if not a.help]
+
+
+def test_remote_bench_rows_reach_the_run_and_the_json_is_written_after_each(monkeypatch, tmp_path, capsys):
+    """--sizes x --counts (the other's default when one is given), the staged
+    chunks as bytes; the --json file holds every row measured so far."""
+    import cupy_swap.remote
+    from cupy_swap.tools import remote_bench
+
+    out = tmp_path / "remote.json"
+    ran, seen_in_file = [], []
+
+    def fake_run(src, dst, block_bytes, n, reps, seed=0, chunks=()):
+        seen_in_file.append(len(json.loads(out.read_text())) if out.exists() else 0)
+        ran.append((src, dst, block_bytes, n, reps, chunks))
+        return [
+            {"from": src, "to": dst, "contender": c, "gbps": 1.0, "best_gbps": 1.0, "exact": True}
+            for c in ("direct", "raw")
+        ]
+
+    monkeypatch.setattr(remote_bench, "run", fake_run)
+    monkeypatch.setattr(cupy_swap.remote, "unavailable_reason", lambda: None)
+    argv = ["bench", "--remote", "--sizes", "4K,2M", "--counts", "3", "--reps", "2"]
+    argv += ["--staged-chunks", "2M,0", "--json", str(out)]
+    assert cli.main(argv) == cli.EXIT_OK
+    assert ran == [("host", "host", 4096, 3, 2, (2 << 20, 0)), ("host", "host", 2 << 20, 3, 2, (2 << 20, 0))]
+    assert seen_in_file == [0, 2] and len(json.loads(out.read_text())) == 4
+    ran.clear()
+    assert cli.main(["bench", "--remote", "--sizes", "8K"]) == cli.EXIT_OK
+    assert [(b, n) for _, _, b, n, _, _ in ran] == [(8192, 16), (8192, 1250)]
+    ran.clear()
+    assert cli.main(["bench", "--remote"]) == cli.EXIT_OK
+    assert [(b, n) for _, _, b, n, _, _ in ran] == [(32768, 1250), (2 << 20, 16)]
+    capsys.readouterr()
+
+
+def test_remote_bench_without_nixl_says_so_in_one_line_and_exits_2(monkeypatch, capsys):
+    import cupy_swap.remote
+    from cupy_swap.tools import remote_bench
+
+    monkeypatch.setattr(remote_bench, "run", lambda *a, **k: pytest.fail("measured without NIXL"))
+    monkeypatch.setattr(cupy_swap.remote, "unavailable_reason", lambda: "cupy_swap.remote needs NIXL (test)")
+    assert cli.main(["bench", "--remote", "--reps", "1"]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err == "cupy-swap bench --remote: cupy_swap.remote needs NIXL (test)\n"

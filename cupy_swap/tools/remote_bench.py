@@ -3,17 +3,11 @@ host, direct and staged, beside NIXL's own prepared transfer on the same
 buffers (per-block descriptors, and the same bytes in one descriptor), and
 the local swap where the pool is on a GPU.
 
-Usage::
-
-    UCX_NET_DEVICES=lo python -m cupy_swap bench --remote [--from host|gpu] [--to host|gpu]
-        [--rows 32Kx1250,2Mx16 | --sizes 32K,2M --counts 16,1250] [--reps 30]
-        [--staged-chunks 2M,0] [--max-memory 8G] [--json FILE]
-
-Defaults: the rows 32 KiB x 1250 and 2 MiB x 16 (about 0.3 GB of host
-memory for both processes together); a run whose pools would need more than
-``--max-memory`` (8 GiB) is refused before anything is allocated.  Exit
-status: 0, 1 a copy did not match, 2 a bad command line (or no NIXL), 3 no
-usable GPU for ``--from gpu`` / ``--to gpu``.
+``python -m cupy_swap bench --remote --help`` lists the options, the
+contenders (:data:`CONTENDERS_TEXT`) and the exit status (:data:`EXIT_TEXT`).
+Every argument is checked, the ``--json`` file's folder included, before
+NIXL is looked for or anything is measured: a bad one is one line on stderr
+and exit status 2.
 
 Each row: one process (this one) writes ``n`` random distinct blocks of its
 pool into random distinct blocks of the peer's pool (a spawned process that
@@ -22,31 +16,17 @@ polls for notifications and scatters staged arrivals).  Times are blocking
 other contenders (after two warm-up rounds); a staged write counts until
 the peer acknowledged its scatter.  After timing, every contender's copy is
 checked bit-exactly against the peer's blocks.
-
-Contenders:
-- ``direct``: ``RemoteAgent.write(path="direct")``, one descriptor per block;
-- ``staged``: ``RemoteAgent.write(path="staged")``, gathered, moved and
-  scattered in chunks of ``staged_chunk_bytes``; ``staged-2M`` etc. with
-  other chunk sizes (``--staged-chunks``; ``staged-one``: one chunk);
-- ``raw``: NIXL ``make_prepped_xfer`` + ``transfer`` + ``check_xfer_state``
-  on the same prepared per-block descriptors and indices (no checks, same
-  notification bytes): the wrapper-overhead reference;
-- ``raw-nonote``: the same without the notification (on loopback TCP a
-  notified transfer completes only after the receiver's next poll);
-- ``raw-1desc``: NIXL moving the same bytes as one descriptor per part
-  between the two staging runs (the ceiling the staged path aims at);
-- ``local``: ``BlockSwapper.swap_out`` of the same blocks into local pinned
-  memory (GPU pools only).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
+import re
 import statistics
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -54,8 +34,32 @@ import numpy as np
 __all__ = ["main", "run"]
 
 ROWS = "32Kx1250,2Mx16"
+SIZES, COUNTS = "32K,2M", "16,1250"  # --sizes and --counts, when only the other one is given
 MAX_MEMORY = "8G"
-EXIT_MISMATCH, EXIT_USAGE, EXIT_NO_GPU = 1, 2, 3
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_NO_GPU = 0, 1, 2, 3
+
+CONTENDERS_TEXT = """\
+contenders (one line each per row):
+  direct      RemoteAgent.write(path="direct"): one NIXL descriptor per block
+  staged      RemoteAgent.write(path="staged"): blocks gathered into one pinned run, moved in
+              chunks of the agent's staged_chunk_bytes, scattered by the peer; staged-2M etc.:
+              other chunk sizes (--staged-chunks), staged-one: the whole write in one chunk
+  raw         NIXL's own prepared transfer on the same per-block descriptors and the same
+              notification bytes, with no checks (direct against raw: what the wrapper costs)
+  raw-nonote  the same without the notification (on loopback TCP a notified transfer ends
+              only at the receiver's next poll)
+  raw-1desc   the same bytes as one descriptor (the ceiling the staged path aims at)
+  local       BlockSwapper.swap_out of the same blocks into local pinned memory (--from gpu)
+GB/s: bytes / blocking time (submit + wait), median and best of --reps, the contenders
+taken in turns; exact: the peer's blocks compared bit for bit after timing."""
+
+EXIT_TEXT = f"""\
+exit status:
+  {EXIT_OK}  success
+  {EXIT_MISMATCH}  a transfer's bytes did not match
+  {EXIT_USAGE}  bad command line (every option, the --json file's folder included, is checked
+     before anything is measured), or no NIXL (pip install --no-deps "nixl-cu12>=1.5.1,<1.6")
+  {EXIT_NO_GPU}  no usable NVIDIA GPU for --from gpu or --to gpu"""
 
 
 def memory_needed(block_bytes: int, n: int) -> int:
@@ -143,10 +147,23 @@ def _staged(agent, remote, m, chunk_bytes: int):
     return call
 
 
+_SIZE = re.compile(r"(\d+)([kmg](?:ib)?)?", re.IGNORECASE)
+_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
 def _parse_size(text: str) -> int:
-    """``"2M"`` -> 2097152, ``"512K"`` -> 524288, ``"0"`` -> 0."""
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-    return int(text[:-1] if scale > 1 else text) * scale
+    """``"2M"`` -> 2097152, ``"512K"`` (or ``"512KiB"``) -> 524288,
+    ``"4096"`` -> 4096, ``"0"`` -> 0.
+
+    Raises
+    ------
+    ValueError
+        For anything else (a sign, a fraction, another suffix).
+    """
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        raise ValueError(f"{text.strip()!r} is not a size such as 4096, 4K, 32K, 2M or 1G")
+    return int(m.group(1)) * _SCALE[(m.group(2) or "")[:1].lower()]
 
 
 def _size_name(nbytes: int) -> str:
@@ -254,107 +271,230 @@ def run(
     return rows
 
 
-def _positive_size(text: str) -> int:
+def _size_list(text: str, form: str, *, zero: bool = False) -> list:
+    """A comma list of sizes (``0`` allowed when ``zero``), for argparse;
+    ``form`` says what one should look like."""
+    out = []
+    for item in text.split(","):
+        try:
+            value = _parse_size(item)
+        except ValueError:
+            value = -1
+        if value < (0 if zero else 1):
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not {form}")
+        out.append(value)
+    return out
+
+
+def _sizes_arg(text: str) -> list:
+    return _size_list(text, "a block size such as 4096, 4K, 32K or 2M")
+
+
+def _chunks_arg(text: str) -> list:
+    return _size_list(text, "a chunk size such as 2M or 32M, or 0 (one chunk)", zero=True)
+
+
+def _memory_arg(text: str) -> int:
     try:
-        value = _parse_size(text.strip())
+        value = _parse_size(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a block size such as 4K, 32K, 2M or 4096, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 512M or 8G")
     return value
 
 
-def _rows(args, ap) -> list:
-    """``[(block_bytes, n), ...]`` from ``--rows`` or from ``--sizes`` x ``--counts``."""
-    try:
-        if args.sizes or args.counts:
-            sizes = [_positive_size(t) for t in (args.sizes or "32K,2M").split(",") if t]
-            counts = [int(c) for c in (args.counts or "16,1250").split(",") if c]
-            rows = [(b, n) for b in sizes for n in counts]
-        else:
-            rows = []
-            for item in args.rows.split(","):
-                size, _, n = item.strip().lower().partition("x")
-                rows.append((_positive_size(size), int(n)))
-    except (ValueError, argparse.ArgumentTypeError) as e:
-        ap.error(f"--rows/--sizes/--counts: {e}")
-    if not rows or any(n < 1 for _, n in rows):
-        ap.error("--rows/--counts: expected positive block counts")
+def _rows_arg(text: str) -> list:
+    """``"32Kx1250,2Mx16"`` -> ``[(32768, 1250), (2097152, 16)]``, for argparse."""
+    rows = []
+    for item in text.split(","):
+        size, _, n = item.strip().lower().partition("x")
+        try:
+            block_bytes = _parse_size(size)
+        except ValueError:
+            block_bytes = 0
+        count = int(n) if n.strip().isdigit() else 0
+        if block_bytes < 1 or count < 1:
+            raise argparse.ArgumentTypeError(
+                f"{item.strip()!r} is not a SIZExCOUNT pair such as 32Kx1250 or 2Mx16 "
+                "(a block size: 4096, 4K, 32K, 2M; a positive block count)"
+            )
+        rows.append((block_bytes, count))
     return rows
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line: ``PROG: error: MESSAGE (...)``, exit 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser(prog: str = "cupy-swap bench --remote") -> argparse.ArgumentParser:
+    """``bench --remote``'s command line; every option is checked while
+    parsing, the combinations and the memory a run needs by :func:`parse_args`."""
+    from .cli_common import counts_arg, output_file_arg, positive_int
+
+    ap = _Parser(
+        prog=prog,
+        description=textwrap.fill(
+            "GB/s of cupy_swap.remote (NIXL, UCX) between this process and a spawned peer on this host: "
+            "direct and staged writes beside NIXL's own prepared transfer on the same buffers; every "
+            "transfer checked bit for bit. Host pools need no GPU; UCX_NET_DEVICES defaults to lo "
+            "(loopback).",
+            width=92,
+        ),
+        epilog=f"{CONTENDERS_TEXT}\n\nexamples:\n"
+        f"  {prog} --json remote.json\n"
+        f"  {prog} --rows 4Kx1250,256Kx64 --staged-chunks 2M,0\n"
+        f"  {prog} --from gpu --to host --sizes 32K --counts 16,1250\n\n{EXIT_TEXT}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--from",
+        dest="src",
+        choices=("host", "gpu"),
+        default="host",
+        help="memory of the sending pool, in this process (default host)",
+    )
+    ap.add_argument(
+        "--to",
+        dest="dst",
+        choices=("host", "gpu"),
+        default="host",
+        help="memory of the receiving pool, in the spawned peer (default host)",
+    )
+    ap.add_argument(
+        "--rows",
+        type=_rows_arg,
+        metavar="ROWS",
+        help=f"SIZExCOUNT pairs, comma list (default {ROWS}): block size (4096, 4K, 32K, 2M) x blocks "
+        "per write; not with --sizes or --counts",
+    )
+    ap.add_argument(
+        "--sizes",
+        type=_sizes_arg,
+        metavar="SIZES",
+        help=f"block sizes, comma list, each timed at every --counts (default {SIZES}); instead of --rows",
+    )
+    ap.add_argument(
+        "--counts",
+        type=counts_arg,
+        metavar="COUNTS",
+        help=f"blocks per write, comma list, each timed at every --sizes (default {COUNTS}); instead of "
+        "--rows",
+    )
+    ap.add_argument(
+        "--reps",
+        type=positive_int,
+        default=30,
+        metavar="N",
+        help="timed writes per contender and row, taken in turns (default 30)",
+    )
+    ap.add_argument(
+        "--staged-chunks",
+        type=_chunks_arg,
+        default=[],
+        metavar="SIZES",
+        help="chunk sizes of staged writes to time beside the agent's default, comma list, e.g. 2M,32M; "
+        "0: the whole write in one chunk",
+    )
+    ap.add_argument(
+        "--max-memory",
+        type=_memory_arg,
+        default=_parse_size(MAX_MEMORY),
+        metavar="SIZE",
+        help=f"refuse rows whose two processes would need more host memory than SIZE (default {MAX_MEMORY})",
+    )
+    ap.add_argument(
+        "--json",
+        type=output_file_arg,
+        metavar="FILE",
+        help="also write every row to FILE, after each row (its directory must exist and be writable)",
+    )
+    return ap
+
+
+def parse_args(argv=None, prog: str = "cupy-swap bench --remote"):
+    """``(args, rows)``: the parsed command line and its ``[(block_bytes,
+    n), ...]``, every option and combination checked; nothing is measured
+    and NIXL is not looked for.
+
+    Raises
+    ------
+    SystemExit
+        Code 2 after one line on stderr for a bad command line, 0 after ``--help``.
+    """
+    ap = build_parser(prog)
+    args = ap.parse_args(argv)
+    if args.rows is not None and (args.sizes is not None or args.counts is not None):
+        given = " and ".join(
+            o for o, v in (("--sizes", args.sizes), ("--counts", args.counts)) if v is not None
+        )
+        ap.error(
+            f"argument --rows: not allowed with {given} (give SIZExCOUNT pairs, or --sizes and --counts)"
+        )
+    if args.rows is not None:
+        rows = args.rows
+    elif args.sizes is not None or args.counts is not None:
+        sizes = args.sizes if args.sizes is not None else _sizes_arg(SIZES)
+        counts = args.counts if args.counts is not None else [int(c) for c in COUNTS.split(",")]
+        rows = [(b, n) for b in sizes for n in counts]
+    else:
+        rows = _rows_arg(ROWS)
+    for block_bytes, n in rows:
+        need = memory_needed(block_bytes, n)
+        if need > args.max_memory:
+            ap.error(
+                f"{_size_name(block_bytes)} x {n} needs about {need / 2**30:.1f} GiB of memory for its two "
+                f"processes, more than --max-memory {args.max_memory / 2**30:.1f} GiB; raise --max-memory "
+                "or ask for fewer blocks"
+            )
+    return args, rows
+
+
+def _write_rows(path: str, rows: list) -> None:
+    from .cli_common import write_report
+
+    write_report(path, rows)
 
 
 def main(argv=None) -> int:
     """``bench --remote``; returns the exit status (0, 1 a mismatch, 2 a bad
     command line or no NIXL, 3 no usable GPU)."""
-    ap = argparse.ArgumentParser(prog="cupy_swap bench --remote", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--from", dest="src", choices=("host", "gpu"), default="host")
-    ap.add_argument("--to", dest="dst", choices=("host", "gpu"), default="host")
-    ap.add_argument(
-        "--rows",
-        default=ROWS,
-        help=f"block size x count pairs (default {ROWS}); sizes like 4K, 32K, 2M, 4096",
-    )
-    ap.add_argument("--sizes", help="block sizes, crossed with --counts (instead of --rows)")
-    ap.add_argument("--counts", help="block counts, crossed with --sizes (instead of --rows)")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument(
-        "--staged-chunks",
-        default="",
-        help="staged chunk sizes to time beside the default, e.g. 2M,32M (0: one chunk)",
-    )
-    ap.add_argument(
-        "--max-memory",
-        default=MAX_MEMORY,
-        type=_positive_size,
-        help=f"refuse rows whose pools need more host memory than this (default {MAX_MEMORY})",
-    )
-    ap.add_argument("--json", help="write the rows to this file")
+    from .cli import default_prog
+
+    prog = f"{default_prog()} bench --remote"
     try:
-        args = ap.parse_args(argv)
-        rows_wanted = _rows(args, ap)
-        chunks = tuple(_parse_size(c) for c in args.staged_chunks.split(",") if c)
-        if args.reps < 1:
-            ap.error("--reps: expected a positive count")
-        for block_bytes, n in rows_wanted:
-            need = memory_needed(block_bytes, n)
-            if need > args.max_memory:
-                ap.error(
-                    f"{_size_name(block_bytes)} x {n} needs about {need / 2**30:.1f} GiB of memory for its two "
-                    f"processes, more than --max-memory {args.max_memory / 2**30:.1f} GiB; raise --max-memory "
-                    "or ask for fewer blocks"
-                )
-    except SystemExit as e:  # argparse: --help (0) or a bad command line (2)
+        args, rows_wanted = parse_args(argv, prog)
+    except SystemExit as e:  # --help (0) or a bad command line (2), said in one line
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    except ValueError as e:
-        print(f"cupy_swap bench --remote: {e}", file=sys.stderr)
-        return EXIT_USAGE
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     from cupy_swap.remote import unavailable_reason
 
     why = unavailable_reason()
     if why:
-        print(why, file=sys.stderr)
+        print(f"{prog}: {why}", file=sys.stderr)
         return EXIT_USAGE
     if "gpu" in (args.src, args.dst):
         why = _gpu_reason()
         if why:
-            print(f"cupy_swap bench --remote: --from/--to gpu needs a usable GPU: {why}", file=sys.stderr)
+            print(f"{prog}: --from/--to gpu needs a usable GPU: {why}", file=sys.stderr)
             return EXIT_NO_GPU
     rows = []
     print(f"{'from':>4} {'to':>4} {'block':>6} {'n':>5} {'contender':>10} {'GB/s':>7} {'best':>7} exact")
     for block_bytes, n in rows_wanted:
         size = _size_name(block_bytes)
-        for r in run(args.src, args.dst, block_bytes, n, args.reps, chunks=chunks):
+        for r in run(args.src, args.dst, block_bytes, n, args.reps, chunks=tuple(args.staged_chunks)):
             rows.append(r)
             print(
                 f"{r['from']:>4} {r['to']:>4} {size:>6} {n:>5} {r['contender']:>10} "
                 f"{r['gbps']:7.2f} {r['best_gbps']:7.2f} {'' if r['exact'] is None else r['exact']}",
                 flush=True,
             )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0 if all(r["exact"] in (None, True) for r in rows) else EXIT_MISMATCH
+        if args.json:  # after each row: a run cut short keeps what it measured
+            _write_rows(args.json, rows)
+    return EXIT_OK if all(r["exact"] in (None, True) for r in rows) else EXIT_MISMATCH
 
 
 if __name__ == "__main__":
