@@ -13,6 +13,11 @@ A write that fails (the prefill process dies, a deadline of ``peer_timeout``
 passes) reaches decode as an Arrival of kind ``"failed"`` naming the blocks,
 so a scheduler can recompute them (``cupy_swap/remote/README.md``).
 
+Needs NIXL (``pip install --no-deps "nixl-cu12>=1.5.1,<1.6"``) and, without
+``--host-only``, a GPU.  Exit status: 0 every byte checked; 1 a block
+differs, or the write failed or never arrived; 3 this machine cannot run it
+(no usable GPU without ``--host-only``, or no NIXL), said in one line.
+
 Geometry: Llama-3-8B's, 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB per
 block, a K and a V part per layer.  Metadata travels through files in a
 private temporary directory (cupy_swap.remote.publish/fetch).
@@ -29,6 +34,7 @@ import time
 import numpy as np
 
 BLOCK = (16, 8, 128)
+EXIT_FAILED, EXIT_CANNOT_RUN = 1, 3
 
 
 def expected_block(part: int, block: int) -> np.ndarray:
@@ -96,12 +102,17 @@ def decode(args, md_dir: str, ready, done) -> int:
     while not arrivals and time.monotonic() < deadline:  # a decode loop would poll once a step
         arrivals = agent.poll()
         time.sleep(1e-4)
+    if not arrivals:  # prefill died before its write reached this agent
+        print("decode: nothing arrived within 60 s", flush=True)
+        done.set()
+        agent.close()
+        return EXIT_FAILED
     (arrival,) = arrivals
     if arrival.kind == "failed":  # the write failed or its sender died: a scheduler recomputes these
         print(f"decode: {arrival.blocks.size} blocks failed ({arrival.reason}); recompute them", flush=True)
         done.set()
         agent.close()
-        return 1
+        return EXIT_FAILED
     blocks = arrival.blocks.astype(np.int64)
     print(f"decode: {len(blocks)} blocks arrived from {arrival.peer} ({arrival.kind})", flush=True)
     if args.host_only:
@@ -133,22 +144,30 @@ def decode(args, md_dir: str, ready, done) -> int:
     done.set()
     agent.disconnect(peer)
     agent.close()
-    return 1 if bad else 0
+    return EXIT_FAILED if bad else 0
 
 
 def _no_gpu() -> str | None:
-    """Why no GPU can be used here, or None."""
+    """Why no GPU can be used here (the cause and the fix, as the library
+    words it: no CuPy, no driver, no device, a driver too old), or None."""
     try:
         import cupy
 
         return None if cupy.cuda.runtime.getDeviceCount() > 0 else "CUDA found no GPU"
     except Exception as e:  # ImportError, CUDARuntimeError
-        return f"{type(e).__name__}: {e}"
+        from cupy_swap.cuda.availability import cuda_unavailable_error
+
+        err = cuda_unavailable_error(e)
+        return str(err) if err is not None else f"{type(e).__name__}: {e}"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", type=int, default=4)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="exit status: 0 every byte checked; 1 a block differs, or the write failed or never "
+        "arrived; 3 no usable GPU (without --host-only) or no NIXL",
+    )
+    ap.add_argument("--layers", type=int, default=4, help="layers, a K and a V part each")
     ap.add_argument("--blocks", type=int, default=128, help="blocks of the prompt")
     ap.add_argument("--gpu-blocks", type=int, default=512, help="prefill's GPU cache")
     ap.add_argument("--host-blocks", type=int, default=1024, help="decode's host cache")
@@ -158,7 +177,13 @@ def main() -> int:
         why = _no_gpu()
         if why:
             print(f"disagg_prefill: needs a GPU ({why}); --host-only runs it on NumPy caches")
-            return 3
+            return EXIT_CANNOT_RUN
+    from cupy_swap.remote import unavailable_reason
+
+    why = unavailable_reason()  # says how to install NIXL
+    if why:
+        print(f"disagg_prefill: {why}")
+        return EXIT_CANNOT_RUN
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as md_dir:  # mode 0700: the metadata is a capability
         ready, done = ctx.Event(), ctx.Event()
@@ -166,7 +191,7 @@ def main() -> int:
         a.start()
         status = decode(args, md_dir, ready, done)
         a.join(60)
-    return status or (a.exitcode or 0)
+    return status or (EXIT_FAILED if a.exitcode else 0)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 without torch, and without a GPU end in one line and exit status 3 (each runs
 bit-exact on the GPU in test_examples_gpu.py); the README names every one."""
 
+import os
 import re
 import subprocess
 import sys
@@ -69,3 +70,56 @@ def test_the_examples_use_only_the_public_api():
     for path in EXAMPLES:
         used = set(re.findall(r"\bcupy_swap\.(\w+)", path.read_text()))
         assert used and used <= public, f"{path.name}: {sorted(used - public)} are not public API"
+
+
+# examples/disagg_prefill.py (cupy_swap.remote, NIXL): one line and exit 3 where it cannot run.
+DISAGG = ROOT / "examples" / "disagg_prefill.py"
+WITHOUT_NIXL = {"CUPY_SWAP_NIXL_MODULE": "no_such_nixl_module"}  # what cupy_swap.remote imports
+
+
+def _disagg(*argv, env=None):
+    return subprocess.run(
+        [sys.executable, str(DISAGG), *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+def test_disagg_prefill_help_says_the_exit_codes():
+    r = _disagg("--help")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "exit status: 0 every byte checked; 1 a block differs" in text
+    assert "3 no usable GPU (without --host-only) or no NIXL" in text
+    assert "--layers LAYERS layers, a K and a V part each" in text  # every option has its help
+
+
+def test_disagg_prefill_host_only_without_nixl_says_so_in_one_line_and_exits_3():
+    """Issue 39: without NIXL, --host-only ended in two tracebacks (decode's
+    and prefill's), exit 1."""
+    r = _disagg("--host-only", env=WITHOUT_NIXL)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr and r.stderr == ""
+    (line,) = r.stdout.strip().splitlines()
+    assert line.startswith("disagg_prefill: cupy_swap.remote needs NIXL (")
+    assert 'pip install --no-deps "nixl-cu12>=1.5.1,<1.6"' in line
+
+
+@pytest.mark.skipif(GPU_OK, reason="checks what the example says without a GPU")
+@pytest.mark.parametrize("nixl", ["NIXL as installed", "without NIXL"])
+def test_disagg_prefill_without_a_gpu_names_the_cause_in_one_line_and_exits_3(nixl):
+    """Issue 39: without a driver it printed CuPy's "driver version is
+    insufficient"; it now says what the library says (no driver, no device,
+    no CuPy, a driver too old) and points at --host-only."""
+    from cupy_swap.cuda import availability
+
+    r = _disagg(env=WITHOUT_NIXL if nixl == "without NIXL" else None)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    (line,) = r.stdout.strip().splitlines()
+    assert line.startswith("disagg_prefill: needs a GPU (") and "--host-only runs it" in line
+    if availability.probe_driver() is None:  # this machine has no NVIDIA driver at all
+        assert "no NVIDIA driver found" in line and "insufficient" not in line.lower()
