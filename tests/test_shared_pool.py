@@ -17,6 +17,11 @@ if not os.path.isdir(shared.SHM_DIR):
     pytest.skip("needs /dev/shm", allow_module_level=True)
 
 
+def _private(path, flags):
+    """open()'s opener for a pool file made by hand: mode 0o600, as a creator's."""
+    return os.open(path, flags, 0o600)
+
+
 @pytest.fixture
 def name():
     n = f"test-{uuid.uuid4().hex[:12]}"
@@ -62,7 +67,7 @@ def test_malformed_names_are_refused(bad):
 
 def test_a_segment_its_creator_never_finished_is_named(name):
     path = shared.segment_path(name)
-    with open(path, "wb") as f:  # a creator that died after ftruncate, before the header
+    with open(path, "wb", opener=_private) as f:  # a creator that died after ftruncate, before the header
         f.truncate(shared.HEADER_BYTES + 16)
     with pytest.raises(RuntimeError, match="has not finished setting it up"):
         shared.open_segment(name, 16, np.uint8, create=False)
@@ -74,14 +79,14 @@ def test_a_segment_its_creator_never_finished_is_named(name):
 
 @pytest.mark.parametrize("last_byte", [0x00, 0x5A])
 def test_a_foreign_file_is_not_taken_for_a_pool(name, last_byte):
-    with open(shared.segment_path(name), "wb") as f:
+    with open(shared.segment_path(name), "wb", opener=_private) as f:
         f.write(b"x" * (shared.HEADER_BYTES - 1) + bytes([last_byte]) + b"y" * 16)
     with pytest.raises(ValueError, match="is not a cupy_swap shared pool"):
         shared.open_segment(name, 16, np.uint8, create=False)
 
 
 def test_a_damaged_header_is_named(name):
-    with open(shared.segment_path(name), "wb") as f:
+    with open(shared.segment_path(name), "wb", opener=_private) as f:
         body = shared._MAGIC + b'{"dtype": "|u1", "sha'
         f.write(body + b"\0" * (shared.HEADER_BYTES - 1 - len(body)) + bytes([0x5A]) + b"y" * 16)
     with pytest.raises(ValueError, match="damaged cupy_swap pool header"):

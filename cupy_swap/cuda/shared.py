@@ -2,6 +2,17 @@
 and mapped for kernels in every process that opens it, so a block swapped
 out by one process can be swapped in by another.
 
+Trust: a process maps only a pool file its own user could have made.  The
+name is opened with ``O_NOFOLLOW | O_NONBLOCK`` (a symbolic link is refused,
+a FIFO cannot block) and the opened file, by ``fstat``, must be a regular
+file owned by the caller's effective uid with no permission bits beyond
+0o600; with ``mode=0o660``, asked for at creation and at opening by ranks that
+run as different users of one group, it may also be another user's, of mode
+exactly 0o660 and of one of the caller's groups.  Anything else raises
+:class:`PermissionError` before it is mapped: ``/dev/shm`` is writable by
+every user, and a file planted or widened there would read or feed the KV
+cache.  :func:`unlink_shared` removes only the caller's own entries.
+
 The segment is ``/dev/shm/cupy_swap.<name>``: a one-page header (magic,
 dtype, shape, a ready byte), then the data, page-aligned.  As with any POSIX
 shared memory, the name lasts until :func:`unlink_shared`, and the memory
@@ -19,6 +30,7 @@ import math
 import mmap
 import os
 import re
+import stat
 
 import numpy as np
 
@@ -46,6 +58,53 @@ def segment_path(name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
         raise ValueError(f"name: expected 1-200 characters of letters, digits, '_', '.' or '-', got {name!r}")
     return os.path.join(SHM_DIR, _PREFIX + name)
+
+
+def _octal(bits: int) -> str:
+    return f"0o{bits:03o}"
+
+
+def _check_mode(mode) -> None:
+    if type(mode) is not int or mode not in (0o600, 0o660):
+        got = _octal(mode) if type(mode) is int and mode >= 0 else repr(mode)
+        raise ValueError(
+            f"mode: expected 0o600 (only your user) or 0o660 (your user and your group), got {got}"
+        )
+
+
+def _why_untrusted(st: os.stat_result, mode: int) -> str | None:
+    """Why the file of ``st`` may not be opened as a pool under ``mode``
+    (the rule of the module docstring), or None."""
+    perm = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if perm & ~(0o700 | mode):
+        return f"has mode bits {_octal(perm & ~(0o700 | mode))} beyond what mode={_octal(mode)} allows"
+    if st.st_uid != os.geteuid() and (mode != 0o660 or perm != 0o660):
+        return "is another user's"
+    if perm & 0o070 and st.st_gid not in {os.getegid(), *os.getgroups()}:
+        return f"gives group {st.st_gid} access, not one of your groups"
+    return None
+
+
+def _refusal(name: str, path: str, st: os.stat_result, why: str) -> PermissionError:
+    if st.st_uid != os.geteuid():
+        fix = f"have its owner (uid {st.st_uid}) remove it, e.g. unlink_shared({name!r}) as that user"
+    elif stat.S_ISDIR(st.st_mode):
+        fix = f"remove the directory {path} if it is yours to remove"
+    else:
+        fix = f"unlink_shared({name!r}) removes it if it is your own leftover"
+    return PermissionError(
+        errno.EACCES,
+        f"name: shared pool {name!r} refused: {path} {why} (owner uid {st.st_uid}, gid {st.st_gid}, "
+        f"mode {_octal(stat.S_IMODE(st.st_mode))}); expected a regular file of uid {os.geteuid()} with "
+        f"mode 0o600 (or 0o660 of one of your groups, opened with mode=0o660); {fix}",
+        path,
+    )
 
 
 def _header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
@@ -90,10 +149,11 @@ def _read_header(head: bytes, name: str) -> tuple[tuple[int, ...], np.dtype]:
         raise ValueError(f"name: {segment_path(name)} has a damaged cupy_swap pool header ({e})") from None
 
 
-def open_segment(name: str, shape, dtype, create: bool):
+def open_segment(name: str, shape, dtype, create: bool, mode: int = 0o600):
     """Create or open the segment of pool ``name`` and map it: ``(mapping of
     header and data, data bytes)``; raises as :func:`shared_pinned`."""
     path = segment_path(name)
+    _check_mode(mode)
     shape = memory._normalize_shape(shape)
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
@@ -101,13 +161,15 @@ def open_segment(name: str, shape, dtype, create: bool):
         raise TypeError(f"dtype: expected a plain data type, got {dtype} (objects cannot be shared)")
     if nbytes == 0:
         raise ValueError(f"shape: expected a pool of at least one byte, got shape {shape} of {dtype}")
-    return _create(name, path, shape, dtype, nbytes) if create else _open(name, path, shape, dtype, nbytes)
+    if create:
+        return _create(name, path, shape, dtype, nbytes, mode)
+    return _open(name, path, shape, dtype, nbytes, mode)
 
 
-def _create(name: str, path: str, shape, dtype: np.dtype, nbytes: int):
+def _create(name: str, path: str, shape, dtype: np.dtype, nbytes: int, mode: int):
     header = _header(shape, dtype)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
     except FileExistsError:
         raise FileExistsError(
             errno.EEXIST,
@@ -116,6 +178,7 @@ def _create(name: str, path: str, shape, dtype: np.dtype, nbytes: int):
             path,
         ) from None
     try:
+        os.fchmod(fd, mode)  # exactly mode, whatever the umask took off
         os.ftruncate(fd, HEADER_BYTES + nbytes)
         # Reserve the pages now: a tmpfs too small for the pool fails here
         # with ENOSPC instead of a SIGBUS on first touch.
@@ -142,15 +205,28 @@ def _create(name: str, path: str, shape, dtype: np.dtype, nbytes: int):
     return mm, nbytes
 
 
-def _open(name: str, path: str, shape, dtype: np.dtype, nbytes: int):
+def _open(name: str, path: str, shape, dtype: np.dtype, nbytes: int, mode: int):
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         raise FileNotFoundError(
             errno.ENOENT, f"name: no shared pool {name!r}; create it with create=True", path
         ) from None
+    except OSError:  # a link (ELOOP), a directory (EISDIR), another's file (EACCES): say which
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        why = None if st is None else _why_untrusted(st, mode)
+        if why is None:
+            raise  # the open's error
+        raise _refusal(name, path, st, why) from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)  # the file opened, not whatever the name points to by now
+        why = _why_untrusted(st, mode)
+        if why is not None:
+            raise _refusal(name, path, st, why)
+        size = st.st_size
         head = os.pread(fd, HEADER_BYTES, 0) if size >= HEADER_BYTES else b""
         if len(head) < HEADER_BYTES:
             raise _unfinished(name)
@@ -219,7 +295,9 @@ def _register_error(e: Exception, name: str, nbytes: int) -> Exception:
 
 
 @translate_unavailable("shared_pinned()")
-def shared_pinned(name: str, shape, dtype="float32", *, create: bool = False) -> np.ndarray:
+def shared_pinned(
+    name: str, shape, dtype="float32", *, create: bool = False, mode: int = 0o600
+) -> np.ndarray:
     """A pinned host pool shared by every process that opens ``name``.
 
     Like :func:`cupy_swap.empty_pinned`, but backed by POSIX shared memory, so
@@ -239,6 +317,16 @@ def shared_pinned(name: str, shape, dtype="float32", *, create: bool = False) ->
     create : bool
         True: make a new pool (zero-filled by the kernel) and fail if the
         name is taken.  False: open an existing one.
+    mode : {0o600, 0o660}
+        Who may open the pool; the creator and every opener pass the same.
+        0o600 (default): only this user.  The file is made with mode 0o600;
+        opening accepts only a regular file of this user (effective uid)
+        with no group or other bits (a 0o660 pool is refused).
+        0o660: ranks that run as different users of one group.  The file is
+        made with mode exactly 0o660 (whatever the umask), of the creator's
+        effective gid; opening accepts a regular file of this user of mode
+        0o600, or of any user of mode exactly 0o660 whose group is one of
+        the opener's.  No other mode exists: a pool is never world-readable.
 
     Returns
     -------
@@ -253,13 +341,19 @@ def shared_pinned(name: str, shape, dtype="float32", *, create: bool = False) ->
         ``create=True`` and the name is taken.
     FileNotFoundError
         ``create=False`` and no pool has that name.
+    PermissionError
+        ``create=False`` and the file at the name breaks ``mode``'s rule: a
+        symbolic link, a directory, a FIFO or other non-regular file,
+        another user's file, or wider permissions (or a group not one's own).
+        Raised before anything is mapped; the message names the file, its
+        owner uid and mode, and who can remove it.
     ValueError
-        The name is malformed, or the pool's shape or dtype differ.
+        The name or ``mode`` is malformed, or the pool's shape or dtype differ.
     RuntimeError
         The pool cannot be page-locked (the message gives the locked-memory
         limit), or its creator has not finished setting it up.
     """
-    mm, nbytes = open_segment(name, shape, dtype, create)
+    mm, nbytes = open_segment(name, shape, dtype, create, mode)
     shape, dtype = memory._normalize_shape(shape), np.dtype(dtype)
     try:
         return np.asarray(_SharedBuffer(mm, nbytes, shape, dtype, name))
@@ -272,16 +366,28 @@ def shared_pinned(name: str, shape, dtype="float32", *, create: bool = False) ->
 def unlink_shared(name: str, *, missing_ok: bool = False) -> None:
     """Remove pool ``name``: no process can open it any more; the memory is
     freed once every process that maps it has dropped its array or exited.
+    Only the caller's own entry is removed (a symbolic link itself, never
+    what it points to).
 
     Raises
     ------
     FileNotFoundError
         No pool has that name (unless ``missing_ok``).
+    PermissionError
+        The entry at the name is another user's, or a directory.
     """
+    path = segment_path(name)
     try:
-        os.unlink(segment_path(name))
+        st = os.lstat(path)
     except FileNotFoundError:
         if not missing_ok:
-            raise FileNotFoundError(
-                errno.ENOENT, f"name: no shared pool {name!r}", segment_path(name)
-            ) from None
+            raise FileNotFoundError(errno.ENOENT, f"name: no shared pool {name!r}", path) from None
+        return
+    if st.st_uid != os.geteuid() or stat.S_ISDIR(st.st_mode):
+        why = "is a directory" if stat.S_ISDIR(st.st_mode) else "is another user's"
+        raise _refusal(name, path, st, why)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise FileNotFoundError(errno.ENOENT, f"name: no shared pool {name!r}", path) from None
