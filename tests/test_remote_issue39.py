@@ -21,20 +21,19 @@ import time
 import numpy as np
 import pytest
 
-from cupy_swap.remote import fetch_from
+from cupy_swap.remote import RemoteError, Transfer, fetch_from
 
-from .test_remote import NIXL_WHY, POISON, loopback_agent, needs_nixl, spin_until
-
-DEADLINE = 1.5  # peer_timeout of the agents of the tests that do not say otherwise
+from .test_remote import NIXL_WHY, POISON, gathered_one_at_a_time, loopback_agent, needs_nixl, spin_until
 
 
 @pytest.fixture
 def two():
-    """Two agents in this process, "kv": 16 blocks of 64 bytes, 8 staging slots each."""
+    """Two agents in this process, "kv": 16 blocks of 64 bytes, 8 staging slots
+    each; the default deadline (30 s), so that nothing here ends by one."""
     if NIXL_WHY:
         pytest.skip(NIXL_WHY)
-    a = loopback_agent("i39-a", peer_timeout=DEADLINE)
-    b = loopback_agent("i39-b", peer_timeout=DEADLINE)
+    a = loopback_agent("i39-a")
+    b = loopback_agent("i39-b")
     pa = [np.arange(16 * 64, dtype=np.uint8).reshape(16, 64)]
     pb = [np.full((16, 64), POISON, np.uint8)]
     a.register_pool("kv", pa, staging_blocks=8)
@@ -179,3 +178,88 @@ def test_refresh_with_unchanged_metadata_costs_no_socket(two):
     assert set(a.remote_pools("i39-b")) == {"kv", "more"}
     spin_until(a.write("kv", ("i39-b", "more"), [(1, 3)]).done, a, b)
     np.testing.assert_array_equal(more[3], pa[0][1])
+
+
+# --- 3: no lock held across a wait -------------------------------------------------------------------
+
+
+@needs_nixl
+def test_a_write_waiting_for_send_slots_holds_no_lock(two):
+    """Finding 3: while one thread's staged write waits for free slots of the
+    send run (up to ``staged_timeout``, 5 s here), another thread's
+    ``wait(timeout=0.2)`` on the same agent returns in time (it returned
+    after 3.2 s: the waiting write held the lock), and the waiting write
+    goes through once the slots come back."""
+    a, b, pa, pb = two
+    ready = [False]
+    gathered_one_at_a_time(a, ready)  # the first write's gather never finishes: its 8 send slots stay taken
+    first = a.write("kv", ("i39-b", "kv"), [(i, 8 + i) for i in range(8)], path="staged")
+    waiting, real_drive = threading.Event(), a._drive
+
+    def drive():  # called by the waiting write between its tries
+        if threading.current_thread() is writer:
+            waiting.set()
+        real_drive()
+
+    a._drive = drive
+    out = []
+
+    def second():
+        try:
+            out.append(a.write("kv", ("i39-b", "kv"), [(0, 0)], path="staged", staged_timeout=5.0))
+        except Exception as e:  # the test reads it
+            out.append(e)
+
+    writer = threading.Thread(target=second, daemon=True)
+    writer.start()
+    try:
+        assert waiting.wait(10), "the second write never waited for send slots"
+        start = time.monotonic()
+        try:
+            first.wait(timeout=0.2)
+            error = None
+        except Exception as e:
+            error = e
+        elapsed = time.monotonic() - start
+        assert elapsed < 1.2 and isinstance(error, TimeoutError), (elapsed, error)  # the old lock: 5 s
+        a.poll()  # and the agent answers other calls too
+        assert writer.is_alive() and not out  # still waiting, as it should
+    finally:
+        ready[0] = True  # the first write's chunks leave, its send slots come back
+        spin_until(lambda: not writer.is_alive(), a, b, timeout=10)
+    assert isinstance(out[0], Transfer), out
+    spin_until(lambda: first.done() and out[0].done(), a, b)
+    np.testing.assert_array_equal(pb[0][8:16], pa[0][:8])
+    np.testing.assert_array_equal(pb[0][0], pa[0][0])
+
+
+@needs_nixl
+def test_a_write_waiting_for_send_slots_fails_when_its_peer_leaves(two):
+    """The waiting write re-checks what it waited without the lock for: its
+    peer disconnected meanwhile, it posts nothing and says why."""
+    a, b, pa, pb = two
+    gathered_one_at_a_time(a, [False])
+    first = a.write("kv", ("i39-b", "kv"), [(i, i) for i in range(8)], path="staged")
+    waiting, real_drive, out = threading.Event(), a._drive, []
+
+    def drive():
+        if threading.current_thread() is writer:
+            waiting.set()
+        real_drive()
+
+    a._drive = drive
+
+    def second():
+        try:
+            out.append(a.write("kv", ("i39-b", "kv"), [(0, 9)], path="staged", staged_timeout=10.0))
+        except Exception as e:  # the test reads it
+            out.append(e)
+
+    writer = threading.Thread(target=second, daemon=True)
+    writer.start()
+    assert waiting.wait(10)
+    first.close()  # nothing in flight: its send slots stay taken until its gather says so (never)
+    a.disconnect("i39-b")
+    writer.join(10)
+    assert not writer.is_alive()
+    assert isinstance(out[0], RemoteError) and "disconnected" in str(out[0]), out

@@ -46,8 +46,9 @@ but keeps the :class:`Arrival` s for :meth:`poll`.
 
 Threads.  An agent may be used from several threads: one re-entrant lock
 guards its state and every NIXL call (NIXL runs with
-``NIXL_THREAD_SYNC_STRICT`` too); :meth:`Transfer.wait` takes it only for
-each poll, so other threads use the agent between polls.
+``NIXL_THREAD_SYNC_STRICT`` too).  No wait holds it: :meth:`Transfer.wait`,
+a staged write waiting for send slots and :meth:`close` waiting for NIXL
+take it only for each try, so other threads use the agent between them.
 
 Staging.  A pool registered with ``staging_blocks=S`` gets two host runs of S
 slots: a *send* run, which its own staged writes gather into (first fit: a
@@ -82,7 +83,7 @@ import numpy as np
 
 from . import _nixl, wire
 from .errors import PoolDroppedError, RemoteError, TransferError
-from .handle import Transfer
+from .handle import SPIN_S, Transfer
 from .layout import PoolLayout, check_pairable, check_pool_parts, merged_spans, pool_layout
 from .mapping import descriptor_indices, split_mapping
 from .staging import GpuStager, HostStager, alloc_staging, gpu_bytes, host_bytes, stream_ready
@@ -678,7 +679,6 @@ class RemoteAgent:
 
     # --- transfers -------------------------------------------------------------------------------------
 
-    @_locked
     def write(
         self,
         local: str,
@@ -723,13 +723,18 @@ class RemoteAgent:
         """
         if path not in (None, DIRECT, STAGED):
             raise ValueError(f"write: path must be None, 'direct' or 'staged', got {path!r}")
-        pool, peer, rpool = self._pair(local, remote)
-        if path is None:
-            path = default_path(pool.layout, rpool)
-        src, dst = split_mapping(mapping, pool.layout.num_blocks, rpool.num_blocks, local, rpool.name)
-        if path == STAGED:
-            timeout = self.peer_timeout if staged_timeout is None else staged_timeout
-            return self._write_staged(pool, peer, rpool, src, dst, stream, timeout)
+        with self._lock:
+            pool, peer, rpool = self._pair(local, remote)
+            if path is None:
+                path = default_path(pool.layout, rpool)
+            src, dst = split_mapping(mapping, pool.layout.num_blocks, rpool.num_blocks, local, rpool.name)
+            if path == DIRECT:
+                return self._write_direct(pool, peer, rpool, src, dst, stream, notify)
+        timeout = self.peer_timeout if staged_timeout is None else staged_timeout
+        return self._write_staged(pool, peer, rpool, src, dst, stream, timeout)
+
+    def _write_direct(self, pool, peer, rpool, src, dst, stream, notify) -> Transfer:
+        local = pool.layout.name
         xfer_id = next(self._ids)
         note = self._note(wire.WRITE, xfer_id, rpool.name, dst, peer.incarnation) if notify else b""
         ready = stream_ready(stream, pool.torch) if pool.layout.mem == "VRAM" and src.size else None
@@ -776,6 +781,8 @@ class RemoteAgent:
         return wire.pack_note(kind, xfer_id, pool, blocks, self.incarnation, to)
 
     def _write_staged(self, pool, peer, rpool, src, dst, stream, timeout) -> Transfer:
+        """Wait (bounded by ``timeout``, holding the lock only for each try) for
+        n free slots of the pool's send run, then start the staged write."""
         n = src.size
         room = min(pool.layout.staging_blocks, rpool.staging_blocks)
         if pool.stager is None or not rpool.staging_blocks:
@@ -790,8 +797,47 @@ class RemoteAgent:
         what = f"write {pool.layout.name} -> {peer.name}/{rpool.name} ({n} blocks, staged)"
         if not n:
             return Transfer(self.nixl, what, 0, 0, None)
-        remote_dlist = self._remote_dlist(peer, rpool, True)
-        send_at = self._take_send(pool, n, timeout)
+        start = time.monotonic()
+        pause = 0.0
+        while True:
+            with self._lock:
+                self._check_still(pool, peer, rpool, what)
+                remote_dlist = self._remote_dlist(peer, rpool, True)
+                send_at = pool.send.take(n)
+                if send_at is not None:
+                    return self._start_staged(
+                        pool, peer, rpool, src, dst, stream, send_at, remote_dlist, what
+                    )
+                self._drive()  # earlier staged writes from this pool leave, or fail
+            now = time.monotonic()
+            if now - start > timeout:
+                raise TransferError(
+                    f"write(path='staged'): no {n} free slots in the send run of {pool.layout.name!r} after "
+                    f"{timeout} s: earlier staged writes from it have not left (are their receivers alive "
+                    "and calling poll()?)"
+                )
+            # Without the lock: other threads poll, wait and write meanwhile.
+            time.sleep(pause)
+            if now - start > SPIN_S:
+                pause = min(max(pause * 2, 50e-6), 1e-3)
+
+    def _check_still(self, pool: _Pool, peer: _Peer, rpool: PoolLayout, what: str) -> None:
+        """Refuse to start a write whose pool was dropped, or whose peer was
+        disconnected or refreshed, while it waited without the lock."""
+        if self._pools.get(pool.layout.name) is not pool:
+            raise RemoteError(f"{what}: the local pool was dropped while it waited for send slots")
+        if self._peers.get(peer.name) is not peer:
+            raise RemoteError(
+                f"{what}: peer {peer.name!r} was disconnected or connected again while it waited for send "
+                "slots; nothing was posted"
+            )
+        if rpool.name in peer.dropped:
+            raise PoolDroppedError(f"{what}: peer {peer.name!r} dropped pool {rpool.name!r}")
+
+    def _start_staged(self, pool, peer, rpool, src, dst, stream, send_at, remote_dlist, what) -> Transfer:
+        """Gather into send slots ``send_at..`` (taken), ask the receiver for
+        slots, and return the Transfer that posts each chunk once granted."""
+        n = src.size
         block_bytes = sum(pool.layout.block_bytes)
         chunk = max(1, self.staged_chunk_bytes // block_bytes)
         starts = list(range(0, n, chunk))
@@ -906,23 +952,6 @@ class RemoteAgent:
             linger=self._linger,
         )
         return self._track(transfer, pool, peer)
-
-    def _take_send(self, pool: _Pool, n: int, timeout: float) -> int:
-        """n free slots of the pool's send run, waiting (bounded, driving
-        progress) for earlier staged writes from it to leave or fail."""
-        end = time.monotonic() + timeout
-        while True:
-            offset = pool.send.take(n)
-            if offset is not None:
-                return offset
-            if time.monotonic() > end:
-                raise TransferError(
-                    f"write(path='staged'): no {n} free slots in the send run of {pool.layout.name!r} after "
-                    f"{timeout} s: earlier staged writes from it have not left (are their receivers alive "
-                    "and calling poll()?)"
-                )
-            self._drive()
-            time.sleep(1e-4)
 
     def _post(
         self,
@@ -1358,20 +1387,31 @@ class RemoteAgent:
 
     # --- end -------------------------------------------------------------------------------------------
 
-    @_locked
     def close(self) -> None:
         """Close every transfer of this agent not done, drop every pool (peers
-        are told), forget every peer, stop the metadata server."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for ref in self._pending:
-            t = ref()
-            if t is not None and t._busy():
-                t.close()
+        are told), forget every peer, stop the metadata server.  Waits up to
+        1 s for requests NIXL could not cancel at once, holding the lock only
+        for each poll."""
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None:  # its thread may be waiting for the lock (metadata()): not held here
+            server.close()
+        with self._lock:
+            for ref in self._pending:
+                t = ref()
+                if t is not None and t._busy():
+                    t.close()
         end = time.monotonic() + min(1.0, self.peer_timeout)
-        while self._later and time.monotonic() < end:  # requests NIXL could not cancel at once
-            self._progress()
+        while time.monotonic() < end:  # requests NIXL could not cancel at once
+            with self._lock:
+                if not self._later:
+                    break
+                self._progress()
+            time.sleep(0)
+        with self._lock:
+            self._forget_all()
+
+    def _forget_all(self) -> None:
         for name in list(self._pools):
             try:
                 self.drop_pool(name)
