@@ -211,15 +211,48 @@ def test_metadata_names_authors_platforms_and_every_extra():
     assert any(r.startswith("ml_dtypes") for r in project["optional-dependencies"]["test"])
 
 
-def test_metadata_and_readme_name_the_repository(wheel):
-    urls = _pyproject()["project"]["urls"]
-    home = urls["Homepage"]
-    assert home.startswith("https://github.com/") and urls["Source"] == home
-    assert home in (ROOT / "README.md").read_text()
+def _metadata_headers(wheel) -> list[str]:
     z = zipfile.ZipFile(wheel)
     (meta,) = [n for n in z.namelist() if re.fullmatch(r"cupy_swap-[^/]+\.dist-info/METADATA", n)]
-    headers = z.read(meta).decode().split("\n\n", 1)[0].splitlines()
-    assert f"Project-URL: Homepage, {home}" in headers  # what `pip show` and package indexes print
+    return z.read(meta).decode().split("\n\n", 1)[0].splitlines()
+
+
+def test_metadata_and_readme_name_no_address_that_does_not_exist(wheel):
+    """Issue 39: the README and the metadata named a repository URL that did
+    not exist.  The project has no public address, so the metadata names
+    none (what `pip show` and package indexes would print) and the README
+    says how the source is obtained instead."""
+    assert "urls" not in _pyproject()["project"]
+    headers = _metadata_headers(wheel)
+    assert not [h for h in headers if h.startswith(("Project-URL:", "Home-page:", "Download-URL:"))], headers
+    readme = (ROOT / "README.md").read_text()
+    assert "github.com/cupy-swap" not in readme and "git clone" not in readme
+    assert "Source: its source archive or a checkout of its repository ([Install](#install))" in readme
+
+
+def test_readme_installs_from_the_archive_the_sdist_build_makes(sdist):
+    """The README's install command unpacks the archive `python -m build
+    --sdist` makes (this version's name) and enters the folder it holds."""
+    import tarfile
+
+    (top,) = {n.split("/", 1)[0] for n in tarfile.open(sdist).getnames()}
+    readme = (ROOT / "README.md").read_text()
+    assert f"tar -xzf {sdist.name} && cd {top}   # or: cd path/to/your/checkout" in readme
+    assert f"the source archive `{sdist.name}` (which `python -m build --sdist` makes" in readme
+
+
+def test_no_extra_installs_nixl_and_its_torch():
+    """Issue 39: the nixl-cu12 extra installed an unpinned torch (nixl-cu12
+    1.5.1 declares `Requires-Dist: torch`).  No extra names NIXL; the README
+    installs it with --no-deps in Install, before anything uses it, as CI does."""
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert not [r for reqs in extras.values() for r in reqs if r.lower().startswith("nixl")], extras
+    command = 'python -m pip install --no-deps "nixl-cu12>=1.5.1,<1.6"'
+    readme = (ROOT / "README.md").read_text()
+    assert -1 < readme.find(command) < readme.index("## Beyond one machine")
+    assert readme.find(command) < readme.index("## Development")
+    assert "nixl-cu12]" not in readme and "nixl-cu13]" not in readme
+    assert 'pip install --quiet --no-deps "nixl-cu12>=1.5.1,<1.6"' in (ROOT / ".ci" / "run").read_text()
 
 
 def test_wheel_carries_the_licence(wheel):
