@@ -5,6 +5,7 @@
     python benchmarks/make_tables.py --gpus gpus.json      # the two-GPU table (bench --gpus)
     python benchmarks/make_tables.py --bench DIR COMMIT    # the tables of `run_device.sh bench`
     python benchmarks/make_tables.py --readme DIR COMMIT   # the README tables of 0.1.0
+    python benchmarks/make_tables.py --counts benchmarks/results   # the README's engines counts
 
 ``--page`` writes the current results page from the stored run in a
 folder: ``peers.json`` (``bench --peers --json``, measured at COMMIT) and,
@@ -301,6 +302,68 @@ def engines_section(folder: Path) -> list:
     return out
 
 
+# "within 0.3 %": prepared below the faster engine pattern by at most this share of it.
+WITHIN = 0.003
+
+
+def engines_standing(rows: list, within: float = WITHIN) -> dict:
+    """Where the prepared op stands against the faster engine pattern in each
+    row of a ``bench --engines`` run whose bytes matched: ``leads`` (at or
+    above it), ``close`` (below by at most ``within`` of it) and ``behind``
+    (the rest), each a list of rows."""
+    out: dict = {"leads": [], "close": [], "behind": []}
+    for r in rows:
+        if not (r.get("best_engine") and r.get("prepared_ok")):
+            continue
+        ratio = r["prepared"] / r[r["best_engine"]]
+        out["leads" if ratio >= 1.0 else "close" if ratio >= 1.0 - within else "behind"].append(r)
+    return out
+
+
+def _case(r: dict) -> str:
+    """``"61 x 72 KiB out"``: a row's cache and direction in words."""
+    from cupy_swap.tools import engines
+
+    label = next(s.label() for s in engines.SHAPES if s.key == r["shape"]).replace(", pool", " pool")
+    return f"{label} {r['direction']}"
+
+
+def readme_counts(folder: Path) -> list:
+    """The README's sentences that count the rows of the stored engines run
+    (``engines.json`` in ``folder``): the headline's and the performance
+    section's; tests/test_packaging.py finds each in the README."""
+    from cupy_swap.tools import engines
+
+    rows = json.loads((folder / "engines.json").read_text())["engines"]
+    s = engines_standing(rows)
+    leads, close, behind = (s[k] for k in ("leads", "close", "behind"))
+    total = len(leads) + len(close) + len(behind)
+    counts = sorted({r["num_blocks"] for r in rows})
+    short = [r for r in leads + close + behind if r["num_blocks"] <= 256]
+    short_leads = [r for r in leads if r["num_blocks"] <= 256]
+    by_n: dict = {}
+    for r in close:
+        by_n.setdefault(r["num_blocks"], []).append(_case(r))
+    close_text = "; ".join(
+        f"at {n} blocks: {', '.join(cases)}" for n, cases in sorted(by_n.items(), reverse=True)
+    )
+    behind_cases = [
+        f"{_case(r)} at {r['num_blocks']} blocks ({r['prepared']:.1f} against {r[r['best_engine']]:.1f} GB/s)"
+        for r in sorted(behind, key=lambda r: (r["shape"], r["num_blocks"]))
+    ]
+    behind_text = " and ".join(filter(None, [", ".join(behind_cases[:-1]), *behind_cases[-1:]]))
+    pct = f"{100 * WITHIN:g} %"
+    return [
+        f"Over {total} engine-shaped cases it is at or above both in {len(leads)} and within {pct} of the "
+        f"faster in {len(close)} more (below).",
+        f"Prepared is at or above both engine patterns in {len(leads)} of {total} rows "
+        f"(n = {', '.join(map(str, counts))}; {len(short_leads)} of {len(short)} up to 256 blocks), by up to "
+        f"{engines.summary(rows)['max_gain']:.1f}x in GB/s,",
+        f"Of the {len(close) + len(behind)} rows it trails (in: host -> GPU, out: GPU -> host), {len(close)} "
+        f"are within {pct} of the faster pattern ({close_text}); the others are {behind_text}.",
+    ]
+
+
 def results_page(folder: Path, commit: str) -> list:
     """The current results page (``benchmarks/results/README.md``) from the
     stored run in ``folder``."""
@@ -389,6 +452,11 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--readme", nargs=2, metavar=("DIR", "COMMIT"), help="the README tables of 0.1.0 from the same files"
     )
+    what.add_argument(
+        "--counts",
+        metavar="DIR",
+        help="the README's sentences that count the engines rows of DIR/engines.json (headline, performance)",
+    )
     return p
 
 
@@ -402,6 +470,8 @@ def main(argv=None) -> None:
         lines = results_page(Path(args.page[0]), args.page[1])
     elif args.readme:
         lines = readme_tables(Path(args.readme[0]), args.readme[1])
+    elif args.counts:
+        lines = readme_counts(Path(args.counts))
     else:
         lines = bench_tables(Path(args.bench[0]), args.bench[1])
     print("\n".join(lines))
