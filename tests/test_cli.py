@@ -282,6 +282,8 @@ def test_readme_commands_parse(monkeypatch):
     for argv in commands:
         if argv == ["--help"]:
             continue  # the top level's help, which exits
+        if argv[:1] == ["bench"] and "--remote" in argv:
+            continue  # cli.main hands these to remote_bench: test_readme_remote_bench_commands_parse
         args = cli.parse_args(argv, prog="python -m cupy_swap")
         named = argv[0] if argv and not argv[0].startswith("-") else "demo"  # bare options: the demo's
         assert args.command == named, argv
@@ -549,3 +551,12 @@ def test_remote_bench_without_nixl_says_so_in_one_line_and_exits_2(monkeypatch, 
     monkeypatch.setattr(cupy_swap.remote, "unavailable_reason", lambda: "cupy_swap.remote needs NIXL (test)")
     assert cli.main(["bench", "--remote", "--reps", "1"]) == cli.EXIT_USAGE
     assert capsys.readouterr().err == "cupy-swap bench --remote: cupy_swap.remote needs NIXL (test)\n"
+
+
+def test_readme_remote_bench_commands_parse():
+    from cupy_swap.tools import remote_bench
+
+    remote = [argv for argv in _readme_commands() if "--remote" in argv]
+    assert remote, "the README shows no bench --remote command"
+    for argv in remote:
+        remote_bench.parse_args([a for a in argv[1:] if a != "--remote"])
