@@ -281,14 +281,15 @@ def forge_request(agent, peer_name: str, xfer_id: int, pool: str, dst):
     peer = agent._peers[peer_name]
     uid = peer.pools[pool].uid
     sent = agent._sent[xfer_id] = _Sent(peer_name, peer.incarnation, pool, uid, len(dst))
-    agent.nixl.send_notif(peer_name, agent._note(wire.REQUEST, xfer_id, pool, [uid, *dst], peer.incarnation))
+    agent.nixl.send_notif(peer_name, agent._note(wire.REQUEST, xfer_id, pool, uid, dst, peer.incarnation))
     return sent
 
 
 def forge_chunk(agent, peer_name: str, xfer_id: int, pool: str, start: int, count: int):
     peer = agent._peers[peer_name]
+    uid = peer.pools[pool].uid
     agent.nixl.send_notif(
-        peer_name, agent._note(wire.STAGED, xfer_id, pool, [start, count], peer.incarnation)
+        peer_name, agent._note(wire.STAGED, xfer_id, pool, uid, [start, count], peer.incarnation)
     )
 
 
@@ -828,9 +829,9 @@ def test_wire_round_trip():
     layout = pool_layout("kv", make_parts({"blocks": 3, "shape": (8,), "parts": 2}))
     name, pools, md, inc = wire.unpack_metadata(wire.pack_metadata("a", {"kv": layout}, b"\x00nixl", 7))
     assert (name, pools, md, inc) == ("a", {"kv": layout}, b"\x00nixl", 7)
-    note = wire.unpack_note(wire.pack_note(wire.STAGED, 7, "kv", [3, 1], src=11, dst=2**64 - 1))
+    note = wire.unpack_note(wire.pack_note(wire.STAGED, 7, "kv", [3, 1], src=11, dst=2**64 - 1, uid=5))
     assert (note.kind, note.xfer_id, note.pool, note.blocks.tolist()) == (wire.STAGED, 7, "kv", [3, 1])
-    assert (note.src, note.dst) == (11, 2**64 - 1)
+    assert (note.src, note.dst, note.uid) == (11, 2**64 - 1, 5)
     assert wire.unpack_note(b"someone else's message") is None
     with pytest.raises(ValueError, match="metadata exported by this version of cupy_swap.remote"):
         wire.unpack_metadata(b"raw nixl metadata")

@@ -13,17 +13,27 @@ Each waits on conditions with deadlines, never on sleeps."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import struct
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
 
 from cupy_swap.remote import RemoteError, Transfer, fetch_from
 
-from .test_remote import NIXL_WHY, POISON, gathered_one_at_a_time, loopback_agent, needs_nixl, spin_until
+from .test_remote import (
+    NIXL_WHY,
+    POISON,
+    collect_until,
+    gathered_one_at_a_time,
+    loopback_agent,
+    needs_nixl,
+    spin_until,
+)
 
 
 @pytest.fixture
@@ -263,3 +273,34 @@ def test_a_write_waiting_for_send_slots_fails_when_its_peer_leaves(two):
     writer.join(10)
     assert not writer.is_alive()
     assert isinstance(out[0], RemoteError) and "disconnected" in str(out[0]), out
+
+
+# --- 2: an arrival on the registration its bytes touched -----------------------------------------------
+
+
+@needs_nixl
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_a_note_for_a_dropped_registration_is_not_reported_on_its_successor(two, op):
+    """Finding 2: a direct write (or read) is in flight when the receiver
+    drops "kv" and registers a new "kv"; its note names the registration
+    its bytes touched, so it is not reported on the new pool, whose blocks
+    were never written (it was, as a "write" Arrival); the new pool's own
+    transfers are reported with its registration."""
+    a, b, pa, pb = two
+    rows = [(i, i) for i in range(8)]
+    t = a.write("kv", ("i39-b", "kv"), rows) if op == "write" else a.read("kv", ("i39-b", "kv"), rows)
+    b.drop_pool("kv")  # before b handled the note: the write is in flight, or its note not read yet
+    new = [np.full((16, 64), POISON, np.uint8)]
+    layout = b.register_pool("kv", new, staging_blocks=8)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        # Until b handled the note: it warns that it did not report it, or (wrongly) reports it.
+        got = collect_until(lambda got: got or any("not reported" in str(w.message) for w in warned), b, a)
+    assert got == [] and (new[0] == POISON).all(), got
+    assert re.search(f"a {op} note .* registration 1 of pool 'kv' was not reported", str(warned[-1].message))
+    spin_until(t.done, a, b)  # the bytes moved between the old registration and a
+    a.connect(b.metadata())  # the new registration
+    again = a.write("kv", ("i39-b", "kv"), [(3, 5)])
+    got = collect_until(lambda got: got and again.done(), b, a)
+    assert [(x.kind, x.blocks.tolist(), x.registration) for x in got] == [("write", [5], layout.uid)]
+    np.testing.assert_array_equal(new[0][5], pa[0][3])

@@ -121,6 +121,10 @@ class Arrival:
         The sending process's incarnation (a nonce per process).
     reason : str
         Why it failed (``"failed"`` only).
+    registration : int
+        Which registration of ``pool`` the blocks are in: the ``uid`` of the
+        :class:`PoolLayout` that :meth:`RemoteAgent.register_pool` returned.
+        A note for a registration dropped since is not reported at all.
     """
 
     peer: str
@@ -130,6 +134,7 @@ class Arrival:
     xfer_id: int
     incarnation: int = 0
     reason: str = ""
+    registration: int = 0
 
 
 class _Run:
@@ -163,6 +168,7 @@ class _Grant:
 
     key: tuple  # (peer, incarnation, xfer_id)
     pool: str
+    uid: int  # the pool's registration
     dst: np.ndarray  # the destination blocks the request named
     deadline: float | None
     offset: int | None = None
@@ -456,13 +462,13 @@ class RemoteAgent:
         for peer in self._peers.values():
             try:
                 self.nixl.send_notif(
-                    peer.name, self._note(wire.DROP, 0, name, [pool.layout.uid], peer.incarnation)
+                    peer.name, self._note(wire.DROP, 0, name, pool.layout.uid, (), peer.incarnation)
                 )
             except Exception:  # a dead peer needs no news
                 pass
         if pool.slots is not None:  # senders still waiting for slots or granted are refused
             for grant in list(pool.slots.queue) + list(pool.slots.grants.values()):
-                self._nack(grant.key, name, wire.DROPPED)
+                self._nack(grant.key, name, grant.uid, wire.DROPPED)
                 if not grant.failed:
                     self._record_failed(grant, "the pool was dropped")
             # Nothing is granted or acknowledged for it any more; a GPU scatter
@@ -736,7 +742,9 @@ class RemoteAgent:
     def _write_direct(self, pool, peer, rpool, src, dst, stream, notify) -> Transfer:
         local = pool.layout.name
         xfer_id = next(self._ids)
-        note = self._note(wire.WRITE, xfer_id, rpool.name, dst, peer.incarnation) if notify else b""
+        note = (
+            self._note(wire.WRITE, xfer_id, rpool.name, rpool.uid, dst, peer.incarnation) if notify else b""
+        )
         ready = stream_ready(stream, pool.torch) if pool.layout.mem == "VRAM" and src.size else None
         what = f"write {local} -> {peer.name}/{rpool.name} ({src.size} blocks, direct)"
         on_error = None
@@ -745,7 +753,8 @@ class RemoteAgent:
             def on_error():
                 try:
                     self.nixl.send_notif(
-                        peer.name, self._note(wire.ABORT, xfer_id, rpool.name, dst, peer.incarnation)
+                        peer.name,
+                        self._note(wire.ABORT, xfer_id, rpool.name, rpool.uid, dst, peer.incarnation),
                     )
                 except Exception:  # a dead peer learns nothing
                     pass
@@ -773,12 +782,18 @@ class RemoteAgent:
         """
         pool, peer, rpool = self._pair(local, remote)
         src, dst = split_mapping(mapping, rpool.num_blocks, pool.layout.num_blocks, rpool.name, local)
-        note = self._note(wire.READ, next(self._ids), rpool.name, src, peer.incarnation) if notify else b""
+        note = (
+            self._note(wire.READ, next(self._ids), rpool.name, rpool.uid, src, peer.incarnation)
+            if notify
+            else b""
+        )
         what = f"read {peer.name}/{rpool.name} -> {local} ({src.size} blocks)"
         return self._post("READ", pool, peer, rpool, dst, src, note, None, what, None)
 
-    def _note(self, kind: int, xfer_id: int, pool: str, blocks, to: int) -> bytes:
-        return wire.pack_note(kind, xfer_id, pool, blocks, self.incarnation, to)
+    def _note(self, kind: int, xfer_id: int, pool: str, uid: int, blocks, to: int) -> bytes:
+        """A note from this incarnation for incarnation ``to`` of its peer,
+        about registration ``uid`` of pool ``pool`` (0: none)."""
+        return wire.pack_note(kind, xfer_id, pool, blocks, self.incarnation, to, uid=uid)
 
     def _write_staged(self, pool, peer, rpool, src, dst, stream, timeout) -> Transfer:
         """Wait (bounded by ``timeout``, holding the lock only for each try) for
@@ -853,9 +868,7 @@ class RemoteAgent:
 
         xfer_id = next(self._ids)
         sent = _Sent(peer.name, peer.incarnation, rpool.name, rpool.uid, n, time.monotonic() + timeout_s)
-        request = self._note(
-            wire.REQUEST, xfer_id, rpool.name, np.concatenate(([rpool.uid], dst)), peer.incarnation
-        )
+        request = self._note(wire.REQUEST, xfer_id, rpool.name, rpool.uid, dst, peer.incarnation)
         try:
             nixl.send_notif(peer.name, request)
         except Exception as e:
@@ -899,7 +912,7 @@ class RemoteAgent:
                 )
                 slots = np.arange(sent.offset + a, sent.offset + b, dtype=np.int64)
                 ridx = descriptor_indices(slots, parts, rpool.staging_blocks)
-                note = self._note(wire.STAGED, xfer_id, rpool.name, [a, b - a], peer.incarnation)
+                note = self._note(wire.STAGED, xfer_id, rpool.name, rpool.uid, [a, b - a], peer.incarnation)
                 xfer = nixl.make_prepped_xfer("WRITE", pool.send_dlist, lidx, remote_dlist, ridx, note)
                 track(xfer)
                 next_chunk += 1
@@ -923,7 +936,8 @@ class RemoteAgent:
             if not sent.final:  # the receiver still holds its request or grant: let it go
                 try:
                     nixl.send_notif(
-                        peer.name, self._note(wire.CANCEL, xfer_id, rpool.name, (), peer.incarnation)
+                        peer.name,
+                        self._note(wire.CANCEL, xfer_id, rpool.name, rpool.uid, (), peer.incarnation),
                     )
                 except Exception:  # a dead peer frees them by its deadline, or when it is disconnected
                     pass
@@ -1131,7 +1145,7 @@ class RemoteAgent:
             for grant in [g for g in slots.queue if g.deadline is not None and now > g.deadline]:
                 slots.queue.remove(grant)  # never granted: nothing of it can land
                 self._record_failed(grant, f"no room for it within {self.peer_timeout} s (peer_timeout)")
-                self._nack(grant.key, pool.layout.name, wire.EXPIRED)
+                self._nack(grant.key, pool.layout.name, grant.uid, wire.EXPIRED)
             for grant in list(slots.grants.values()):
                 if not grant.failed and grant.deadline is not None and now > grant.deadline:
                     self._fail_grant(pool, grant, wire.EXPIRED, f"no chunk within {self.peer_timeout} s")
@@ -1177,7 +1191,7 @@ class RemoteAgent:
             return
         peer = self._peers.get(peer_name)
         if kind == wire.DROP:
-            uid = int(note.blocks[0]) if note.blocks.size else 0
+            uid = note.uid
             if peer is None or peer.incarnation != note.src:
                 return
             known = peer.pools.get(note.pool)
@@ -1194,23 +1208,21 @@ class RemoteAgent:
                         sent.error or f"peer {peer_name!r} refused it: {wire.NACK_REASONS[wire.DROPPED]}"
                     )
             return
+        pool = self._pools.get(note.pool)
         if kind in (wire.WRITE, wire.READ, wire.ABORT):
-            if kind == wire.ABORT:
-                self._arrivals.append(
-                    Arrival(
-                        peer_name,
-                        note.pool,
-                        "failed",
-                        note.blocks,
-                        note.xfer_id,
-                        note.src,
-                        "the sender gave it up",
-                    )
+            if pool is None or pool.layout.uid != note.uid:  # not the memory its bytes touched
+                now = "is not registered" if pool is None else f"is registration {pool.layout.uid} now"
+                self._warn(
+                    f"a {wire.KIND_NAMES[kind]} note from {peer_name!r} for registration {note.uid} of pool "
+                    f"{note.pool!r} was not reported: that registration was dropped (the pool {now})"
                 )
-            else:
-                self._arrivals.append(
-                    Arrival(peer_name, note.pool, wire.KIND_NAMES[kind], note.blocks, note.xfer_id, note.src)
-                )
+                return
+            kind_name, why = (
+                ("failed", "the sender gave it up") if kind == wire.ABORT else (wire.KIND_NAMES[kind], "")
+            )
+            self._arrivals.append(
+                Arrival(peer_name, note.pool, kind_name, note.blocks, note.xfer_id, note.src, why, note.uid)
+            )
             return
         if peer is not None and peer.incarnation != note.src:
             self._warn(
@@ -1218,7 +1230,8 @@ class RemoteAgent:
                 "not connected was refused; connect() its new metadata"
             )
             return
-        pool = self._pools.get(note.pool)
+        if pool is not None and pool.layout.uid != note.uid and kind != wire.REQUEST:
+            pool = None  # a chunk or cancel for a registration dropped since: its grants went with it
         key = (peer_name, note.src, note.xfer_id)
         if kind == wire.REQUEST:
             self._on_request(pool, key, note)
@@ -1239,32 +1252,32 @@ class RemoteAgent:
             self._on_chunk(pool, key, note)
 
     def _on_request(self, pool, key, note) -> None:
-        uid = int(note.blocks[0]) if note.blocks.size else -1
-        dst = note.blocks[1:].astype(np.int64)
+        uid = note.uid
+        dst = note.blocks.astype(np.int64)
         if pool is None or pool.slots is None:
-            self._nack(key, note.pool, wire.NO_STAGING)
+            self._nack(key, note.pool, note.uid, wire.NO_STAGING)
             return
         if pool.layout.uid != uid:  # asked of a pool of that name that was dropped since
-            self._nack(key, note.pool, wire.DROPPED)
+            self._nack(key, note.pool, note.uid, wire.DROPPED)
             return
         if not 0 < dst.size <= pool.slots.free.size:
-            self._nack(key, note.pool, wire.TOO_MANY)
+            self._nack(key, note.pool, note.uid, wire.TOO_MANY)
             return
         nb = pool.layout.num_blocks
         if key in pool.slots.grants or any(g.key == key for g in pool.slots.queue):
             self._warn(f"a repeated request {key[2]} from {key[0]!r} was ignored")
             return
         if dst.min() < 0 or dst.max() >= nb or np.unique(dst).size != dst.size:
-            self._nack(key, note.pool, wire.BAD_BLOCKS)
+            self._nack(key, note.pool, note.uid, wire.BAD_BLOCKS)
             return
-        grant = _Grant(key, note.pool, dst, time.monotonic() + self.peer_timeout)
+        grant = _Grant(key, note.pool, uid, dst, time.monotonic() + self.peer_timeout)
         pool.slots.queue.append(grant)
         self._grant(pool)
 
     def _on_chunk(self, pool, key, note) -> None:
         grant = None if pool is None or pool.slots is None else pool.slots.grants.get(key)
         if grant is None:
-            self._nack(key, note.pool, wire.NO_GRANT)
+            self._nack(key, note.pool, note.uid, wire.NO_GRANT)
             self._warn(f"staged arrival {key[2]} from {key[0]!r} into {note.pool!r}: no slots granted")
             return
         if grant.failed:
@@ -1302,7 +1315,7 @@ class RemoteAgent:
         deadline has stopped its chunks by then) or when it cancels."""
         grant.failed = True
         grant.release_at = time.monotonic() + self.peer_timeout
-        self._nack(grant.key, pool.layout.name, reason)
+        self._nack(grant.key, pool.layout.name, grant.uid, reason)
         self._record_failed(grant, f"{wire.NACK_REASONS[reason]} ({why})")
         self._warn(
             f"staged write {grant.key[2]} from {grant.key[0]!r} into {pool.layout.name!r} failed: {why}"
@@ -1320,7 +1333,7 @@ class RemoteAgent:
     def _record_failed(self, grant: _Grant, why: str) -> None:
         peer, inc, xfer_id = grant.key
         self._arrivals.append(
-            Arrival(peer, grant.pool, "failed", grant.dst.astype(np.int32), xfer_id, inc, why)
+            Arrival(peer, grant.pool, "failed", grant.dst.astype(np.int32), xfer_id, inc, why, grant.uid)
         )
 
     def _scattered(self, pool: _Pool, grant: _Grant, count: int) -> None:
@@ -1339,7 +1352,8 @@ class RemoteAgent:
         del slots.grants[grant.key]
         slots.run.give(grant.offset, grant.n)
         peer, inc, xfer_id = grant.key
-        self._ack(Arrival(peer, pool.layout.name, "staged", grant.dst.astype(np.int32), xfer_id, inc))
+        dst = grant.dst.astype(np.int32)
+        self._ack(Arrival(peer, pool.layout.name, "staged", dst, xfer_id, inc, registration=grant.uid))
         self._grant(pool)
 
     def _grant(self, pool: _Pool) -> None:
@@ -1355,7 +1369,9 @@ class RemoteAgent:
             slots.grants[grant.key] = grant
             peer, inc, xfer_id = grant.key
             try:
-                self.nixl.send_notif(peer, self._note(wire.GRANT, xfer_id, pool.layout.name, [offset], inc))
+                self.nixl.send_notif(
+                    peer, self._note(wire.GRANT, xfer_id, pool.layout.name, pool.layout.uid, [offset], inc)
+                )
             except Exception as e:
                 del slots.grants[grant.key]
                 slots.run.give(offset, grant.n)
@@ -1365,10 +1381,10 @@ class RemoteAgent:
                     "connected (connect() its metadata) and alive?"
                 )
 
-    def _nack(self, key, pool: str, reason: int) -> None:
+    def _nack(self, key, pool: str, uid: int, reason: int) -> None:
         peer, inc, xfer_id = key
         try:
-            self.nixl.send_notif(peer, self._note(wire.NACK, xfer_id, pool, [reason], inc))
+            self.nixl.send_notif(peer, self._note(wire.NACK, xfer_id, pool, uid, [reason], inc))
         except Exception as e:
             self._warn(f"could not refuse staged write {xfer_id} of {peer!r} ({type(e).__name__}: {e})")
 
@@ -1377,7 +1393,14 @@ class RemoteAgent:
         try:
             self.nixl.send_notif(
                 arrival.peer,
-                self._note(wire.SCATTERED, arrival.xfer_id, arrival.pool, (), arrival.incarnation),
+                self._note(
+                    wire.SCATTERED,
+                    arrival.xfer_id,
+                    arrival.pool,
+                    arrival.registration,
+                    (),
+                    arrival.incarnation,
+                ),
             )
         except Exception as e:
             self._warn(

@@ -1,27 +1,31 @@
 """Bytes that travel between agents: the metadata blob a side exports, and
 the notifications that ride on transfers.
 
-Metadata blob: ``b"CSWAPMD2"``, a little-endian u32 length, a UTF-8 JSON
+Metadata blob: ``b"CSWAPMD3"``, a little-endian u32 length, a UTF-8 JSON
 header ``{"agent": name, "incarnation": nonce, "pools": {name:
 PoolLayout.to_dict()}}`` (the pools' virtual addresses, strides and sizes),
 then NIXL's own agent metadata (which holds the memory keys: whoever has the
 blob can read and write the registered pools).
 
-Notification: ``b"CSN2"``, then ``<B kind, Q transfer id, Q sender's
-incarnation, Q receiver's incarnation, H name length>``, the pool name
-(UTF-8), then the block indices as little-endian int32.  An incarnation is a
-random nonzero 64-bit nonce an agent draws when it starts: a note names
-whom it is from and whom it is for, so a restarted process under the same
-name never answers (or is answered for) its predecessor's transfers.
+Notification: ``b"CSN3"``, then ``<B kind, Q transfer id, Q sender's
+incarnation, Q receiver's incarnation, Q pool registration, H name
+length>``, the pool name (UTF-8), then the block indices as little-endian
+int32.  An incarnation is a random nonzero 64-bit nonce an agent draws when
+it starts: a note names whom it is from and whom it is for, so a restarted
+process under the same name never answers (or is answered for) its
+predecessor's transfers.  The registration is the ``uid`` of the pool's
+:class:`PoolLayout` (an agent numbers its registrations from 1): a note
+concerns that registration only, so a pool dropped and registered again
+under the same name is never told what was done to its predecessor.
 
 Kinds: ``WRITE``/``READ`` ride on transfers (the blocks written or read),
 ``STAGED`` on each chunk of a staged write (blocks ``[start, count]``: the
 chunk fills granted slots ``start..start+count-1``, which belong in the
-request's destination blocks ``start..``); ``DROP`` (blocks ``[pool uid]``: that
-pool is gone) and the staged path's handshake are sent on their own:
-``REQUEST`` (sender -> receiver, blocks ``[pool uid, dst...]``: slots of the
-pool's receive run wanted for these destination blocks, refused unless the
-uid is the pool's), ``GRANT`` (blocks ``[offset]``: slots
+request's destination blocks ``start..``); ``DROP`` (that registration is
+gone) and the staged path's handshake are sent on their own: ``REQUEST``
+(sender -> receiver, blocks ``[dst...]``: slots of the pool's receive run
+wanted for these destination blocks, refused unless the registration is
+the pool's), ``GRANT`` (blocks ``[offset]``: slots
 ``offset..offset+n-1`` are this transfer's), ``SCATTERED`` (the blocks are in
 place, the slots free again), ``NACK`` (refused, blocks ``[reason]``, one of
 :data:`NACK_REASONS`), ``CANCEL`` (sender -> receiver: nothing of this
@@ -42,9 +46,9 @@ from .layout import PoolLayout
 
 __all__ = ["pack_metadata", "unpack_metadata", "Note", "pack_note", "unpack_note", "WRITE", "READ"]
 
-_MD_MAGIC = b"CSWAPMD2"
-_NOTE_MAGIC = b"CSN2"
-_NOTE_HEAD = struct.Struct("<BQQQH")
+_MD_MAGIC = b"CSWAPMD3"  # 3: notes name the pool's registration (CSN3)
+_NOTE_MAGIC = b"CSN3"
+_NOTE_HEAD = struct.Struct("<BQQQQH")
 
 WRITE, READ, STAGED, DROP, SCATTERED, REQUEST, GRANT, NACK, CANCEL, ABORT = range(1, 11)
 KIND_NAMES = {
@@ -100,9 +104,10 @@ def unpack_metadata(blob: bytes) -> tuple[str, dict, bytes, int]:
 @dataclass(frozen=True)
 class Note:
     """A decoded notification: ``kind`` (WRITE, READ, ...), the transfer id
-    (the sender's of the transfer it concerns), the pool it concerns, block
-    indices (int32, shape (N,)), and the incarnations of the agent that sent
-    the note (``src``) and of the one it is for (``dst``)."""
+    (the sender's of the transfer it concerns), the pool it concerns and its
+    registration (``uid``; 0: none named), block indices (int32, shape
+    (N,)), and the incarnations of the agent that sent the note (``src``)
+    and of the one it is for (``dst``)."""
 
     kind: int
     xfer_id: int
@@ -110,13 +115,17 @@ class Note:
     blocks: np.ndarray
     src: int = 0
     dst: int = 0
+    uid: int = 0
 
 
-def pack_note(kind: int, xfer_id: int, pool: str, blocks=(), src: int = 0, dst: int = 0) -> bytes:
+def pack_note(
+    kind: int, xfer_id: int, pool: str, blocks=(), src: int = 0, dst: int = 0, *, uid: int = 0
+) -> bytes:
+    """The bytes of a :class:`Note` (``uid``: the registration of ``pool`` it concerns)."""
     name = pool.encode()
     return (
         _NOTE_MAGIC
-        + _NOTE_HEAD.pack(kind, xfer_id, src, dst, len(name))
+        + _NOTE_HEAD.pack(kind, xfer_id, src, dst, uid, len(name))
         + name
         + np.ascontiguousarray(blocks, dtype="<i4").tobytes()
     )
@@ -126,8 +135,8 @@ def unpack_note(msg: bytes) -> Note | None:
     """The :class:`Note` in ``msg``, or None for a message that is not ours."""
     if not msg.startswith(_NOTE_MAGIC):
         return None
-    kind, xfer_id, src, dst, n = _NOTE_HEAD.unpack_from(msg, len(_NOTE_MAGIC))
+    kind, xfer_id, src, dst, uid, n = _NOTE_HEAD.unpack_from(msg, len(_NOTE_MAGIC))
     start = len(_NOTE_MAGIC) + _NOTE_HEAD.size
     pool = msg[start : start + n].decode()
     blocks = np.frombuffer(msg, dtype="<i4", offset=start + n).copy()
-    return Note(kind, xfer_id, pool, blocks, src, dst)
+    return Note(kind, xfer_id, pool, blocks, src, dst, uid)
