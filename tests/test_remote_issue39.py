@@ -23,12 +23,13 @@ import warnings
 import numpy as np
 import pytest
 
-from cupy_swap.remote import RemoteError, Transfer, fetch_from
+from cupy_swap.remote import RemoteError, Transfer, TransferError, fetch_from
 
 from .test_remote import (
     NIXL_WHY,
     POISON,
     collect_until,
+    count_calls,
     gathered_one_at_a_time,
     loopback_agent,
     needs_nixl,
@@ -304,3 +305,121 @@ def test_a_note_for_a_dropped_registration_is_not_reported_on_its_successor(two,
     got = collect_until(lambda got: got and again.done(), b, a)
     assert [(x.kind, x.blocks.tolist(), x.registration) for x in got] == [("write", [5], layout.uid)]
     np.testing.assert_array_equal(new[0][5], pa[0][3])
+
+
+# --- 1: no slot granted again while a disconnected peer's chunk may land -------------------------------
+
+
+class DeferredScatter:
+    """A receiver's scatter that copies only once ``go[0]`` is True, as a GPU
+    pool's scatter runs after the chunk's note was handled."""
+
+    def __init__(self, stager):
+        self.stager, self.scatter, self.go, self.made = stager, stager.scatter, [False], []
+
+    def __enter__(self):
+        self.stager.scatter = self.deferred
+        return self
+
+    def __exit__(self, *exc):
+        self.stager.scatter = self.scatter
+
+    def deferred(self, dst, offset=0):
+        outer = self
+
+        class Event:
+            copied = False
+
+            @property
+            def done(self):
+                if outer.go[0] and not self.copied:
+                    outer.scatter(dst, offset)
+                    self.copied = True
+                return self.copied
+
+        self.made.append(Event())
+        return self.made[-1]
+
+
+def failed_or_moved(t) -> bool:
+    try:
+        t.done()
+    except TransferError:
+        return True
+    return t.moved
+
+
+@needs_nixl
+def test_disconnected_senders_slots_are_not_granted_again_until_it_confirms(two):
+    """Finding 1: the receiver disconnects a live sender whose staged write
+    holds all 8 slots, one chunk landed; another sender's write asks for
+    8 slots.  They were granted at once and the first sender's late chunks
+    landed in them before the second's scatter ran: the second write came
+    back done with wrong bytes.  Now the first sender is told (its write
+    fails, no chunk of it leaves after), the slots wait for its CANCEL (the
+    deadline is 30 s: far beyond this test), and the second write lands
+    its own bytes."""
+    a, b, pa, pb = two
+    c = loopback_agent("i39-c")
+    try:
+        pc = [np.full((16, 64), 7, np.uint8)]
+        c.register_pool("kv", pc, staging_blocks=8)
+        c.connect(b.metadata())
+        b.connect(c.metadata())
+        a.staged_chunk_bytes = 64  # one block a chunk
+        ready = [True] + [False] * 7
+        gathered_one_at_a_time(a, ready)
+        posted = count_calls(a.nixl, "make_prepped_xfer")
+        first = a.write("kv", ("i39-b", "kv"), [(i, i) for i in range(8)], path="staged")
+        spin_until(lambda: (pb[0][0] == pa[0][0]).all(), a, b)  # chunk 0 landed and was scattered
+        got = b.poll()
+        b.disconnect("i39-a")
+        with DeferredScatter(b._pools["kv"].stager) as held:
+            second = c.write("kv", ("i39-b", "kv"), [(i, 8 + i) for i in range(8)], path="staged")
+            # Until the receiver scatters the second write (old: granted the freed slots at once)
+            # or holds its request (the slots wait for the first sender).
+            got += collect_until(lambda _: held.made or b._pools["kv"].slots.queue, b, c)
+            ready[:] = [True] * 8  # the first sender's later chunks are gathered now
+            got += collect_until(lambda _: failed_or_moved(first), b, a)
+            held.go[0] = True
+            got += collect_until(lambda _: second.done(), b, a, c, timeout=10)
+        np.testing.assert_array_equal(pb[0][8:16], pc[0][:8])  # the second write's own bytes
+        assert [(x.peer, x.kind, x.blocks.tolist()) for x in got] == [
+            ("i39-a", "failed", list(range(8))),
+            ("i39-c", "staged", list(range(8, 16))),
+        ]
+        with pytest.raises(TransferError, match="disconnected this sender"):
+            first.wait(timeout=1)
+        assert len(posted) == 1  # no chunk left after the receiver said so
+        collect_until(lambda _: b._pools["kv"].slots.free.all(), b, a, c)
+    finally:
+        c.close()
+
+
+@needs_nixl
+def test_disconnected_sender_that_never_confirms_gets_its_slots_freed_by_the_deadline():
+    """Finding 1, the other way out: a disconnected sender that never answers
+    (it does not poll) keeps its slots from being granted again until the
+    receiver's deadline (1.5 s here) passed; then they are free."""
+    if NIXL_WHY:
+        pytest.skip(NIXL_WHY)
+    a, b = loopback_agent("i39-quiet-a", peer_timeout=1.5), loopback_agent("i39-quiet-b", peer_timeout=1.5)
+    try:
+        for agent in (a, b):
+            agent.register_pool("kv", [np.zeros((16, 64), np.uint8)], staging_blocks=8)
+        a.connect(b.metadata())
+        b.connect(a.metadata())
+        gathered_one_at_a_time(a, [False])
+        first = a.write("kv", ("i39-quiet-b", "kv"), [(i, i) for i in range(4)], path="staged")
+        spin_until(lambda: first._ready is None, a, b)  # granted: 4 of b's 8 slots
+        disconnected = time.monotonic()  # before: the deadline is taken inside disconnect()
+        b.disconnect("i39-quiet-a")
+        b.poll()
+        assert b._pools["kv"].slots.free.sum() == 4  # held for the sender that may still post
+        got = collect_until(lambda _: b._pools["kv"].slots.free.all(), b, timeout=10)
+        assert time.monotonic() - disconnected >= 1.5  # by the deadline, not before
+        assert got == []  # its failure was recorded at disconnect, read by the poll above
+        first.close()
+    finally:
+        a.close()
+        b.close()

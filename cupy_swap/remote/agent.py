@@ -235,7 +235,8 @@ class _Sent:
     deadline: float | None = None  # of the wait for the grant, then for the acknowledgement
     offset: int | None = None  # granted slots of the receiver's receive run
     scattered: bool = False
-    final: bool = False  # the receiver forgot it (acknowledged or refused): no CANCEL needed
+    final: bool = False  # acknowledged: the receiver forgot it, no CANCEL needed (a refusal still is
+    # followed by CANCEL once nothing can land: the receiver may hold the slots until then)
     error: str | None = None
 
 
@@ -557,7 +558,7 @@ class RemoteAgent:
                     "wait for them or close() them before connecting its new metadata (their descriptors "
                     "are the old view's)"
                 )
-            self._drop_peer(name, staging=restarted)
+            self._drop_peer(name, "restart" if restarted else "refresh")
         added = self.nixl.add_remote_agent(nixl_md)
         added = added.decode() if isinstance(added, bytes) else added
         if added != name:
@@ -571,10 +572,14 @@ class RemoteAgent:
     def disconnect(self, peer: str) -> None:
         """Forget a peer: fail this agent's transfers to it that have not
         been posted and its staged writes still waiting for an answer,
-        release its prepared descriptors and its NIXL metadata, and give the
-        receive slots granted to it back once nothing of it can land (its
-        scatters finished; quiesce first: a direct write of it still in
-        flight may land).
+        release its prepared descriptors and its NIXL metadata.  Its staged
+        writes into this agent's pools fail (their blocks are recorded as
+        failed) and it is told so; the receive slots granted to it are not
+        granted again until it confirmed that nothing of them can land any
+        more (``CANCEL``, which this agent still accepts from it) or one
+        ``peer_timeout`` passed, so a chunk it posted late never lands in
+        slots that another sender's write holds.  Quiesce first: a direct
+        write of it still in flight may land.
 
         Raises
         ------
@@ -589,7 +594,7 @@ class RemoteAgent:
                 f"disconnect: {len(busy)} transfer(s) to peer {peer!r} are in flight ({busy[0].what}); "
                 "wait for them or close() them first"
             )
-        self._drop_peer(peer, staging=True)
+        self._drop_peer(peer, "disconnect")
 
     def _abort_unposted(self, transfers, why: str) -> None:
         """Fail the transfers that posted nothing now in flight (they may not post any more)."""
@@ -597,22 +602,41 @@ class RemoteAgent:
             if t._busy() and not t._xfers:
                 t._abort(RemoteError(why))
 
-    def _drop_peer(self, peer: str, staging: bool) -> None:
+    def _drop_peer(self, peer: str, how: str) -> None:
+        """Forget the view of ``peer`` (``how``: ``"refresh"``, same
+        incarnation; ``"restart"``, a new incarnation connected;
+        ``"disconnect"``).  After a restart or a disconnect its incarnation
+        is retired and what it held here is failed; the slots it was granted
+        are freed once nothing of it can land: at once after a restart (the
+        old process is gone) when no scatter of it runs, and after a
+        disconnect (the peer lives and may still post a chunk) only when it
+        confirms (``CANCEL``) or one ``peer_timeout`` passed.  It is told
+        (``NACK``) before NIXL forgets it."""
         p = self._peers.pop(peer)
         for handle in p.dlists.values():
             handle.release()
-        if staging:  # the old incarnation: what it held here is freed once nothing of it can land
+        if how != "refresh":
             self._retired.add((peer, p.incarnation))
+            why = "its sender was disconnected" if how == "disconnect" else "its sender restarted"
+            release_at = time.monotonic() + self.peer_timeout if how == "disconnect" else 0.0
             for pool in self._pools.values():
                 if pool.slots is None:
                     continue
                 for grant in [g for g in pool.slots.queue if g.key[:2] == (peer, p.incarnation)]:
-                    pool.slots.queue.remove(grant)
-                    self._record_failed(grant, "its sender was disconnected or restarted")
+                    pool.slots.queue.remove(grant)  # never granted: nothing of it can land
+                    self._record_failed(grant, why)
+                    if how == "disconnect":
+                        self._nack(grant.key, grant.pool, grant.uid, wire.DISCONNECTED)
                 for grant in [g for k, g in pool.slots.grants.items() if k[:2] == (peer, p.incarnation)]:
                     if not grant.failed:
-                        self._record_failed(grant, "its sender was disconnected or restarted")
-                    grant.failed, grant.release_at = True, 0.0
+                        self._record_failed(grant, why)
+                        if how == "disconnect":
+                            self._nack(grant.key, grant.pool, grant.uid, wire.DISCONNECTED)
+                    grant.failed = True
+                    if grant.noted == grant.n:  # every chunk landed: none is left to come
+                        grant.release_at = 0.0
+                    elif grant.release_at is None or grant.release_at > release_at:
+                        grant.release_at = release_at
                     self._maybe_release(pool, grant)
                 self._grant(pool)
             for sent in self._sent.values():
@@ -1161,6 +1185,9 @@ class RemoteAgent:
         if note.dst != self.incarnation or (peer_name, note.src) in self._retired:
             if kind == wire.DROP:  # news of a pool of a peer that is gone: nothing to do
                 return
+            if kind == wire.CANCEL and note.dst == self.incarnation:  # a disconnected sender confirms
+                self._on_cancel(peer_name, note)  # that nothing of its grant can land: free the slots
+                return
             whom = (
                 "another incarnation of this agent"
                 if note.dst != self.incarnation
@@ -1181,9 +1208,8 @@ class RemoteAgent:
                     sent.deadline = None  # the chunks' own NIXL deadlines run now
                 return
             del self._sent[note.xfer_id]  # answered: its Transfer holds the verdict
-            sent.final = True
             if kind == wire.SCATTERED:
-                sent.scattered = True
+                sent.final = sent.scattered = True
             else:
                 reason = int(note.blocks[0]) if note.blocks.size else 0
                 why = wire.NACK_REASONS.get(reason, f"reason {reason}")
@@ -1236,20 +1262,27 @@ class RemoteAgent:
         if kind == wire.REQUEST:
             self._on_request(pool, key, note)
         elif kind == wire.CANCEL:
-            if pool is None or pool.slots is None:
-                return
-            for grant in [g for g in pool.slots.queue if g.key == key]:
-                pool.slots.queue.remove(grant)
-                self._record_failed(grant, "the sender gave it up")
-            grant = pool.slots.grants.get(key)
-            if grant is not None and not (grant.noted == grant.n and not grant.failed):  # else it completes
-                if not grant.failed:
-                    self._record_failed(grant, "the sender gave it up")
-                grant.failed, grant.release_at = True, 0.0
-                self._maybe_release(pool, grant)
-            self._grant(pool)
+            self._on_cancel(peer_name, note)
         elif kind == wire.STAGED:
             self._on_chunk(pool, key, note)
+
+    def _on_cancel(self, peer_name: str, note: wire.Note) -> None:
+        """The sender says nothing of this transfer can land any more: fail
+        what waited, free its granted slots (once no scatter of it runs)."""
+        pool = self._pools.get(note.pool)
+        if pool is None or pool.slots is None or pool.layout.uid != note.uid:
+            return
+        key = (peer_name, note.src, note.xfer_id)
+        for grant in [g for g in pool.slots.queue if g.key == key]:
+            pool.slots.queue.remove(grant)
+            self._record_failed(grant, "the sender gave it up")
+        grant = pool.slots.grants.get(key)
+        if grant is not None and not (grant.noted == grant.n and not grant.failed):  # else it completes
+            if not grant.failed:
+                self._record_failed(grant, "the sender gave it up")
+            grant.failed, grant.release_at = True, 0.0
+            self._maybe_release(pool, grant)
+        self._grant(pool)
 
     def _on_request(self, pool, key, note) -> None:
         uid = note.uid

@@ -28,8 +28,11 @@ wanted for these destination blocks, refused unless the registration is
 the pool's), ``GRANT`` (blocks ``[offset]``: slots
 ``offset..offset+n-1`` are this transfer's), ``SCATTERED`` (the blocks are in
 place, the slots free again), ``NACK`` (refused, blocks ``[reason]``, one of
-:data:`NACK_REASONS`), ``CANCEL`` (sender -> receiver: nothing of this
-transfer can land any more: the granted or requested slots may be freed) and
+:data:`NACK_REASONS`; the receiver may keep the granted slots until the
+sender confirms), ``CANCEL`` (sender -> receiver: nothing of this transfer
+can land any more, after a failure, a close or a refusal: the granted or
+requested slots may be freed; accepted from a sender the receiver
+disconnected, which is how its slots come back before the deadline) and
 ``ABORT`` (sender -> receiver, blocks ``[dst...]``: a direct write into these
 blocks failed or was closed and nothing of it can land any more).
 """
@@ -63,7 +66,7 @@ KIND_NAMES = {
     CANCEL: "cancel",
     ABORT: "abort",
 }
-NO_STAGING, TOO_MANY, BAD_BLOCKS, NO_GRANT, DROPPED, EXPIRED = range(1, 7)
+NO_STAGING, TOO_MANY, BAD_BLOCKS, NO_GRANT, DROPPED, EXPIRED, DISCONNECTED = range(1, 8)
 NACK_REASONS = {
     NO_STAGING: "the receiver has no such pool with a staging run",
     TOO_MANY: "more blocks than the receiver's receive run holds",
@@ -71,6 +74,7 @@ NACK_REASONS = {
     NO_GRANT: "no slots were granted to this transfer (cancelled, or the peer was disconnected)",
     DROPPED: "the receiver dropped the pool",
     EXPIRED: "its chunks did not arrive within the receiver's deadline (peer_timeout)",
+    DISCONNECTED: "the receiver disconnected this sender",
 }
 
 
