@@ -275,12 +275,12 @@ def test_staged_write_in_chunks_is_byte_exact(pair, rng, pool, n, chunk_blocks):
 
 def forge_request(agent, peer_name: str, xfer_id: int, pool: str, dst):
     """Ask ``peer_name`` for staging slots as a staged write of ``agent`` would,
-    with a ``_Sent`` that the test drives by hand."""
-    from cupy_swap.remote.agent import _Sent
+    with a ``Sent`` that the test drives by hand."""
+    from cupy_swap.remote.staged import Sent
 
     peer = agent._peers[peer_name]
     uid = peer.pools[pool].uid
-    sent = agent._sent[xfer_id] = _Sent(peer_name, peer.incarnation, pool, uid, len(dst))
+    sent = agent._sent[xfer_id] = Sent(peer_name, peer.incarnation, pool, uid, len(dst))
     agent.nixl.send_notif(peer_name, agent._note(wire.REQUEST, xfer_id, pool, uid, dst, peer.incarnation))
     return sent
 

@@ -5,11 +5,14 @@ Optional: needs a NIXL wheel (``pip install --no-deps nixl-cu12``, or
 ``nixl-cu13``).  Importing this package does not import NIXL; making a
 :class:`RemoteAgent` does.
 
-Modules, one idea each: ``agent`` (RemoteAgent, Arrival), ``handle``
-(Transfer), ``layout`` (pool layouts and pairing), ``mapping`` (checks and
-descriptor indices), ``staging`` (gather/scatter for the staged path),
-``wire`` (metadata and notification bytes, incarnations), ``exchange``
-(carrying metadata on one host: a file, or ``fetch_from`` an agent's
+Modules, one idea each: ``agent`` (RemoteAgent, put together from
+``pools``, ``peers`` and incarnations, ``transfers``, ``staged`` and
+``grants`` (the two sides of a staged write), ``notes`` (notifications,
+Arrival), ``listener`` and ``lock``, each with its invariant at its top),
+``handle`` (Transfer), ``layout`` (pool layouts and pairing), ``mapping``
+(checks and descriptor indices), ``staging`` (gather/scatter for the staged
+path), ``wire`` (metadata and notification bytes), ``exchange`` (carrying
+metadata on one host: a file, or ``fetch_from`` an agent's
 ``listen_port``), ``errors``.  Outcomes, deadlines, threads and what a
 listener exposes: ``cupy_swap/remote/README.md``.
 """
