@@ -31,7 +31,7 @@ from .handle import Transfer
 from .lock import Pauses
 from .mapping import descriptor_indices
 
-__all__ = ["Sent", "StagedMixin"]
+__all__ = ["Sent", "StagedMixin", "StagedWrite"]
 
 
 @dataclass(eq=False)
@@ -115,114 +115,37 @@ class StagedMixin:
         n = src.size
         block_bytes = sum(pool.layout.block_bytes)
         chunk = max(1, self.staged_chunk_bytes // block_bytes)
-        starts = list(range(0, n, chunk))
-        # Send slots send_at.. are ours until this write moved; chunk i is ready once gathered[i]() says so.
+        # Send slots send_at.. are this write's until it moved; chunk i is ready once gathered[i]() says so.
         gathered = pool.stager.gather(src, stream, chunk, send_at)
-        send_run, nixl, timeout_s = pool.send, self.nixl, self.peer_timeout
-
-        def give_send():  # once the gather finished: a GPU gather may still write the slots
-            if gathered is None or all(g() for g in gathered):
-                send_run.give(send_at, n)
-            else:  # pragma: no cover - GPU gathers
-                self._later.append((lambda: all(g() for g in gathered), lambda: send_run.give(send_at, n)))
-
         xfer_id = next(self._ids)
-        sent = Sent(peer.name, peer.incarnation, rpool.name, rpool.uid, n, time.monotonic() + timeout_s)
-        request = self._note(wire.REQUEST, xfer_id, rpool.name, rpool.uid, dst, peer.incarnation)
+        sent = Sent(
+            peer.name, peer.incarnation, rpool.name, rpool.uid, n, time.monotonic() + self.peer_timeout
+        )
+        write = StagedWrite(self, pool, peer, rpool, xfer_id, sent, send_at, gathered, chunk, remote_dlist)
         try:
-            nixl.send_notif(peer.name, request)
+            self.nixl.send_notif(
+                peer.name, self._note(wire.REQUEST, xfer_id, rpool.name, rpool.uid, dst, peer.incarnation)
+            )
         except Exception as e:
-            give_send()
+            write.give_send()
             raise RemoteError(
                 f"{what}: could not ask peer {peer.name!r} for staging slots ({type(e).__name__}: {e}); "
                 "nothing was posted"
             ) from e
         self._sent[xfer_id] = sent
-        parts = len(pool.layout.parts)
-        next_chunk = 0
-
-        def answered():
-            if sent.error is None and not sent.scattered:
-                if sent.offset is None:  # its grant may wait for this agent's earlier writes to move
-                    self._drive()
-                else:
-                    self._progress()
-            if sent.error is None and not sent.scattered and sent.deadline is not None:
-                if time.monotonic() > sent.deadline:
-                    step = "grant its slots" if sent.offset is None else "acknowledge the scatter"
-                    sent.error = (
-                        f"peer {peer.name!r} did not {step} within {timeout_s} s (peer_timeout): it may have "
-                        "died, hung, or stopped calling poll()"
-                    )
-            if sent.error is not None:
-                raise RemoteError(sent.error)
-
-        def ready():
-            answered()
-            return sent.offset is not None
-
-        def post(track):  # the chunks whose gather finished, in order; each note says where it starts
-            nonlocal next_chunk
-            while next_chunk < len(starts) and (gathered is None or gathered[next_chunk]()):
-                answered()  # refused or disconnected meanwhile: post no more
-                a = starts[next_chunk]
-                b = min(a + chunk, n)
-                lidx = descriptor_indices(
-                    np.arange(send_at + a, send_at + b, dtype=np.int64), parts, pool.layout.staging_blocks
-                )
-                slots = np.arange(sent.offset + a, sent.offset + b, dtype=np.int64)
-                ridx = descriptor_indices(slots, parts, rpool.staging_blocks)
-                note = self._note(wire.STAGED, xfer_id, rpool.name, rpool.uid, [a, b - a], peer.incarnation)
-                xfer = nixl.make_prepped_xfer("WRITE", pool.send_dlist, lidx, remote_dlist, ridx, note)
-                track(xfer)
-                next_chunk += 1
-                nixl.transfer(xfer)
-            if next_chunk < len(starts):
-                answered()  # a refusal may come while chunks wait for their gather
-            return next_chunk == len(starts)
-
-        def settled():
-            if sent.deadline is None and not sent.scattered and sent.error is None:
-                sent.deadline = time.monotonic() + timeout_s  # the wait for the acknowledgement starts
-            answered()
-            return sent.scattered
-
-        def moved():
-            sent.deadline = None  # settled() starts the acknowledgement's clock
-            give_send()
-
-        def forget():  # failed, refused or closed, and nothing of it can land any more
-            self._sent.pop(xfer_id, None)
-            if not sent.final:  # the receiver still holds its request or grant: let it go
-                try:
-                    nixl.send_notif(
-                        peer.name,
-                        self._note(wire.CANCEL, xfer_id, rpool.name, rpool.uid, (), peer.incarnation),
-                    )
-                except Exception:  # a dead peer frees them by its deadline, or when it is disconnected
-                    pass
-            if send_run is not None and not moved_once[0]:
-                give_send()
-
-        moved_once = [False]
-
-        def on_moved():
-            moved_once[0] = True
-            moved()
-
         transfer = Transfer(
-            nixl,
+            self.nixl,
             what,
             n * block_bytes,
             n,
-            post,
-            ready,
-            settled,
-            forget,
+            write.post,
+            write.ready,
+            write.settled,
+            write.forget,
             lock=self._lock,
-            check=answered,
-            timeout=timeout_s,
-            on_moved=on_moved,
+            check=write.answered,
+            timeout=self.peer_timeout,
+            on_moved=write.moved,
             linger=self._linger,
         )
         return self._track(transfer, pool, peer)
@@ -258,3 +181,103 @@ class StagedMixin:
         for sent in self._sent.values():
             if sent.peer == peer_name and sent.error is None and not sent.scattered:
                 sent.error = f"peer {peer_name!r} was disconnected (or restarted) before it answered"
+
+
+class StagedWrite:
+    """The steps of one staged write that its :class:`Transfer` calls:
+    ``ready`` (granted), ``post`` (each chunk whose gather finished),
+    ``settled`` (acknowledged), ``answered`` (refused, or past a deadline:
+    raises), ``moved`` and ``forget`` (nothing of it can land any more)."""
+
+    def __init__(self, agent, pool, peer, rpool, xfer_id, sent, send_at, gathered, chunk, remote_dlist):
+        self.agent, self.pool, self.peer, self.rpool = agent, pool, peer, rpool
+        self.xfer_id, self.sent, self.send_at, self.gathered = xfer_id, sent, send_at, gathered
+        self.n, self.chunk, self.remote_dlist = sent.n, chunk, remote_dlist
+        self.starts = list(range(0, sent.n, chunk))
+        self.next_chunk = 0
+        self.send_given = False
+        self.timeout = agent.peer_timeout
+
+    def give_send(self) -> None:
+        """Give the send slots back once the gather finished (a GPU gather may still write them)."""
+        if self.send_given:
+            return
+        self.send_given = True
+        run, at, n, gathered = self.pool.send, self.send_at, self.n, self.gathered
+        if gathered is None or all(g() for g in gathered):
+            run.give(at, n)
+        else:  # pragma: no cover - GPU gathers
+            self.agent._later.append((lambda: all(g() for g in gathered), lambda: run.give(at, n)))
+
+    def answered(self) -> None:
+        """Drive progress; raise RemoteError once refused, disconnected, or past a deadline."""
+        sent = self.sent
+        if sent.error is None and not sent.scattered:
+            if sent.offset is None:  # its grant may wait for this agent's earlier writes to move
+                self.agent._drive()
+            else:
+                self.agent._progress()
+        if sent.error is None and not sent.scattered and sent.deadline is not None:
+            if time.monotonic() > sent.deadline:
+                step = "grant its slots" if sent.offset is None else "acknowledge the scatter"
+                sent.error = (
+                    f"peer {self.peer.name!r} did not {step} within {self.timeout} s (peer_timeout): it may "
+                    "have died, hung, or stopped calling poll()"
+                )
+        if sent.error is not None:
+            raise RemoteError(sent.error)
+
+    def ready(self) -> bool:
+        self.answered()
+        return self.sent.offset is not None
+
+    def post(self, track) -> bool:
+        """Post the chunks whose gather finished, in order (each note says
+        where it starts); True once all are posted."""
+        agent, pool, rpool, sent = self.agent, self.pool, self.rpool, self.sent
+        parts = len(pool.layout.parts)
+        while self.next_chunk < len(self.starts) and (
+            self.gathered is None or self.gathered[self.next_chunk]()
+        ):
+            self.answered()  # refused or disconnected meanwhile: post no more
+            a = self.starts[self.next_chunk]
+            b = min(a + self.chunk, self.n)
+            sends = np.arange(self.send_at + a, self.send_at + b, dtype=np.int64)
+            lidx = descriptor_indices(sends, parts, pool.layout.staging_blocks)
+            slots = np.arange(sent.offset + a, sent.offset + b, dtype=np.int64)
+            ridx = descriptor_indices(slots, parts, rpool.staging_blocks)
+            note = agent._note(
+                wire.STAGED, self.xfer_id, rpool.name, rpool.uid, [a, b - a], self.peer.incarnation
+            )
+            xfer = agent.nixl.make_prepped_xfer("WRITE", pool.send_dlist, lidx, self.remote_dlist, ridx, note)
+            track(xfer)
+            self.next_chunk += 1
+            agent.nixl.transfer(xfer)
+        if self.next_chunk < len(self.starts):
+            self.answered()  # a refusal may come while chunks wait for their gather
+        return self.next_chunk == len(self.starts)
+
+    def settled(self) -> bool:
+        sent = self.sent
+        if sent.deadline is None and not sent.scattered and sent.error is None:
+            sent.deadline = time.monotonic() + self.timeout  # the wait for the acknowledgement starts
+        self.answered()
+        return sent.scattered
+
+    def moved(self) -> None:
+        self.sent.deadline = None  # settled() starts the acknowledgement's clock
+        self.give_send()
+
+    def forget(self) -> None:
+        """Failed, refused or closed, and nothing of it can land any more."""
+        agent, sent = self.agent, self.sent
+        agent._sent.pop(self.xfer_id, None)
+        if not sent.final:  # the receiver may still hold its request or grant: let it go
+            note = agent._note(
+                wire.CANCEL, self.xfer_id, self.rpool.name, self.rpool.uid, (), self.peer.incarnation
+            )
+            try:
+                agent.nixl.send_notif(self.peer.name, note)
+            except Exception:  # a dead peer frees them by its deadline, or when it is disconnected
+                pass
+        self.give_send()
