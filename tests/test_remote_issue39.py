@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 import pytest
 
-from cupy_swap.remote import RemoteError, Transfer, TransferError, fetch_from
+from cupy_swap.remote import RemoteError, Transfer, TransferError, fetch_from, wire
 
 from .test_remote import (
     NIXL_WHY,
@@ -423,3 +423,34 @@ def test_disconnected_sender_that_never_confirms_gets_its_slots_freed_by_the_dea
     finally:
         a.close()
         b.close()
+
+
+# --- staged host -> host: the request leaves before the gather ----------------------------------------
+
+
+@needs_nixl
+def test_staged_request_leaves_before_the_gather_and_a_failed_gather_cancels_it(two):
+    """The request is sent before the (host) gather, so the grant's round trip
+    runs during the copy; a gather that raises cancels the request (the
+    receiver holds no slot for it) and gives the send slots back."""
+    a, b, pa, pb = two
+    notes = count_calls(a.nixl, "send_notif")
+    stager = a._pools["kv"].stager
+
+    def failing(*args, **kw):
+        assert [wire.unpack_note(m).kind for _, m in notes] == [wire.REQUEST]  # already asked
+        raise RuntimeError("injected gather failure")
+
+    stager.gather = failing
+    with pytest.raises(RuntimeError, match="injected gather failure"):
+        a.write("kv", ("i39-b", "kv"), [(0, 0), (1, 1)], path="staged")
+    assert [wire.unpack_note(m).kind for _, m in notes] == [wire.REQUEST, wire.CANCEL]
+    assert a._pools["kv"].send.free.all() and not a._sent
+    got = collect_until(lambda got: got, b, a)  # the receiver granted, then let it go
+    assert [(x.kind, x.blocks.tolist()) for x in got] == [("failed", [0, 1])]
+    collect_until(lambda _: b._pools["kv"].slots.free.all(), b, a)
+    del stager.gather  # the class's own again
+    t = a.write("kv", ("i39-b", "kv"), [(2, 2)], path="staged")
+    got = collect_until(lambda got: got and t.done(), b, a)
+    assert [(x.kind, x.blocks.tolist()) for x in got] == [("staged", [2])]
+    np.testing.assert_array_equal(pb[0][2], pa[0][2])

@@ -110,28 +110,40 @@ class StagedMixin:
             raise PoolDroppedError(f"{what}: peer {peer.name!r} dropped pool {rpool.name!r}")
 
     def _start_staged(self, pool, peer, rpool, src, dst, stream, send_at, remote_dlist, what) -> Transfer:
-        """Gather into send slots ``send_at..`` (taken), ask the receiver for
-        slots, and return the Transfer that posts each chunk once granted."""
+        """Ask the receiver for slots, gather into send slots ``send_at..``
+        (taken) while the request travels, and return the Transfer that posts
+        each chunk once granted."""
         n = src.size
         block_bytes = sum(pool.layout.block_bytes)
         chunk = max(1, self.staged_chunk_bytes // block_bytes)
-        # Send slots send_at.. are this write's until it moved; chunk i is ready once gathered[i]() says so.
-        gathered = pool.stager.gather(src, stream, chunk, send_at)
         xfer_id = next(self._ids)
         sent = Sent(
             peer.name, peer.incarnation, rpool.name, rpool.uid, n, time.monotonic() + self.peer_timeout
         )
-        write = StagedWrite(self, pool, peer, rpool, xfer_id, sent, send_at, gathered, chunk, remote_dlist)
-        try:
+        try:  # first: a host gather takes as long as a copy of the bytes, the grant's round trip meanwhile
             self.nixl.send_notif(
                 peer.name, self._note(wire.REQUEST, xfer_id, rpool.name, rpool.uid, dst, peer.incarnation)
             )
         except Exception as e:
-            write.give_send()
+            pool.send.give(send_at, n)  # nothing was gathered into them
             raise RemoteError(
                 f"{what}: could not ask peer {peer.name!r} for staging slots ({type(e).__name__}: {e}); "
                 "nothing was posted"
             ) from e
+        try:
+            # Send slots send_at.. are this write's until it moved; chunk i is ready once gathered[i]() says so.
+            gathered = pool.stager.gather(src, stream, chunk, send_at)
+        except BaseException:
+            try:  # the receiver may hold slots for it: nothing of it will come
+                self.nixl.send_notif(
+                    peer.name, self._note(wire.CANCEL, xfer_id, rpool.name, rpool.uid, (), peer.incarnation)
+                )
+            except Exception:  # the receiver frees them by its deadline
+                pass
+            if pool.layout.mem == "DRAM":  # a host gather ran in this call: nothing writes the slots now
+                pool.send.give(send_at, n)
+            raise
+        write = StagedWrite(self, pool, peer, rpool, xfer_id, sent, send_at, gathered, chunk, remote_dlist)
         self._sent[xfer_id] = sent
         transfer = Transfer(
             self.nixl,
