@@ -307,6 +307,19 @@ def test_a_note_for_a_dropped_registration_is_not_reported_on_its_successor(two,
     np.testing.assert_array_equal(new[0][5], pa[0][3])
 
 
+@needs_nixl
+def test_a_note_naming_no_registration_is_not_reported(two):
+    """A note made by hand (a benchmark's raw transfer) names no registration:
+    not reported, and the warning says why."""
+    a, b, pa, pb = two
+    note = wire.pack_note(wire.WRITE, 0, "kv", [1], a.incarnation, b.incarnation)  # uid left out: 0
+    a.nixl.send_notif("i39-b", note)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        got = collect_until(lambda got: got or any("not reported" in str(w.message) for w in warned), b, a)
+    assert got == [] and "it names no registration" in str(warned[-1].message)
+
+
 # --- 1: no slot granted again while a disconnected peer's chunk may land -------------------------------
 
 

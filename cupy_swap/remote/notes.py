@@ -133,10 +133,14 @@ class NotesMixin:
         up: an :class:`Arrival`, if the registration it names is the pool's."""
         kind, pool = note.kind, self._pools.get(note.pool)
         if pool is None or pool.layout.uid != note.uid:  # not the memory its bytes touched
-            now = "is not registered" if pool is None else f"is registration {pool.layout.uid} now"
+            if not note.uid:  # made by hand (a benchmark's raw NIXL transfer), or by an older cupy_swap
+                why = "it names no registration"
+            else:
+                now = "is not registered" if pool is None else f"is registration {pool.layout.uid} now"
+                why = f"that registration was dropped (the pool {now})"
             self._warn(
                 f"a {wire.KIND_NAMES[kind]} note from {peer_name!r} for registration {note.uid} of pool "
-                f"{note.pool!r} was not reported: that registration was dropped (the pool {now})"
+                f"{note.pool!r} was not reported: {why}"
             )
             return
         kind_name, why = (
