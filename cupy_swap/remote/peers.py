@@ -75,8 +75,10 @@ class PeersMixin:
         peer took a process from 14 to 414 open sockets (2-core CPU,
         loopback; ``benchmarks/NOTES.md``, item 59), so each refresh with
         *changed* metadata, and each disconnect and reconnect, still costs
-        two.  Connecting again with newer
-        metadata replaces the old view of that peer, once nothing uses it: transfers to the peer that still have
+        two.
+
+        Connecting again with newer metadata replaces the old view of that
+        peer, once nothing uses it: transfers to the peer that still have
         NIXL requests in flight or may post (a staged write waiting for its
         grant, a GPU write waiting for its stream) make it refuse, unless the
         metadata is a new incarnation (the peer restarted): then those not
