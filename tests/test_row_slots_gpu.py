@@ -46,7 +46,7 @@ def test_rows_through_a_slot_land_exactly(rng, direction, parts, n):
     sw = cs.BlockSwapper(max_blocks=4096)
     op = sw.prepare(src, dst)
     m = random_mapping(n, blocks, blocks, rng)
-    ev = op(m, mode="kernel")  # one row of one part: auto would take the copy engine
+    ev = op(m)
     ev.synchronize()
     assert ev.path == "kernel"
     assert op._decided.kernel._execs and any(op._decided.kernel._execs), "a ring slot's graph served it"

@@ -153,17 +153,7 @@ class BoundKernel:
     graph (:meth:`launch_slot`), a captured launch (:meth:`launch_captured`),
     or the descriptor ring (:meth:`launch_descriptor`)."""
 
-    __slots__ = (
-        "__weakref__",
-        "_launcher",
-        "layout",
-        "_args",
-        "_execs",
-        "_graphs",
-        "_ctas",
-        "_lock",
-        "_last",
-    )
+    __slots__ = ("__weakref__", "_launcher", "layout", "_args", "_execs", "_graphs", "_ctas", "_lock")
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
@@ -173,12 +163,9 @@ class BoundKernel:
         self._graphs: list = []  # (graph, exec) to destroy with the op
         self._ctas = launcher.max_ctas  # the CTA budget the graphs were built for
         self._lock = threading.Lock()
-        self._last = [0] * launcher.slots.size  # per slot: the number of this op's last launch there
-        # Dropped: the graphs go once the op's last launch on each slot has
-        # finished (a graph destroyed while it runs could hold the driver).
-        destroy = functools.partial(_destroy_graphs, launcher.device, self._graphs)
-        gate = functools.partial(launcher.slots.wait_done, self._last)
-        release.finalizer(self, release.defer, destroy, gate, "graphs of a prepared swap")
+        release.finalizer(
+            self, release.defer, functools.partial(_destroy_graphs, launcher.device, self._graphs)
+        )
 
     def _byref(self) -> abi.ByRefArgs:
         args = self._args
@@ -196,7 +183,6 @@ class BoundKernel:
         exec_ = execs[i]
         if not exec_:
             exec_ = self._build(i)
-        self._last[i] = lau.slots.controls[i][2]  # SwapControl::seq
         lau.graph_launch(exec_, stream)
 
     def _reset(self, lau) -> list:
