@@ -59,7 +59,7 @@ def test_auto_with_two_or_three_pairs(rng, monkeypatch, n, block, as_type):
 def test_ring_slot_left_gated_when_waiting_for_it_fails(rng):
     """A swap that cannot wait for its slot's last launch leaves the slot
     locked by nobody and still gated by that launch's event."""
-    sw = cs.BlockSwapper(max_blocks=16, ring_size=1)  # kernel swaps take ring slots
+    sw = cs.BlockSwapper(max_blocks=16, ring_size=1, max_inline_pairs=0)  # kernel swaps take ring slots
 
     class Broken:
         @property
