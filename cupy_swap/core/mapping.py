@@ -18,20 +18,12 @@ _INT64 = np.dtype(np.int64)
 
 
 def index_pair(block_mapping) -> bool:
-    """True when ``block_mapping`` is the 1-D form: a tuple of two 1-D
-    arrays (NumPy, CuPy, torch), source indices and destination indices,
-    as SGLang keeps them.  A list is always rows (``[s_arr, d_arr]`` of two
-    rows would read the same), so only a tuple makes the pair form."""
-    return (
-        type(block_mapping) is tuple
-        and len(block_mapping) == 2
-        and all(getattr(a, "ndim", None) == 1 or _empty_sequence(a) for a in block_mapping)
-    )
-
-
-def _empty_sequence(a) -> bool:
-    """``[]`` or ``()``: one side of an empty 1-D pair, ``([], [])``."""
-    return type(a) in _ROW_TYPES and not a
+    """True when ``block_mapping`` is the 1-D form: a 2-tuple of 1-D
+    sequences of any type (NumPy, CuPy, torch arrays, lists, tuples), source
+    indices and destination indices, as SGLang keeps them.  A 2-tuple is
+    never read as two rows (``([5, 9], [0, 1])`` copies 5 -> 0 and 9 -> 1);
+    a list is always rows."""
+    return type(block_mapping) is tuple and len(block_mapping) == 2
 
 
 def host_rows(block_mapping, max_blocks: int):
@@ -51,7 +43,7 @@ def host_rows(block_mapping, max_blocks: int):
         if m.dtype == _INT64 and m.ndim == 2 and m.shape[1] == 2 and m.flags.c_contiguous:
             if m.shape[0] <= max_blocks:
                 return m
-    elif kind in _ROW_TYPES and len(block_mapping) <= SMALL_MAPPING:
+    elif kind in _ROW_TYPES and len(block_mapping) <= SMALL_MAPPING and not index_pair(block_mapping):
         flat: list = []
         for row in block_mapping:
             if type(row) not in _ROW_TYPES or len(row) != 2:
@@ -142,8 +134,19 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
 
 
 def _index_column(obj, side: str) -> np.ndarray:
-    """One array of the 1-D form as int64 (CPU torch tensors by their NumPy view)."""
-    a = np.asarray(obj.numpy() if _is_torch_cpu(obj) else obj)
+    """One sequence of the 1-D form as int64 (CPU torch tensors by their NumPy view)."""
+    try:
+        a = np.asarray(obj.numpy() if _is_torch_cpu(obj) else obj)
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"block_mapping: a 2-tuple is (src_indices, dst_indices); expected 1-D {side} block indices, "
+            f"got something NumPy cannot read ({e})"
+        ) from None
+    if a.ndim != 1:
+        raise ValueError(
+            f"block_mapping: a 2-tuple is (src_indices, dst_indices); expected 1-D {side} block indices, "
+            f"got shape {a.shape} (pass rows as a list or an (N, 2) array)"
+        )
     if a.size == 0:  # np.array([]) is float64: empty is empty, whatever its dtype
         return np.empty(0, np.int64)
     if a.dtype.kind not in "iu":
