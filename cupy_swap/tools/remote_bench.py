@@ -202,7 +202,9 @@ def run(
         ldl, rdl, layout, rlayout = agent.prepared("kv", remote)  # the descriptors write() posts
         lidx, ridx = m[:, 0].astype(np.int32), m[:, 1].astype(np.int32)
         # the same notification bytes write() sends (from this incarnation, for the peer's)
-        note = wire.pack_note(wire.WRITE, 0, "kv", m[:, 1], agent.incarnation, agent._peers[peer].incarnation)
+        note = wire.pack_note(
+            wire.WRITE, 0, "kv", m[:, 1], agent.incarnation, agent._peers[peer].incarnation, uid=rlayout.uid
+        )
         lrun, rrun = layout.staging[0], rlayout.staging[0]
         one_l = nixl.prep_xfer_dlist("NIXL_INIT_AGENT", [(lrun.address, nbytes, 0)], "DRAM")
         one_r = nixl.prep_xfer_dlist(peer, [(rrun.address, nbytes, 0)], "DRAM")
