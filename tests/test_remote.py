@@ -326,19 +326,30 @@ def test_staged_chunk_outside_its_grant_is_refused(tmp_path):
 def local_pair():
     """Two agents in this process (8 staging slots, 16 blocks of 64 bytes each),
     for tests that reach into one side while a staged write is under way."""
+    for a, b, pa, pb in connected_pair("chunks"):
+        a.staged_chunk_bytes = 64  # one block a chunk
+        yield a, b, pa, pb
+
+
+def connected_pair(prefix: str, **agent_kw):
+    """Yield once ``(a, b, pa, pb)``: two loopback agents of this process
+    (``prefix-a``, ``prefix-b``), each with pool "kv" of 16 blocks of 64 bytes
+    and 8 staging slots (``pa`` counts up, ``pb`` is poisoned), connected both
+    ways; closed after (skips where NIXL is missing)."""
     if NIXL_WHY:
         pytest.skip(NIXL_WHY)
-    a, b = loopback_agent("chunks-a"), loopback_agent("chunks-b")
+    a, b = loopback_agent(f"{prefix}-a", **agent_kw), loopback_agent(f"{prefix}-b", **agent_kw)
     pa = [np.arange(16 * 64, dtype=np.uint8).reshape(16, 64)]
     pb = [np.full((16, 64), POISON, np.uint8)]
     a.register_pool("kv", pa, staging_blocks=8)
     b.register_pool("kv", pb, staging_blocks=8)
     a.connect(b.metadata())
     b.connect(a.metadata())
-    a.staged_chunk_bytes = 64  # one block a chunk
-    yield a, b, pa, pb
-    a.close()
-    b.close()
+    try:
+        yield a, b, pa, pb
+    finally:
+        a.close()
+        b.close()
 
 
 def gathered_one_at_a_time(agent, ready: list):

@@ -29,6 +29,7 @@ from .test_remote import (
     NIXL_WHY,
     POISON,
     collect_until,
+    connected_pair,
     count_calls,
     gathered_one_at_a_time,
     loopback_agent,
@@ -41,19 +42,7 @@ from .test_remote import (
 def two():
     """Two agents in this process, "kv": 16 blocks of 64 bytes, 8 staging slots
     each; the default deadline (30 s), so that nothing here ends by one."""
-    if NIXL_WHY:
-        pytest.skip(NIXL_WHY)
-    a = loopback_agent("i39-a")
-    b = loopback_agent("i39-b")
-    pa = [np.arange(16 * 64, dtype=np.uint8).reshape(16, 64)]
-    pb = [np.full((16, 64), POISON, np.uint8)]
-    a.register_pool("kv", pa, staging_blocks=8)
-    b.register_pool("kv", pb, staging_blocks=8)
-    a.connect(b.metadata())
-    b.connect(a.metadata())
-    yield a, b, pa, pb
-    a.close()
-    b.close()
+    yield from connected_pair("i39")
 
 
 # --- 5: fetch_from, one deadline and a size cap --------------------------------------------------------

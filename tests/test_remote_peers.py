@@ -26,6 +26,7 @@ from .test_remote import (
     POISON,
     Peer,
     collect_until,
+    connected_pair,
     gathered_one_at_a_time,
     loopback_agent,
     needs_nixl,
@@ -41,19 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture
 def two():
     """Two agents in this process (16 blocks of 64 bytes, 8 staging slots), short deadlines."""
-    if NIXL_WHY:
-        pytest.skip(NIXL_WHY)
-    a = loopback_agent("two-a", peer_timeout=DEADLINE)
-    b = loopback_agent("two-b", peer_timeout=DEADLINE)
-    pa = [np.arange(16 * 64, dtype=np.uint8).reshape(16, 64)]
-    pb = [np.full((16, 64), POISON, np.uint8)]
-    a.register_pool("kv", pa, staging_blocks=8)
-    b.register_pool("kv", pb, staging_blocks=8)
-    a.connect(b.metadata())
-    b.connect(a.metadata())
-    yield a, b, pa, pb
-    a.close()
-    b.close()
+    yield from connected_pair("two", peer_timeout=DEADLINE)
 
 
 def run_script(body: str, timeout: float = 120) -> subprocess.CompletedProcess:

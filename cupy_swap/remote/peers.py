@@ -111,13 +111,14 @@ class PeersMixin:
             restarted = old.incarnation != incarnation
             if restarted:
                 self._abort_unposted(old.transfers, f"peer {name!r} restarted (a new incarnation connected)")
-            busy = [t for t in old.transfers if t._busy()]
-            if busy:
-                raise RemoteError(
-                    f"connect: {len(busy)} transfer(s) to peer {name!r} are still in flight ({busy[0].what}); "
-                    "wait for them or close() them before connecting its new metadata (their descriptors "
-                    "are the old view's)"
-                )
+            self._refuse_busy(
+                old.transfers,
+                "connect",
+                f"to peer {name!r}",
+                "wait for them or close() them before connecting its new metadata (their descriptors "
+                "are the old view's)",
+                are="are still",
+            )
             self._drop_peer(name, "restart" if restarted else "refresh")
         added = self.nixl.add_remote_agent(nixl_md)
         added = added.decode() if isinstance(added, bytes) else added
@@ -148,12 +149,7 @@ class PeersMixin:
         """
         p = self._peer(peer)
         self._abort_unposted(p.transfers, f"peer {peer!r} was disconnected")
-        busy = [t for t in p.transfers if t._busy()]
-        if busy:
-            raise RemoteError(
-                f"disconnect: {len(busy)} transfer(s) to peer {peer!r} are in flight ({busy[0].what}); "
-                "wait for them or close() them first"
-            )
+        self._refuse_busy(p.transfers, "disconnect", f"to peer {peer!r}")
         self._drop_peer(peer, "disconnect")
 
     def _drop_peer(self, peer: str, how: str) -> None:

@@ -22,7 +22,6 @@ import weakref
 from dataclasses import dataclass, field
 
 from . import wire
-from .errors import RemoteError
 from .grants import ReceiveRun, Run
 from .layout import PoolLayout, check_pool_parts, merged_spans, pool_layout
 from .lock import locked
@@ -156,12 +155,7 @@ class PoolsMixin:
         """
         pool = self._pools[name]
         self._abort_unposted(pool.transfers, f"local pool {name!r} was dropped")
-        busy = [t for t in pool.transfers if t._busy()]
-        if busy:
-            raise RemoteError(
-                f"drop_pool: {len(busy)} transfer(s) from pool {name!r} are in flight ({busy[0].what}); "
-                "wait for them or close() them first"
-            )
+        self._refuse_busy(pool.transfers, "drop_pool", f"from pool {name!r}")
         del self._pools[name]
         for peer in self._peers.values():
             try:

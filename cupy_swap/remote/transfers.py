@@ -77,6 +77,17 @@ class TransfersMixin:
         what = f"read {peer.name}/{rpool.name} -> {local} ({src.size} blocks)"
         return self._post("READ", pool, peer, rpool, dst, src, note, None, what, None)
 
+    @staticmethod
+    def _refuse_busy(
+        transfers, call: str, whose: str, tail: str = "wait for them or close() them first", are: str = "are"
+    ) -> None:
+        """Raise RemoteError naming ``call`` while a transfer of ``transfers`` is in flight."""
+        busy = [t for t in transfers if t._busy()]
+        if busy:
+            raise RemoteError(
+                f"{call}: {len(busy)} transfer(s) {whose} {are} in flight ({busy[0].what}); {tail}"
+            )
+
     def _abort_unposted(self, transfers, why: str) -> None:
         """Fail the transfers that posted nothing now in flight (they may not post any more)."""
         for t in list(transfers):
