@@ -66,7 +66,7 @@ def dropped_swapper(cp, rng) -> dict:
     cp.cuda.Device().synchronize()
     m = random_mapping(1000, 4096, 4096, rng)
     s = cp.cuda.Stream(non_blocking=True)
-    sw = cs.BlockSwapper(max_blocks=4096, max_inline_pairs=0)
+    sw = cs.BlockSwapper(max_blocks=4096)
     slots = sw._launcher._slots
     ring = (slots[0].device_ptr, slots[-1].device_ptr + sw._launcher.slot_words * 8)
     spin(cp, s, 200)

@@ -2,11 +2,15 @@
 takes (``swap()`` looks the op up and lands here too).
 
 Everything the layout decides was decided when the op was made
-(:class:`_Decided`).  A call reads the mapping's form, takes the stream,
-enqueues the waits, asks whether the stream captures, launches once and
-records one event.  Which rows the copy launch checks and which the host
-checks: ``swap()``'s ``check`` (NOTES items 42, 43); how a launch's verdict
-reaches its caller: :mod:`.cuda.outcomes`.
+(:class:`_Decided`): route, kernel, whether its launches can check.  A call
+reads the mapping's form, takes the stream, picks the path (auto's looks
+are O(1)), enqueues the waits, asks whether the stream captures, and for the
+kernel takes one free slot, writes its rows there, launches that slot's
+graph and records one event (:meth:`PreparedSwap._launch_kernel`).  Every
+kernel swap's rows are checked by the launch itself, at every row count up
+to the launch's table (8192 rows on an H200), unless ``check="host"``;
+copy-engine, staged and captured swaps are checked on the host.  How a
+launch's verdict reaches its caller: :mod:`.cuda.outcomes`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from .core.mapping import check_rows_for, host_rows
 from .core.route import check_mode, prepared_route, run_route, run_rows, staged_plan, staged_refusal
 from .cuda import abi, capture, memory, release
 from .cuda.gpu_mapping import device_rows
-from .cuda.launcher import HOST_CHECK_ROWS
 from .cuda.outcomes import Channel
+from .cuda.slots import DST_INDEX, INDEX_STEP, N_PAIRS, SEQ, SRC_INDEX, STATUS
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 from .op_cache import listed
 
@@ -59,7 +63,9 @@ class _Decided:
         self.staged_ok = not staged_refusal(layout, policy)
         self.merge_runs = layout.min_block_bytes < policy.dma_min_copy_bytes
         # The launch can check: status records mapped, no parts that may
-        # share bytes (only the host checks those), blocks its table holds.
+        # share bytes (only the host checks those), blocks its table holds
+        # (then every row of every call is checked there, up to the
+        # launcher's check_rows_max rows).
         self.launch_checks = bool(
             swapper._status.base
             and layout.kernel_ok
@@ -164,123 +170,67 @@ class PreparedSwap:
         op = self._decided
         if op.generation != memory.generation() and self._held is not None:
             op = self._rebind()
-        layout = op.layout
         outcomes = self._outcomes
         if outcomes.open or outcomes.failed:
             outcomes.raise_pending(sw._status)  # an earlier swap's launch found a bad row: say so now
-        if want is not None and layout.direction != want:
-            method = "swap_in" if want == IN else "swap_out"
-            raise ValueError(
-                f"{method}: expected {DIRECTION_TEXT[want]} arrays, got "
-                f"{DIRECTION_TEXT[layout.direction]}; use swap() for that"
-            )
+        if want is not None and op.layout.direction != want:
+            self._refuse_direction(want)
         if check is not None and check != "launch" and check != "host":
             raise ValueError(f"check: expected None, 'launch' or 'host', got {check!r}")
+        # 1. The rows: on the host (NumPy's (N, 2) int64 taken as it is), or on the GPU.
         on_gpu = (
             None
-            if type(block_mapping) is np.ndarray  # on the host whatever it holds: no look for GPU arrays
+            if type(block_mapping) is np.ndarray
             else device_rows(block_mapping, sw.device, sw.max_blocks)
         )
         if on_gpu is None:
-            pairs = host_rows(block_mapping, sw.max_blocks)
-            n = len(pairs) >> 1 if type(pairs) is list else pairs.shape[0]
+            rows = host_rows(block_mapping, sw.max_blocks)
+            n = len(rows) >> 1 if type(rows) is list else rows.shape[0]
         else:
-            pairs, n = None, on_gpu.n
+            rows, n = None, on_gpu.n
         if stream is not None:
             handle = stream_on_device(stream, sw.device)
         elif op.default_stream is not None:
             handle = op.default_stream()
         else:
             handle = sw._current_stream().ptr
-        route = op.route if mode is None else prepared_route(layout, check_mode(mode), sw.policy)
-        # Decided before any wait is enqueued, so a refusal enqueues nothing;
-        # only what depends on a capture waits for the capture query.
-        path, checked, ticket, looked = "none", on_gpu is not None, None, False
-        if n and on_gpu is not None:
-            path = "kernel" if layout.bytes_per_pair else "none"  # the kernel reads rows on the GPU
-            self._refuse_on_gpu(op, mode, check, n)
-        elif n:
-            path = route if layout.bytes_per_pair else "none"
-            if (
-                path == "kernel"
-                and (mode or op.mode) == "auto"
-                and n * len(layout.src) <= sw.policy.dma_max_copies
-            ):
-                path = "dma"  # one copy: the copy engines start sooner
-            elif (
-                path == "kernel"
-                and op.run_rows is not None
-                and n >= op.run_rows
-                and (mode or op.mode) == "auto"
-            ):  # one run of enough bytes goes to the copy engines (NOTES 58)
-                path = run_route(pairs, n, layout.direction, op.staged_ok) or path
-                looked = path != "kernel"
-            # More than a few host rows go through a ring slot to device
-            # memory, where the launch checks them for free; a few are checked
-            # on the host, cheaper than the launch's check over its parameter
-            # (benchmarks/NOTES.md, items 42 and 43).
-            checked = (
-                check != "host"
-                and path == "kernel"
-                and op.launch_checks
-                and (check == "launch" or (n > HOST_CHECK_ROWS and op.kernel.slots_ok))
-                and n <= sw._launcher.check_rows_max
-            )
-            if not checked:  # raises before any launch
-                pairs = check_rows_for(layout, pairs, sw.max_blocks)
-            if path == "staged":
-                try:
-                    plan = self._staged_ready(layout, _rows_array(pairs))
-                except ValueError:
-                    if not looked:
-                        raise
-                    path = "kernel"  # auto's choice, not the caller's: no arena, the kernel copies
-        no_waits = wait_for is None or (type(wait_for) is tuple and not wait_for)  # 0 is a stream
-        if not no_waits:
+        # 2. The path, and every refusal, before any wait is enqueued.
+        path, looked = self._path(op, rows, on_gpu, n, mode, check)
+        checked = (
+            path == "kernel" and check != "host" and op.launch_checks and n <= sw._launcher.check_rows_max
+        )
+        if path != "none" and not checked:
+            rows = check_rows_for(op.layout, rows, sw.max_blocks)  # raises before any launch
+        plan = self._staged(op.layout, rows, looked) if path == "staged" else None
+        if plan is False:
+            path = "kernel"  # auto's choice, not the caller's: no arena, the kernel copies (rows checked)
+        if not (wait_for is None or (type(wait_for) is tuple and not wait_for)):  # 0 is a stream
             for w in [wait_handle(w, sw.device, caller) for w in listed(wait_for)]:
                 if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
                     sw._wait_event(handle, w.event_ptr, 0)
-        if path != "none":
-            # Asked after the waits: waiting on a capturing stream joins its capture.
-            capturing = stream_is_capturing(handle)
-            if capturing and on_gpu is not None:
-                raise RuntimeError(
-                    "swap: a mapping on the GPU cannot be captured into a CUDA graph (its check reports "
-                    "through the returned event); pass the rows on the host, or use graph_swap()"
-                )
-            if capturing and checked:  # a captured launch keeps its rows: checked once, here
-                pairs, checked = check_rows_for(layout, pairs, sw.max_blocks), False
-            if capturing and path == "staged" and looked:
-                path = "kernel"  # auto's choice; the rows were checked on the host above
-            elif capturing and path == "staged":
-                raise ValueError(
-                    "mode: 'staged' cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()"
-                )
+        # 3. Asked after the waits: waiting on a capturing stream joins its capture.
+        capturing = path != "none" and stream_is_capturing(handle)
+        if capturing:
+            path, rows, checked = self._captured(op, path, rows, on_gpu, checked, looked)
+        # 4. One launch (or the copy engines' copies), one event.
         timed = sw.timing if timing is None else timing
         event = sw._events.take(timed)
-        event.path, event.nbytes = path, n * layout.bytes_per_pair
-        held: list = []  # descriptor slots this swap took (locked until gated)
+        event.path, event.nbytes = path, n * op.layout.bytes_per_pair
+        held: list = []  # descriptor ring slots (staged swaps, unmapped hosts), locked until gated
+        ticket = None
         launched = recorded = False
         try:
             if timed:
                 event.start = capture.new_event(timing=True)
                 sw._record(event.start.ptr, handle)
-            if checked and path == "kernel":
-                ticket = sw._status.take(outcomes, layout)
-                status, seq = ticket.address, ticket.seq
-            else:
-                status = seq = 0
-            if path == "kernel":  # the copy launch is the last call of each form: it raised, or it is queued
-                if on_gpu is not None:
-                    op.kernel.launch_rows(on_gpu, handle, capturing, status, seq)
-                else:
-                    op.kernel.launch_host(pairs, n, handle, capturing, held, status, seq)
+            if path == "kernel":
+                ticket = self._launch_kernel(op, rows, on_gpu, n, handle, capturing, checked, held)
                 launched = True
             elif path == "dma":
-                sw._dma.copy(layout, pairs, handle, capturing, op.merge_runs)
+                sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs)
             elif path == "staged":
-                sw._stagers[layout.direction].enqueue(
-                    layout, plan, handle, held, sw._launcher, sw._dma, sw._serial
+                sw._stagers[op.layout.direction].enqueue(
+                    op.layout, plan, handle, held, sw._launcher, sw._dma, sw._serial
                 )
             sw._record(event.ptr, handle)
             recorded = True
@@ -298,6 +248,109 @@ class PreparedSwap:
             event.check, event.seq = ticket, ticket.seq
         sw.last_path = path
         return event
+
+    def _launch_kernel(self, op: _Decided, rows, on_gpu, n: int, handle: int, capturing: bool, checked, held):
+        """The one kernel launch of a swap; its status ticket when the launch
+        checks the rows.  Eager: the rows (or where the GPU rows are) into a
+        free slot, that slot's graph launched (:mod:`.cuda.slots`)."""
+        sw = self._swapper
+        lau = sw._launcher
+        if capturing:
+            op.kernel.launch_captured(rows, n, handle)  # rows checked on the host: fixed for every replay
+            return None
+        if not lau.slots_ok:  # pinned memory not mapped: GPU -> GPU through the descriptor ring
+            op.kernel.launch_descriptor(rows, n, handle, held)
+            return None
+        ring = lau.slots
+        i = ring.take()
+        ticket = None
+        launched = False
+        try:
+            if checked:
+                ticket = sw._status.take(self._outcomes, op.layout)
+                status, seq = ticket.address, ticket.seq
+            else:
+                status, seq = 0, ring.unchecked_seq()
+            control = ring.controls[i]
+            if on_gpu is None:
+                if type(rows) is list:
+                    ring.rows_c[i][: 2 * n] = rows
+                else:
+                    ring.rows[i][:n] = rows
+                control[SRC_INDEX] = 0
+            else:
+                control[SRC_INDEX], control[DST_INDEX], control[INDEX_STEP] = (
+                    on_gpu.src,
+                    on_gpu.dst,
+                    on_gpu.step,
+                )
+            control[N_PAIRS], control[STATUS], control[SEQ] = n, status, seq
+            op.kernel.launch_slot(i, handle)
+            launched = True
+        finally:
+            if launched:
+                ring.launched(i, seq)
+            else:
+                ring.give_back(i)
+                if ticket is not None:
+                    ticket.abandon(False)
+        return ticket
+
+    def _path(self, op: _Decided, rows, on_gpu, n: int, mode, check) -> tuple[str, bool]:
+        """``(path, looked)``: what serves a swap of ``n`` rows, and whether
+        auto's look at the rows' ends chose it (O(1): core/route.py)."""
+        layout = op.layout
+        if not n or not layout.bytes_per_pair:
+            return "none", False
+        if on_gpu is not None:
+            self._refuse_on_gpu(op, mode, check, n)
+            return "kernel", False  # the kernel reads rows on the GPU
+        sw = self._swapper
+        path = op.route if mode is None else prepared_route(layout, check_mode(mode), sw.policy)
+        if path != "kernel" or (mode or op.mode) != "auto":
+            return path, False
+        if n * len(layout.src) <= sw.policy.dma_max_copies:
+            return "dma", False  # one copy: the copy engines start sooner
+        if op.run_rows is not None and n >= op.run_rows:  # one run of enough bytes (NOTES 58)
+            run = run_route(rows, n, layout.direction, op.staged_ok)
+            if run is not None:
+                return run, True
+        return "kernel", False
+
+    def _staged(self, layout: Layout, rows, looked: bool):
+        """The staged plan, or False where auto chose staging and it cannot
+        run now (no arena): the kernel copies instead."""
+        try:
+            return self._staged_ready(layout, _rows_array(rows))
+        except ValueError:
+            if not looked:
+                raise
+            return False
+
+    def _captured(self, op: _Decided, path: str, rows, on_gpu, checked: bool, looked: bool):
+        """``(path, rows, checked)`` of a swap on a capturing stream: a
+        captured launch keeps its rows, checked once on the host, here."""
+        if on_gpu is not None:
+            raise RuntimeError(
+                "swap: a mapping on the GPU cannot be captured into a CUDA graph (its check reports "
+                "through the returned event); pass the rows on the host, or use graph_swap()"
+            )
+        if checked:
+            rows = check_rows_for(op.layout, rows, self._swapper.max_blocks)
+        if path == "staged" and looked:
+            path = "kernel"  # auto's choice; the rows were checked on the host
+        elif path == "staged":
+            raise ValueError(
+                "mode: 'staged' cannot be captured into a CUDA graph; use mode='kernel' or graph_swap()"
+            )
+        return path, rows, False
+
+    def _refuse_direction(self, want: str) -> None:
+        method = "swap_in" if want == IN else "swap_out"
+        raise ValueError(
+            f"{method}: expected {DIRECTION_TEXT[want]} arrays, got "
+            f"{DIRECTION_TEXT[self._decided.layout.direction]}; use swap() for that"
+        )
 
     def _refuse_on_gpu(self, op: _Decided, mode, check, n: int) -> None:
         """Refuse what a mapping on the GPU cannot do, before anything is

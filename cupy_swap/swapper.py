@@ -70,11 +70,6 @@ class BlockSwapper:
     timing : bool, optional
         Record a start event with every swap so the returned event's
         ``device_time()`` works (costs about a microsecond). Default False.
-    max_inline_pairs : int, optional
-        Kernel swaps of at most this many pairs travel whole in the
-        kernel's parameters (at most 1792 pairs with 64 parts, 1024 with
-        256); larger ones go through the descriptor ring.  Default: as many
-        as the parameters hold; 0 sends every kernel swap through the ring.
 
     Notes
     -----
@@ -115,7 +110,6 @@ class BlockSwapper:
         mode: str = "auto",
         timing: bool = False,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
-        max_inline_pairs: int | None = None,
     ):
         import cupy
         from cupy.cuda import runtime
@@ -147,8 +141,6 @@ class BlockSwapper:
             self._launcher = Launcher(self.device, self.max_parts, self.max_blocks, ring_size, max_ctas)
             self._events = EventPool()
             self._status = StatusBoard(self.device)
-        if max_inline_pairs is not None:
-            self._launcher.max_inline_pairs = _positive_int(max_inline_pairs, "max_inline_pairs", minimum=0)
         self._ops = OpCache(_OP_CACHE_SIZE)
         # Bound once: the hot path calls these on every swap.
         self._get_device, self._set_device = runtime.getDevice, runtime.setDevice
@@ -179,7 +171,8 @@ class BlockSwapper:
         doc="CTA budget: the most thread blocks one kernel swap uses (see ``cuda/launcher.py``).",
     )
     ring_waits = property(
-        lambda self: self._launcher.ring_waits, doc="Times a swap waited for a descriptor slot."
+        lambda self: self._launcher.ring_waits + self._launcher.slots.waits,
+        doc="Times a swap waited for a slot (every one was still read by a queued launch).",
     )
 
     def _policy_field(name: str, doc: str):
@@ -258,21 +251,18 @@ class BlockSwapper:
             the swapper's ``timing``.
         check : {None, "launch", "host"}, optional
             Where the mapping's indices are checked (in range, no
-            destination block twice).  ``"host"``: before anything is
-            launched, raised by this call.  ``"launch"``: by the copy kernel
-            itself, before any CTA writes, so a bad mapping writes nothing;
-            its error is raised by the returned event's ``synchronize()``,
-            else once by the next call of the same op (for ``swap()``: of
-            the same arrays) from the same thread, which then launches
-            nothing; never by a plain ``stream.synchronize()``.  The error's
-            ``swap_seq`` is the failed swap's number (its event's ``seq``).
-            ``None`` (default): ``"host"`` for up to 16 rows on the host
-            (1 us of Python); ``"launch"`` for
-            more rows on the host (they travel in a pinned ring slot the
-            kernel reads: 5-6 us less host time a call) and for mappings on
-            the GPU.  Copy-engine and staged swaps, captured swaps, parts
-            that may share bytes and more rows than a launch can check
-            (8192 on an H200) are always checked on the host.
+            destination block twice).  ``"launch"`` (the default for kernel
+            swaps): by the copy kernel itself, before any CTA writes, so a
+            bad mapping writes nothing; its error is raised by the returned
+            event's ``synchronize()``, else once by the next call of the
+            same op (for ``swap()``: of the same arrays) from the same
+            thread, which then launches nothing; never by a plain
+            ``stream.synchronize()``.  The error's ``swap_seq`` is the failed
+            swap's number (its event's ``seq``).  ``"host"`` (for
+            debugging): before anything is launched, raised by this call.
+            Copy-engine and staged swaps, captured swaps, parts that may
+            share bytes and more rows than a launch can check (8192 on an
+            H200) are always checked on the host.
 
         Returns
         -------
@@ -285,9 +275,9 @@ class BlockSwapper:
         ``swap`` never synchronizes with the device, except when more than
         ``ring_size`` kernel swaps are still queued (it then waits for the
         first to finish).  It may be called while ``stream`` captures a CUDA graph: the
-        captured swap keeps the mapping given at capture (in the kernel's
-        parameters, or for more pairs than they hold in a descriptor
-        buffer of its own, kept for the life of the process).  For a
+        captured swap keeps the mapping given at capture, checked on the
+        host, in pinned memory of its own kept for the life of the
+        process.  For a
         captured swap whose mapping changes on every replay, see
         :meth:`graph_swap`.
 

@@ -50,11 +50,42 @@ __device__ __forceinline__ unsigned* checked_rows(u64 n_pairs) {
     return table + 2 * table_slots(n_pairs);
 }
 
-__device__ bool check_rows(const SwapHeader& h, const i64* __restrict__ src_index,
-                           const i64* __restrict__ dst_index, int step) {
+// Write a verdict into the SwapStatus at `status` (seq last: a reader that
+// sees this swap's seq sees its verdict), and a failure's seq into the
+// board's alarm word after it.
+__device__ void report(u64 status, i64 seq, i64 kind, i64 row, i64 value) {
+    volatile SwapStatus* out = reinterpret_cast<SwapStatus*>(status);
+    out->kind = kind;
+    out->row = row;
+    out->value = value;
+    __threadfence_system();
+    out->seq = seq;
+    if (kind && out->alarm) {  // last: a reader that sees the alarm finds the record landed
+        __threadfence_system();
+        *reinterpret_cast<volatile i64*>(out->alarm) = seq;
+    }
+}
+
+// One launch's rows and verdict: what the check reads, wherever the launch
+// form found it.  first_src / first_dst: row threadIdx.x, read ahead with the
+// launch's control record (have_first), so the rows cost no extra round trip.
+struct Rows {
+    u64 n;
+    const i64* src_index;
+    const i64* dst_index;
+    int step;
+    u64 status;  // SwapStatus address, 0: unchecked
+    i64 seq;
+    bool count_bad;  // the control record's count is out of [0, capacity] (kind 4: no row is read)
+    i64 count;       // that count as it came
+    bool have_first;
+    i64 first_src, first_dst;
+};
+
+__device__ bool check_rows(const SwapHeader& h, const Rows& r) {
     extern __shared__ unsigned table[];
     __shared__ unsigned long long bad;  // (row << 2) | kind; the lowest wins
-    const u64 n = (u64)h.n_pairs;
+    const u64 n = r.n;
     const unsigned slots = table_slots(n);
     unsigned* keys = table;
     unsigned* rows = table + slots;
@@ -67,7 +98,9 @@ __device__ bool check_rows(const SwapHeader& h, const i64* __restrict__ src_inde
     __syncthreads();
     const int shift = 32 - __ffs(slots) + 1;  // slots == 1 << (32 - shift)
     for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
-        const i64 s = src_index[i * step], d = dst_index[i * step];
+        const bool ahead = r.have_first && i == threadIdx.x;
+        const i64 s = ahead ? r.first_src : r.src_index[i * r.step];
+        const i64 d = ahead ? r.first_dst : r.dst_index[i * r.step];
         kept[2 * i] = (unsigned)s;
         kept[2 * i + 1] = (unsigned)d;
         if (s < 0 || s >= h.src_limit) {
@@ -94,18 +127,10 @@ __device__ bool check_rows(const SwapHeader& h, const i64* __restrict__ src_inde
     __syncthreads();
     const unsigned long long verdict = bad;
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        volatile SwapStatus* out = reinterpret_cast<SwapStatus*>(h.status);
         const i64 kind = verdict == ~0ull ? 0 : (i64)(verdict & 3);
         const u64 row = verdict >> 2;
-        out->kind = kind;
-        out->row = kind ? (i64)row : 0;
-        out->value = kind == 1 ? src_index[row * step] : kind ? dst_index[row * step] : 0;
-        __threadfence_system();
-        out->seq = h.seq;  // a reader that sees this swap's seq sees its verdict
-        if (kind && out->alarm) {  // last: a reader that sees the alarm finds the record landed
-            __threadfence_system();
-            *reinterpret_cast<volatile i64*>(out->alarm) = h.seq;
-        }
+        report(r.status, r.seq, kind, kind ? (i64)row : 0,
+               kind == 1 ? r.src_index[row * r.step] : kind ? r.dst_index[row * r.step] : 0);
     }
     return verdict == ~0ull;
 }
@@ -125,7 +150,9 @@ __device__ __forceinline__ void copy_units(const SwapPart* parts, int n_parts, u
     const u64 lane = threadIdx.x & 31;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     const u64 run = 32ull * CUPY_SWAP_UNROLL;
-    const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    // Warp w of CTA b takes run w * gridDim.x + b: a short swap spreads over
+    // every CTA (every SM) rather than filling the first CTA's warps.
+    const u64 first = (u64)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
     for (u64 base = first * run + lane; base < total; base += warps * run) {
         const T* src[CUPY_SWAP_UNROLL];
         T* dst[CUPY_SWAP_UNROLL];
@@ -162,20 +189,23 @@ __device__ __forceinline__ void copy_units(const SwapPart* parts, int n_parts, u
     }
 }
 
-// Copy a swap's rows, checked first when the header asks (status != 0):
-// then the copy reads the rows the check kept in shared memory.  False
-// when the check found a bad row (nothing is written).
+// Copy a swap's rows, checked first when it has a status record: then the
+// copy reads the rows the check kept in shared memory.  False when the
+// check found a bad row or count (nothing is written).
 template <typename T>
 __device__ __forceinline__ bool check_and_copy(const SwapHeader& h, const SwapPart* parts, int n_parts,
-                                               u64 units_per_pair, const i64* src_index, const i64* dst_index,
-                                               int step, u64 n_pairs) {
-    if (!h.status) {
-        copy_units<T, i64>(parts, n_parts, units_per_pair, src_index, dst_index, step, n_pairs);
+                                               u64 units_per_pair, const Rows& r) {
+    if (r.count_bad) {  // report it, read no row
+        if (r.status && blockIdx.x == 0 && threadIdx.x == 0) report(r.status, r.seq, 4, 0, r.count);
+        return false;
+    }
+    if (!r.status) {
+        copy_units<T, i64>(parts, n_parts, units_per_pair, r.src_index, r.dst_index, r.step, r.n);
         return true;
     }
-    if (!check_rows(h, src_index, dst_index, step)) return false;
-    const unsigned* kept = checked_rows((u64)h.n_pairs);
-    copy_units<T, unsigned>(parts, n_parts, units_per_pair, kept, kept + 1, 2, n_pairs);
+    if (!check_rows(h, r)) return false;
+    const unsigned* kept = checked_rows(r.n);
+    copy_units<T, unsigned>(parts, n_parts, units_per_pair, kept, kept + 1, 2, r.n);
     return true;
 }
 
@@ -206,50 +236,65 @@ __device__ __forceinline__ void swap_descriptor(const u64* __restrict__ desc, in
     const i64* pairs = reinterpret_cast<const i64*>(desc + CUPY_SWAP_HEADER_WORDS + (u64)n_parts * CUPY_SWAP_PART_WORDS);
     // Checked launches cover the whole descriptor (first_pair 0).
     const i64* first = pairs + 2 * first_pair;
-    check_and_copy<T>(header, parts, n_parts, units_per_pair, first, first + 1, 2, n_pairs);
+    const Rows rows = {n_pairs, first, first + 1, 2, header.status, header.seq, false, 0, false, 0, 0};
+    check_and_copy<T>(header, parts, n_parts, units_per_pair, rows);
 }
 
-// Inline form: everything arrives in the parameter (a __grid_constant__
-// struct is read in place from the constant bank, not copied per thread).
-template <typename T, int P, int N>
-__device__ __forceinline__ void swap_inline(const SwapInline<P, N>& a) {
-    __shared__ SwapPart parts[P];
-    const int n_parts = (int)a.header.n_parts;
-    load_parts(parts, a.parts, n_parts);
-    __syncthreads();
-    check_and_copy<T>(a.header, parts, n_parts, a.header.units_per_pair, a.pairs, a.pairs + 1, 2,
-                      (u64)a.header.n_pairs);
-}
-
-// By reference: header and part table in the parameter, block indices by
-// address (a mapping on the GPU, or host rows in a pinned ring slot, read
-// through its device alias), always checked in the launch.
+// Slot form (SwapByRef with a control record) and by reference (no record:
+// count, status and seq in the header; kept for the layouts' tests).  With a
+// record, thread t reads record word t and row t together (one round trip
+// over PCIe for host rows), then the count and where the rows are decide.
+// The last CTA to finish writes seq into the record's done word.
 template <typename T, int P>
 __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
     __shared__ SwapPart parts[P];
-    const int n_parts = (int)a.header.n_parts;
+    __shared__ i64 control[CUPY_SWAP_CONTROL_WORDS];
+    const SwapHeader& h = a.header;
+    const int n_parts = (int)h.n_parts;
+    const u64 capacity = (u64)h.n_pairs;
+    const i64* word = reinterpret_cast<const i64*>(a.control);
     load_parts(parts, a.parts, n_parts);
+    Rows r = {capacity, a.src_index, a.dst_index, (int)a.index_step, h.status, h.seq, false, 0, false, 0, 0};
+    if (word) {
+        if (threadIdx.x < capacity) {
+            r.first_src = a.src_index[threadIdx.x * r.step];
+            r.first_dst = a.dst_index[threadIdx.x * r.step];
+        }
+        if (threadIdx.x < CUPY_SWAP_CONTROL_WORDS) control[threadIdx.x] = word[threadIdx.x];
+    }
     __syncthreads();
-    check_and_copy<T>(a.header, parts, n_parts, a.header.units_per_pair, a.src_index, a.dst_index,
-                      (int)a.index_step, (u64)a.header.n_pairs);
+    if (word) {
+        const SwapControl& c = *reinterpret_cast<const SwapControl*>(control);
+        r.count = c.n_pairs;
+        r.count_bad = c.n_pairs < 0 || (u64)c.n_pairs > capacity;
+        r.n = r.count_bad ? 0 : (u64)c.n_pairs;
+        r.status = c.status;
+        r.seq = c.seq;
+        r.have_first = c.src_index == 0 && threadIdx.x < capacity;
+        if (c.src_index) {
+            r.src_index = reinterpret_cast<const i64*>(c.src_index);
+            r.dst_index = reinterpret_cast<const i64*>(c.dst_index);
+            r.step = (int)c.index_step;
+        }
+    }
+    check_and_copy<T>(h, parts, n_parts, h.units_per_pair, r);
+    if (h.arrivals) {  // slot launches: the slot is free once every CTA is past it
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            unsigned* arrivals = reinterpret_cast<unsigned*>(h.arrivals);
+            if (atomicAdd(arrivals, 1u) == gridDim.x - 1) {
+                *reinterpret_cast<volatile unsigned*>(arrivals) = 0;  // for the slot's next launch
+                __threadfence_system();
+                reinterpret_cast<volatile i64*>(a.control)[3] = r.seq;  // SwapControl::done
+            }
+        }
+    }
 }
 
 // Plain C names so the host can look kernels up without name mangling:
-// cupy_swap_w<bytes per unit> (descriptor) and cupy_swap_w<bytes>_p<P>_n<N>
-// (inline tier P parts, N pairs).
-#define CUPY_SWAP_INLINE_KERNEL(P, N)                                                                      \
-    extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS)                                    \
-        CUPY_SWAP_NAME(P, N)(const __grid_constant__ SwapInline<P, N> a) {                                 \
-        swap_inline<CUPY_SWAP_T, P, N>(a);                                                                 \
-    }
-
-// Parameters over 4 KiB: CUDA 12.1 and later.
-#if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 1))
-#define CUPY_SWAP_TIERS_HERE(X) CUPY_SWAP_TIERS(X)
-#else
-#define CUPY_SWAP_TIERS_HERE(X) X(4, 16) X(16, 192) X(64, 16)
-#endif
-
+// cupy_swap_w<bytes per unit> (descriptor) and cupy_swap_w<bytes>_ref<P>
+// (slot form, up to P parts).
 #define CUPY_SWAP_BYREF_KERNEL(P)                                                                          \
     extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS)                                    \
         CUPY_SWAP_BYREF_NAME(P)(const __grid_constant__ SwapByRef<P> a) {                                  \
@@ -275,44 +320,29 @@ CUPY_SWAP_WIDTH(unsigned short, 2)
 CUPY_SWAP_WIDTH(unsigned char, 1)
 
 #define CUPY_SWAP_T uint4
-#define CUPY_SWAP_NAME(P, N) cupy_swap_w16_p##P##_n##N
 #define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w16_ref##P
-CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
 CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
-#undef CUPY_SWAP_NAME
 #undef CUPY_SWAP_BYREF_NAME
 #define CUPY_SWAP_T uint2
-#define CUPY_SWAP_NAME(P, N) cupy_swap_w8_p##P##_n##N
 #define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w8_ref##P
-CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
 CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
-#undef CUPY_SWAP_NAME
 #undef CUPY_SWAP_BYREF_NAME
 #define CUPY_SWAP_T unsigned int
-#define CUPY_SWAP_NAME(P, N) cupy_swap_w4_p##P##_n##N
 #define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w4_ref##P
-CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
 CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
-#undef CUPY_SWAP_NAME
 #undef CUPY_SWAP_BYREF_NAME
 #define CUPY_SWAP_T unsigned short
-#define CUPY_SWAP_NAME(P, N) cupy_swap_w2_p##P##_n##N
 #define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w2_ref##P
-CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
 CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
-#undef CUPY_SWAP_NAME
 #undef CUPY_SWAP_BYREF_NAME
 #define CUPY_SWAP_T unsigned char
-#define CUPY_SWAP_NAME(P, N) cupy_swap_w1_p##P##_n##N
 #define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w1_ref##P
-CUPY_SWAP_TIERS_HERE(CUPY_SWAP_INLINE_KERNEL)
 CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
-#undef CUPY_SWAP_NAME
 #undef CUPY_SWAP_BYREF_NAME
 
 // Descriptor upload: copy `n16` 16-byte words from pinned host memory (its

@@ -2,34 +2,37 @@
 // side defines the same thing once, in cupy_swap/cuda/abi.py, and a CPU test
 // (tests/test_abi.py) reads this file to check that the two agree.
 //
-// A swap reaches the kernel in one of three ways.
+// A swap reaches the kernel in one of two ways.
 //
-// Inline (most host mappings): the whole swap is ONE kernel parameter, a
-// SwapInline<P, N> struct: header, part table and pairs.  The driver copies
-// it with the launch, so the kernel needs no dependent read of host memory
-// before its first useful load, and a captured launch keeps its pairs.
+// Slot (every kernel swap): a SwapByRef<P> parameter holds the header and
+// part table, fixed for a prepared op, and the addresses of a SwapControl
+// record and of the rows.  The control record holds what changes per call
+// (row count, status address, swap number) and where the rows are: a ring
+// slot's pinned words read through their device alias (host rows), the
+// caller's GPU arrays (a mapping on the GPU), or device memory the caller's
+// kernels wrote (a swap captured into the caller's graph).  So the launch's
+// parameters never change per call, and one instantiated graph per op and
+// slot is launched as it is.  The kernel's last CTA writes the swap number
+// into the record's `done` word: the host reuses the slot when it reads it
+// there, with no driver call.
 //
-// Descriptor (more pairs than an inline tier holds, CUDA-graph replays with
-// a per-replay mapping, staged swaps): the same header, table and pairs
+// Descriptor (staged swaps, graph_swap replays): header, table and pairs
 // packed back to back as 64-bit words in a device buffer, the kernel's first
 // argument.
-//
-// By reference (mappings that live on the GPU): header and part table in
-// the parameter, a SwapByRef<P>; the block indices are read from the
-// caller's GPU array(s) by address.
 //
 // Work is the flat range [0, n_pairs * units_per_pair) of units (vectors of
 // the launch's width), pair-major, so the parts of one block sit next to each
 // other, which keeps a block-first host layout contiguous and lets the pair
 // count change without touching the part table.
 //
-// Checks inside the launch: when header.status is not 0, every CTA first
+// Checks inside the launch: when the status address is not 0, every CTA first
 // checks every row (0 <= src < src_limit, 0 <= dst < dst_limit, no
 // destination block twice: an open-addressing table in dynamic shared
-// memory), so all CTAs reach the same verdict and a bad mapping writes no
-// byte.  CTA 0 then writes the verdict into the SwapStatus at header.status
-// (pinned host memory, through its device alias), seq last; a failed check
-// then writes seq into the board's alarm word too (SwapStatus::alarm).
+// memory; a row count out of [0, capacity]), so all CTAs reach the same
+// verdict and a bad mapping writes no byte.  CTA 0 then writes the verdict
+// into the SwapStatus at that address (pinned host memory, through its device
+// alias), seq last; a failed check then writes seq into the board's alarm
+// word too (SwapStatus::alarm).
 #pragma once
 
 typedef unsigned long long u64;
@@ -38,6 +41,7 @@ typedef long long i64;
 #define CUPY_SWAP_HEADER_WORDS 8
 #define CUPY_SWAP_PART_WORDS 6
 #define CUPY_SWAP_STATUS_WORDS 8
+#define CUPY_SWAP_CONTROL_WORDS 8
 #define CUPY_SWAP_MAX_PARTS 256  // descriptor kernels keep the part table in shared memory
 #define CUPY_SWAP_UNROLL 4       // 16-byte loads in flight per thread (benchmarks/NOTES.md, item 4)
 #define CUPY_SWAP_MAX_THREADS 1024
@@ -50,7 +54,7 @@ struct SwapHeader {
     i64 dst_limit;
     u64 status;     // device address of this swap's SwapStatus, or 0: no check in the launch
     i64 seq;        // the swap's number, written into its SwapStatus
-    u64 unused;
+    u64 arrivals;   // device address of a u32 count of CTAs done (slot launches), or 0
 };
 
 struct SwapPart {
@@ -63,8 +67,9 @@ struct SwapPart {
 };
 
 // kind: 0 valid; 1 a source index out of range, 2 a destination index out of
-// range, 3 a destination block seen in an earlier row.  row: the first bad
-// row; value: its offending block index.  alarm: device address of the
+// range, 3 a destination block seen in an earlier row, 4 a row count out of
+// [0, capacity] (row 0, value: the count).  row: the first bad row; value: its
+// offending block index.  alarm: device address of the
 // swapper's alarm word, written by the host once (0: none).
 struct SwapStatus {
     i64 seq;
@@ -75,21 +80,21 @@ struct SwapStatus {
     i64 unused[3];
 };
 
-// Inline tiers (parts, pairs): the first that holds a swap is used.  The
-// last one takes every part count the kernel allows (layers x K/V of the
-// deepest models) with up to 1024 pairs.  64 x 16 carries a short swap of
-// 32 layers x K/V in 3.3 KiB instead of 64 x 1792's 31 KiB: the driver
-// copies the whole parameter at every launch.
-// Parameters above 4 KiB need CUDA 12.1+ (compiler and driver): the largest
-// tiers exist only where the compiler has them, and the host falls back to
-// the descriptor when a tier's kernel is missing.
-#define CUPY_SWAP_TIERS(X) X(4, 16) X(16, 192) X(64, 16) X(64, 1792) X(256, 1024)
-
-template <int P, int N>
-struct SwapInline {
-    SwapHeader header;
-    SwapPart parts[P];
-    i64 pairs[2 * N];
+// What a slot launch reads when it runs.  n_pairs: rows to copy, 0 to the
+// header's n_pairs (the rows readable at the parameter's src_index), else
+// the launch reports kind 4 and copies nothing.  src_index 0: the rows are
+// at the parameter's addresses; else at src_index / dst_index, index_step
+// words apart (a mapping on the GPU).  done: the kernel's last CTA writes seq
+// here after every CTA has stopped reading the record and the rows.
+struct SwapControl {
+    i64 n_pairs;
+    u64 status;
+    i64 seq;
+    i64 done;
+    u64 src_index;
+    u64 dst_index;
+    i64 index_step;
+    i64 unused;
 };
 
 template <int P>
@@ -98,7 +103,7 @@ struct SwapByRef {
     const i64* src_index;  // device address of the first source block index
     const i64* dst_index;
     i64 index_step;        // words from one row's index to the next (2: (N, 2) rows, 1: two 1-D arrays)
-    u64 unused;
+    u64 control;           // device address of a SwapControl, or 0: count, status and seq from the header
     SwapPart parts[P];
 };
 
@@ -107,12 +112,7 @@ struct SwapByRef {
 static_assert(sizeof(SwapHeader) == 8 * CUPY_SWAP_HEADER_WORDS, "SwapHeader size");
 static_assert(sizeof(SwapPart) == 8 * CUPY_SWAP_PART_WORDS, "SwapPart size");
 static_assert(sizeof(SwapStatus) == 8 * CUPY_SWAP_STATUS_WORDS, "SwapStatus size");
-static_assert(sizeof(SwapInline<4, 16>) == 8 * (CUPY_SWAP_HEADER_WORDS + 4 * CUPY_SWAP_PART_WORDS + 2 * 16),
-              "SwapInline<4, 16> size");
-static_assert(sizeof(SwapInline<16, 192>) <= 4096, "inline tier 16 x 192 exceeds the classic parameter limit");
-static_assert(sizeof(SwapInline<64, 16>) <= 4096, "inline tier 64 x 16 exceeds the classic parameter limit");
-static_assert(sizeof(SwapInline<64, 1792>) <= 32764, "inline tier 64 x 1792 exceeds the parameter limit");
-static_assert(sizeof(SwapInline<256, 1024>) <= 32764, "inline tier 256 x 1024 exceeds the parameter limit");
+static_assert(sizeof(SwapControl) == 8 * CUPY_SWAP_CONTROL_WORDS, "SwapControl size");
 static_assert(sizeof(SwapByRef<16>) == 8 * (CUPY_SWAP_HEADER_WORDS + 4 + 16 * CUPY_SWAP_PART_WORDS), "SwapByRef<16> size");
 static_assert(sizeof(SwapByRef<64>) <= 4096, "SwapByRef<64> exceeds the classic parameter limit");
 static_assert(sizeof(SwapByRef<256>) <= 32764, "SwapByRef<256> exceeds the parameter limit");

@@ -19,8 +19,8 @@ import numpy as np
 from cupy_swap.core.parts import DEVICE, Part, as_parts
 from cupy_swap.core.route import Policy
 from cupy_swap.cuda import abi, memory
-from cupy_swap.cuda.launcher import HOST_CHECK_ROWS
 from cupy_swap.cuda.outcomes import StatusBoard
+from cupy_swap.cuda.slots import DONE, N_PAIRS, SEQ, SRC_INDEX, STATUS, SlotRing
 
 
 def on_gpu(parts: list[Part], device: int = 0) -> list[Part]:
@@ -118,31 +118,37 @@ class FakeEvent:
 
 
 class FakeKernel:
-    """A bound kernel that records its launches (inline up to ``inline`` pairs)."""
+    """A bound kernel that records its launches and, for a slot launch,
+    completes at once (writes the slot's done word, as the last CTA does):
+    ``("kernel", flat rows, stream, capturing, status, seq)`` (seq 0 when
+    unchecked), ``("rows", n, ...)`` for a mapping on the GPU."""
 
-    def __init__(self, calls: list, inline: int = 16):
-        self.calls, self.inline = calls, inline
+    def __init__(self, calls: list, ring: SlotRing):
+        self.calls, self.ring = calls, ring
 
-    def launch(self, pairs, n, stream, capturing, status=0, seq=0):
-        if n > self.inline:
-            return False
+    def launch_slot(self, i, stream):
+        c = self.ring.controls[i]
+        n, status, seq = c[N_PAIRS], c[STATUS], c[SEQ]
+        if c[SRC_INDEX]:
+            self.calls.append(("rows", n, stream, False, status, seq))
+        else:
+            flat = self.ring.words[i, abi.CONTROL_WORDS : abi.CONTROL_WORDS + 2 * n].tolist()
+            self.calls.append(("kernel", flat, stream, False, status, seq if status else 0))
+        c[DONE] = seq
+
+    def launch_captured(self, pairs, n, stream):
         flat = list(pairs) if type(pairs) is list else pairs.reshape(-1).tolist()
-        self.calls.append(("kernel", flat, stream, capturing, status, seq))
-        return True
+        self.calls.append(("kernel", flat, stream, True, 0, 0))
 
-    def launch_rows(self, rows, stream, capturing, status, seq):
-        self.calls.append(("rows", rows.n, stream, capturing, status, seq))
+    def launch_descriptor(self, pairs, n, stream, held):
+        flat = list(pairs) if type(pairs) is list else pairs.reshape(-1).tolist()
+        self.calls.append(("descriptor", flat, stream, False, 0, 0))
 
-    slots_ok = True  # host rows checked in the launch go through a ring slot
 
-    def launch_host(self, pairs, n, stream, capturing, held, status=0, seq=0):
-        """As ``BoundKernel.launch_host`` picks: a ring slot, inline, or the
-        launcher's descriptor ring (``self.descriptor``)."""
-        if status and n > HOST_CHECK_ROWS and self.slots_ok:
-            flat = list(pairs) if type(pairs) is list else pairs.reshape(-1).tolist()
-            self.calls.append(("slot", flat, stream, capturing, status, seq))
-        elif not self.launch(pairs, n, stream, capturing, status, seq):
-            self.descriptor(None, pairs, stream, capturing, held, status, seq)
+def fake_ring(size: int = 4, capacity: int = 64) -> SlotRing:
+    """A real slot ring over NumPy memory claiming device address 0x9000."""
+    words = np.zeros((size, abi.CONTROL_WORDS + 2 * capacity), np.int64)
+    return SlotRing(0, size, capacity, words=words, base=0x9000)
 
 
 def host_board(base: int = 0x5000, slots: int = 64) -> StatusBoard:
@@ -165,17 +171,17 @@ class FakeSwapper:
     """What ``PreparedSwap`` reads of a swapper; ``calls`` records the waits,
     capture queries, launches, copies and event records of each call."""
 
-    def __init__(self, calls: list, inline: int = 16, board: StatusBoard | None = None):
+    def __init__(self, calls: list, board: StatusBoard | None = None, slots_ok: bool = True):
         self.calls = calls
         self.device, self.max_blocks, self.mode, self.timing = 0, 64, "auto", False
         self.policy, self.last_path, self._closed = Policy(), None, False
         self._status = host_board() if board is None else board
-        kernel = FakeKernel(calls, inline)
-        kernel.descriptor = lambda layout, pairs, stream, capturing, held, status=0, seq=0: calls.append(
-            ("descriptor", pairs.reshape(-1).tolist(), stream, capturing, status, seq)
-        )
+        ring = fake_ring(capacity=self.max_blocks)
+        kernel = FakeKernel(calls, ring)
         self._launcher = types.SimpleNamespace(
             bind=lambda layout: kernel,
+            slots=ring,
+            slots_ok=slots_ok,
             check_rows_max=8192,
             keep_until_done=lambda event, keep: calls.append(("keep", keep)),
         )

@@ -7,7 +7,6 @@ import re
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 from cupy_swap.cuda import abi, kernels
 
@@ -48,29 +47,36 @@ def test_constants_match():
 
 def test_structs_are_64_bit_words_in_the_documented_order():
     header = _struct_fields("SwapHeader")
-    names = ["n_pairs", "n_parts", "units_per_pair", "src_limit", "dst_limit", "status", "seq", "unused"]
+    names = ["n_pairs", "n_parts", "units_per_pair", "src_limit", "dst_limit", "status", "seq", "arrivals"]
     assert [n for _, n in header] == names
     part = _struct_fields("SwapPart")
     assert [n for _, n in part] == ["src", "dst", "src_stride", "dst_stride", "units", "first_unit"]
     for ctype, _ in header + part:
         assert ctype in ("u64", "i64")  # one word each, so words == fields
     assert len(header) == abi.HEADER_WORDS and len(part) == abi.PART_WORDS
-    inline = _struct_fields("SwapInline")
-    assert inline == [("SwapHeader", "header"), ("SwapPart", "parts[P]"), ("i64", "pairs[2 * N]")]
     # The .cuh asserts the sizes the compiler sees.
     for struct in ("SwapHeader", "SwapPart"):
         assert f"static_assert(sizeof({struct})" in _header()
 
 
-def test_tiers_match_and_fit_the_parameter_limit():
-    tiers = re.findall(r"X\((\d+), (\d+)\)", _define("CUPY_SWAP_TIERS\\(X\\)"))
-    assert tuple(abi.Tier(int(p), int(n)) for p, n in tiers) == abi.TIERS
-    assert list(abi.TIERS) == sorted(abi.TIERS)  # smallest first: the launcher takes the first that fits
-    assert all(8 * t.words <= abi.PARAM_LIMIT for t in abi.TIERS)
-    # CUDA < 12.1 (parameters up to 4 KiB) compiles the tiers that fit 4 KiB, and says which:
-    classic = re.search(r"#else\n#define CUPY_SWAP_TIERS_HERE\(X\) (.*)\n", _kernel_source()).group(1)
-    fits = [t for t in abi.TIERS if 8 * t.words <= 4096]
-    assert [abi.Tier(int(p), int(n)) for p, n in re.findall(r"X\((\d+), (\d+)\)", classic)] == fits
+def test_control_record_matches_the_slot_words():
+    from cupy_swap.cuda import slots
+
+    assert int(_define("CUPY_SWAP_CONTROL_WORDS")) == abi.CONTROL_WORDS
+    control = [n for _, n in _struct_fields("SwapControl")]
+    assert control == ["n_pairs", "status", "seq", "done", "src_index", "dst_index", "index_step", "unused"]
+    where = (
+        slots.N_PAIRS,
+        slots.STATUS,
+        slots.SEQ,
+        slots.DONE,
+        slots.SRC_INDEX,
+        slots.DST_INDEX,
+        slots.INDEX_STEP,
+    )
+    assert list(where) == [control.index(n) for n in control[:7]]
+    assert "static_assert(sizeof(SwapControl)" in _header()
+    assert "SwapInline" not in _header() and "SwapInline" not in _kernel_source()  # one form per use
 
 
 def test_gpu_mapping_structs_match():
@@ -81,13 +87,13 @@ def test_gpu_mapping_structs_match():
     assert tuple(int(p) for p in tiers) == abi.BYREF_PARTS
     body = re.search(r"struct SwapByRef \{(.*?)\};", _header(), re.DOTALL).group(1)
     names = re.findall(r"(\w+(?:\[\w+\])?);", body)  # pointers too: the name before each ';'
-    assert names == ["header", "src_index", "dst_index", "index_step", "unused", "parts[P]"]
+    assert names == ["header", "src_index", "dst_index", "index_step", "control", "parts[P]"]
     table = np.arange(2 * abi.PART_WORDS, dtype=np.int64)
     args = abi.ByRefArgs(16, _layout(table, 5), fn=0)
-    args.set(7, 0x2000, 42, 0x1000, 0x1008, 2)
+    args.set(7, 0x2000, 42, 0x1000, 0x1008, 2, 0x3000, 0x4000)
     words = args.words
-    assert words[:7].tolist() == [7, 2, 5, 10, 20, 0x2000, 42]
-    assert words[8:11].tolist() == [0x1000, 0x1008, 2]
+    assert words[:8].tolist() == [7, 2, 5, 10, 20, 0x2000, 42, 0x4000]
+    assert words[8:12].tolist() == [0x1000, 0x1008, 2, 0x3000]
     assert words[12 : 12 + table.size].tolist() == table.tolist() and words.size == 12 + 16 * abi.PART_WORDS
     (struct_ptr,) = (ctypes.c_void_p * 1).from_address(args.ptr)
     assert struct_ptr == words.ctypes.data
@@ -106,21 +112,6 @@ def test_descriptor_kernel_arguments_match():
         " ".join(a.replace("\\", " ").replace("__restrict__", "").split()) for a in match.group(1).split(",")
     ]
     assert args == [f"{t} {n}" for t, n in abi.DESCRIPTOR_ARGS]
-
-
-def test_inline_args_layout():
-    table = np.arange(2 * abi.PART_WORDS, dtype=np.int64) + 100
-    args = abi.InlineArgs(abi.TIERS[0], _layout(table, 7))
-    assert args.words.shape == (abi.TIERS[0].words,)
-    # n_pairs set per launch, n_parts, units_per_pair, the bounds; status and seq per launch
-    assert args.words[:7].tolist() == [0, 2, 7, 10, 20, 0, 0]
-    parts_at = abi.HEADER_WORDS
-    assert args.words[parts_at : parts_at + table.size].tolist() == table.tolist()
-    pairs_at = abi.HEADER_WORDS + abi.TIERS[0].parts * abi.PART_WORDS
-    args.pairs[:4] = [1, 2, 3, 4]
-    assert args.words[pairs_at : pairs_at + 4].tolist() == [1, 2, 3, 4]  # a view, not a copy
-    (pointer,) = (ctypes.c_void_p * 1).from_address(args.ptr)
-    assert pointer == args.words.ctypes.data  # void** -> the struct
 
 
 def test_descriptor_args_pack_as_void_pointer_array():
@@ -148,8 +139,7 @@ def test_descriptor_words_and_write():
     assert out[:3].tolist() == [1, -1, -1] and out[5:7].tolist() == [0, 0]
 
 
-@pytest.mark.parametrize("tier", abi.TIERS)
-def test_launch_shape_covers_every_unit(tier):
+def test_launch_shape_covers_every_unit():
     from cupy_swap.cuda.launcher import launch_shape
 
     for units in (1, 31, 256, 4096, 65536, 1 << 20, 40 << 20):

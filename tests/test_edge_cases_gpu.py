@@ -56,24 +56,22 @@ def test_auto_with_two_or_three_pairs(rng, monkeypatch, n, block, as_type):
         check_swap(sw, src, dst, mapping)
 
 
-def test_ring_slot_left_gated_when_waiting_for_it_fails(rng):
-    """A swap that cannot wait for its slot's last launch leaves the slot
-    locked by nobody and still gated by that launch's event."""
-    sw = cs.BlockSwapper(max_blocks=16, ring_size=1, max_inline_pairs=0)  # kernel swaps take ring slots
-
-    class Broken:
-        @property
-        def done(self):
-            raise RuntimeError("event query failed")
-
-    slot = sw._launcher._slots[0]
-    slot.event = broken = Broken()
+def test_a_slot_whose_launch_failed_is_given_back(rng, monkeypatch):
+    """A swap whose graph launch raised took a slot and launched nothing:
+    the slot is free at once (a one-slot ring keeps working)."""
+    sw = cs.BlockSwapper(max_blocks=16, ring_size=1)
     host = cs.empty_pinned((4, 64), np.uint8)
     gpu = cp.empty((4, 64), cp.uint8)
-    with pytest.raises(RuntimeError, match="event query failed"):
+    real = sw._launcher.graph_launch
+
+    def broken(exec_, stream):
+        raise RuntimeError("graph launch failed")
+
+    sw._launcher.graph_launch = broken
+    with pytest.raises(RuntimeError, match="graph launch failed"):
         sw.swap_in(host, gpu, [(0, 1), (2, 3)], mode="kernel")
-    assert slot.event is broken and not slot.lock.locked()
-    slot.event = None
+    assert sw._launcher.slots.busy() == 0
+    sw._launcher.graph_launch = real
     rand_fill(host, rng)
     poison(gpu)
     check_swap(sw, host, gpu, [(0, 1), (2, 3)], mode="kernel")

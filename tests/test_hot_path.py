@@ -51,11 +51,27 @@ def test_check_host_raises_before_anything_is_launched(fake_gpu, not_capturing):
         op([(9, 0)], check="host")
     with pytest.raises(ValueError, match="check: expected None, 'launch' or 'host', got 'gpu'"):
         op([(1, 2)], check="gpu")
-    with pytest.raises(ValueError, match="distinct destination blocks, got block 2 twice"):
-        op([(1, 2), (3, 2)])  # the default for host rows
     assert calls == []
     op([(1, 2), (3, 4)], check="host")
     assert calls[0] == ("kernel", [1, 2, 3, 4], 77, False, 0, 0)  # checked: no status record
+    calls.clear()
+    op([(1, 2), (3, 2)])  # the default at every row count: the launch checks
+    assert calls[0][:2] == ("kernel", [1, 2, 3, 2]) and calls[0][4] == 0x5000
+
+
+def test_a_tuple_of_two_sequences_is_the_pair_form(fake_gpu, not_capturing):
+    """Issue 38: ``([5, 9], [0, 1])`` once copied 5 -> 9 and 0 -> 1 (read as
+    two rows); a 2-tuple of 1-D sequences of any type is (src, dst)."""
+    calls: list = []
+    op = _op(calls, fake_gpu)
+    for form in (([5, 6], [0, 1]), ((5, 6), (0, 1)), (np.array([5, 6]), [0, 1])):
+        calls.clear()
+        op(form)
+        assert calls[0][:2] == ("kernel", [5, 0, 6, 1]), form
+    with pytest.raises(ValueError, match="2-tuple is .src_indices, dst_indices.; expected 1-D destination"):
+        op(([5, 6], [[0, 1]]))
+    with pytest.raises(ValueError, match="source and destination indices of one length"):
+        op(([5, 6, 7], [0, 1]))
 
 
 def test_a_tuple_of_two_sequences_is_the_pair_form(fake_gpu, not_capturing):
@@ -134,12 +150,15 @@ def test_a_rebind_under_a_thread_inside_a_call(fake_gpu, not_capturing, monkeypa
     swapper = op._swapper
     swapper._layout = lambda *held: old.layout
 
-    def rebind_midway(*args, **kw):  # another thread's register_host() lands inside this call
-        op._rebind()
-        calls.append(("kernel-old-state", args[0]))
-        return True
+    real_launch = old.kernel.launch_slot
 
-    old.kernel.launch = rebind_midway
+    def rebind_midway(i, stream):  # another thread's register_host() lands inside this call
+        op._rebind()
+        rows = swapper._launcher.slots.rows[i][:2].reshape(-1).tolist()
+        calls.append(("kernel-old-state", rows))
+        real_launch(i, stream)
+
+    old.kernel.launch_slot = rebind_midway
     op([(5, 6), (0, 0)], check="launch")
     assert ("kernel-old-state", [5, 6, 0, 0]) in calls and op._decided is not old
     land(board, 1, 1, 0, 9)
@@ -210,7 +229,7 @@ def test_refusals_enqueue_no_wait(fake_gpu, monkeypatch):
         cuda_event = 0xBEEF
 
     with pytest.raises(ValueError, match="distinct destination blocks"):
-        op([(1, 2), (3, 2)], wait_for=Recorded())
+        op([(1, 2), (3, 2)], wait_for=Recorded(), check="host")
     _gpu_rows(monkeypatch)
     with pytest.raises(ValueError, match="mode: a mapping on the GPU"):
         op(object(), wait_for=Recorded(), mode="dma")

@@ -10,7 +10,6 @@ from cupy_swap.cuda import abi, kernels
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy with NVRTC bindings is needed")
 
 ALL_NAMES = [abi.descriptor_kernel(w) for w in abi.WIDTHS]
-ALL_NAMES += [abi.inline_kernel(w, t) for w in abi.WIDTHS for t in abi.TIERS]
 ALL_NAMES += [abi.byref_kernel(w, p) for w in abi.WIDTHS for p in abi.BYREF_PARTS]
 ALL_NAMES += [abi.FETCH_KERNEL]
 
@@ -27,7 +26,7 @@ def test_sources_are_found_and_includes_inlined():
 
 def test_kernel_names():
     assert abi.descriptor_kernel(16) == "cupy_swap_w16"
-    assert abi.inline_kernel(4, abi.Tier(16, 192)) == "cupy_swap_w4_p16_n192"
+    assert abi.byref_kernel(4, 64) == "cupy_swap_w4_ref64"
     with pytest.raises(ValueError, match="width: expected one of"):
         abi.descriptor_kernel(3)
 

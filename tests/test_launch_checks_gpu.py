@@ -186,13 +186,17 @@ def test_a_dropped_graph_swap_keeps_the_arrays_its_graph_writes(rng):
     assert np.array_equal(cp.asnumpy(dst())[m[:, 1]], host[m[:, 0]])
 
 
-def test_host_rows_are_checked_on_the_host_by_default(rng):
+def test_host_rows_are_checked_by_the_launch_by_default(rng):
+    """Issue 38: every kernel swap's rows are checked on the GPU at every
+    row count; check="host" (debugging) raises before any launch."""
     sw = cs.BlockSwapper(max_blocks=64)
     host, gpu = _pools(rng, blocks=64, block=256)
     bad = [(0, 1), (2, 1)]
-    for check in (None, "host"):
-        with pytest.raises(ValueError, match=r"got block 1 twice \(rows 0 and 1\)"):
-            sw.swap_in(host, gpu, bad, check=check)
+    ev = sw.swap_in(host, gpu, bad, mode="kernel")
+    with pytest.raises(ValueError, match="got block 1 again in row 1"):
+        ev.synchronize()
+    with pytest.raises(ValueError, match=r"got block 1 twice \(rows 0 and 1\)"):
+        sw.swap_in(host, gpu, bad, check="host")
     with pytest.raises(ValueError, match="twice"):
         sw.plan(host, gpu, bad)
     cp.cuda.Device().synchronize()
@@ -201,8 +205,10 @@ def test_host_rows_are_checked_on_the_host_by_default(rng):
 
 def test_a_busy_stream_and_many_queued_checked_swaps(rng):
     """Checked swaps queued behind a spin on one stream: each reports its own
-    verdict once it ran, the good ones land."""
-    sw = cs.BlockSwapper(max_blocks=64)
+    verdict once it ran, the good ones land.  (A ring larger than the queue:
+    a call that waited for a slot would meet an earlier failure, which the
+    next call raises by contract.)"""
+    sw = cs.BlockSwapper(max_blocks=64, ring_size=64)
     host, gpu = _pools(rng, blocks=256, block=128)
     stream = cp.cuda.Stream(non_blocking=True)
     op = sw.prepare(host, gpu)

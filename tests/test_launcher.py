@@ -1,7 +1,7 @@
-"""The inline launch (cupy_swap/cuda/launcher.py BoundKernel) on the CPU: a
-stand-in launcher reads the parameter struct at the moment of each launch,
-as the driver does, and checks tier choice, contents and laziness (over
-parts that claim to be GPU memory: the ``fake_gpu`` fixture)."""
+"""The launcher (cupy_swap/cuda/launcher.py) on the CPU: a slot's graph is
+built once per op and slot with parameters that point at that slot, and
+launched as it is; the descriptor ring's slots are taken and freed by the
+queueing rule (over parts that claim to be GPU memory: ``fake_gpu``)."""
 
 import ctypes
 import threading
@@ -11,35 +11,31 @@ import pytest
 
 from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.cuda import abi
+from cupy_swap.cuda import launcher as launcher_module
 from cupy_swap.cuda.launcher import BoundKernel, launch_shape
 from cupy_swap.cuda.resolve import resolve_layout
 
-CLASSIC_TIERS = [t for t in abi.TIERS if 8 * t.words <= 4096]  # what CUDA < 12.1 compiles
+from .fakes import fake_ring
 
 
 class _Launcher:
-    def __init__(self, tiers=abi.TIERS):
-        self.max_ctas, self.max_inline_pairs = 8, max(t.pairs for t in abi.TIERS)
-        self.slots_mapped = False  # no ring here: inline launches only
-        self.tiers, self.looked_up, self.launches = tiers, [], []
-        self.inline_lock = threading.Lock()
+    """What a BoundKernel reads of its launcher, recording graph launches."""
 
-    def inline_tiers(self, width):
-        self.looked_up.append(width)
-        return list(self.tiers)
+    def __init__(self, ring_size: int = 3, capacity: int = 64):
+        self.device, self.max_ctas, self.check_rows_max = 0, 8, 8192
+        self.slots = fake_ring(ring_size, capacity)
+        self.launches: list = []
 
-    def function(self, name):
-        return name  # stands for the CUfunction handle
+    def byref_args(self, layout):
+        return abi.ByRefArgs(16, layout, fn=0xF00)
 
-    def launch_inline(self, fn, grid, threads, stream, params, capturing, smem=0):
-        assert self.inline_lock.locked()  # the parameter buffer is written and read under it
+    def graph_launch(self, exec_, stream):
+        self.launches.append((exec_, stream))
+
+    def launch_kernel(self, fn, grid, threads, stream, params, smem=0):
         (struct_ptr,) = (ctypes.c_void_p * 1).from_address(params)
-        tier = next(
-            t for t in abi.TIERS if abi.inline_kernel(16, t) == fn or fn.endswith(f"_p{t.parts}_n{t.pairs}")
-        )
-        words = np.ctypeslib.as_array((ctypes.c_int64 * tier.words).from_address(struct_ptr)).copy()
-        self.launches.append((fn, grid, threads, stream, words, tier))
-        self.smem = smem
+        words = np.ctypeslib.as_array((ctypes.c_int64 * 12).from_address(struct_ptr)).copy()
+        self.launches.append(("plain", fn, grid, threads, stream, words))
 
 
 def _layout(fake_gpu, parts: int, block: int = 4096):
@@ -51,94 +47,70 @@ def _layout(fake_gpu, parts: int, block: int = 4096):
     )
 
 
-def test_struct_at_launch_holds_header_table_and_pairs(fake_gpu):
+@pytest.fixture
+def built(monkeypatch):
+    """The graphs BoundKernels build: ``(fn, grid, threads, smem, header and
+    index words as the driver copies them)``; each gets a new exec handle."""
+    graphs: list = []
+
+    def kernel_graph(fn, grid, threads, smem, args_ptr):
+        (struct_ptr,) = (ctypes.c_void_p * 1).from_address(args_ptr)
+        words = np.ctypeslib.as_array((ctypes.c_int64 * 12).from_address(struct_ptr)).copy()
+        graphs.append((fn, grid, threads, smem, words))
+        return 0x100 + len(graphs), 0x200 + len(graphs)
+
+    monkeypatch.setattr(launcher_module, "kernel_graph", kernel_graph)
+    monkeypatch.setattr(launcher_module, "_destroy_graphs", lambda device, graphs: None)  # made-up handles
+    return graphs
+
+
+def test_a_slot_graph_is_built_once_and_points_at_its_slot(fake_gpu, built):
+    lau = _Launcher()
     layout = _layout(fake_gpu, 2)
-    lau = _Launcher()
     bound = BoundKernel(lau, layout)
-    assert lau.looked_up == []  # nothing compiled until the first launch
-    assert bound.launch([1, 2, 3, 4], 2, 9, False)
-    assert bound.launch(np.array([[5, 6]], np.int64), 1, 9, False)
-    for (fn, grid, threads, stream, words, tier), pairs in zip(lau.launches, ([1, 2, 3, 4], [5, 6])):
-        assert tier == abi.TIERS[0] and fn == abi.inline_kernel(layout.width, tier) and stream == 9
-        n = len(pairs) // 2
-        assert words[:3].tolist() == [n, 2, layout.units_per_pair]
-        assert (
-            words[abi.HEADER_WORDS : abi.HEADER_WORDS + layout.table.size].tolist() == layout.table.tolist()
-        )
-        at = abi.HEADER_WORDS + tier.parts * abi.PART_WORDS
-        assert words[at : at + 2 * n].tolist() == pairs
-        assert (grid, threads) == launch_shape(n * layout.units_per_pair, 8)
-        assert words[3:7].tolist() == [64, 64, 0, 0]  # the check's bounds; status 0: no check
-        assert lau.smem == 0
+    assert built == []  # nothing built (or compiled) until a slot is used
+    bound.launch_slot(1, stream=9)
+    bound.launch_slot(1, stream=10)  # the same slot again: the same graph, on another stream
+    bound.launch_slot(0, stream=9)
+    assert lau.launches == [(0x201, 9), (0x201, 10), (0x202, 9)]
+    assert len(built) == 2
+    ring = lau.slots
+    for (fn, grid, threads, smem, words), i in zip(built, (1, 0)):
+        rows = ring.aliases[i] + 8 * abi.CONTROL_WORDS
+        assert fn == 0xF00 and (grid, threads) == launch_shape(ring.capacity * layout.units_per_pair, 8)
+        assert smem == abi.check_shared_bytes(ring.capacity)  # the check of a full slot fits
+        assert words[0] == ring.capacity  # the rows the launch may read
+        assert words[5] == words[6] == 0  # count, status and number come from the control record
+        assert words[7] == ring.arrivals[i]
+        assert words[8:12].tolist() == [rows, rows + 8, 2, ring.aliases[i]]
 
 
-def test_a_checked_launch_carries_its_status_record_and_number(fake_gpu):
-    layout = _layout(fake_gpu, 1)
+def test_a_new_cta_budget_builds_new_graphs(fake_gpu, built):
     lau = _Launcher()
-    assert BoundKernel(lau, layout).launch([1, 2, 3, 4, 5, 6], 3, 9, False, status=0x7000, seq=42)
-    words = lau.launches[-1][4]
-    assert words[:7].tolist() == [3, 1, layout.units_per_pair, 64, 64, 0x7000, 42]
-    assert lau.smem == abi.check_shared_bytes(3) == 64 + 24  # 8 slots of 8 bytes (2 a row at least), 3 rows
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    bound.launch_slot(0, stream=1)
+    lau.max_ctas = 2
+    bound.launch_slot(0, stream=1)
+    assert len(built) == 2 and built[1][1] <= 2
 
 
-@pytest.mark.parametrize(
-    "parts, n, tier",
-    [
-        (1, 16, abi.Tier(4, 16)),
-        (1, 17, abi.Tier(16, 192)),
-        (4, 193, abi.Tier(64, 1792)),
-        (5, 3, abi.Tier(16, 192)),
-        (17, 1, abi.Tier(64, 16)),  # a short swap of many parts: the small parameter
-        (64, 16, abi.Tier(64, 16)),
-        (64, 17, abi.Tier(64, 1792)),
-        (65, 1, abi.Tier(256, 1024)),
-        (256, 1024, abi.Tier(256, 1024)),
-    ],
-)
-def test_smallest_tier_that_holds_the_swap(parts, n, tier, fake_gpu):
+def test_a_captured_launch_keeps_rows_of_its_own(fake_gpu, monkeypatch):
+    """A captured swap's rows live in pinned words of its own, kept for the
+    process (a replay may run at any time); the launch reads them there."""
+    from cupy_swap.cuda import memory, release
+
+    kept: list = []
+    monkeypatch.setattr(launcher_module, "_destroy_graphs", lambda device, graphs: None)
+    monkeypatch.setattr(memory, "zeros_pinned_for_gpu", lambda shape, dtype, device: np.zeros(shape, dtype))
+    monkeypatch.setattr(memory, "host_alias", lambda ptr, nbytes: 0xA000)
+    monkeypatch.setattr(release, "keep_for_process", kept.append)
     lau = _Launcher()
-    rng = np.random.default_rng(n)
-    m = np.column_stack((rng.permutation(64)[: min(n, 64)],) * 2) if n <= 64 else None
-    pairs = m if m is not None else np.zeros((n, 2), np.int64)
-    assert BoundKernel(lau, _layout(fake_gpu, parts)).launch(pairs, n, 0, False)
-    assert lau.launches[-1][5] == tier
-
-
-def test_too_large_or_turned_off_goes_to_the_ring(fake_gpu):
-    lau = _Launcher()
-    assert not BoundKernel(lau, _layout(fake_gpu, 65)).launch(np.zeros((1025, 2), np.int64), 1025, 0, False)
-    assert not BoundKernel(lau, _layout(fake_gpu, 1)).launch(np.zeros((1793, 2), np.int64), 1793, 0, False)
-    lau.max_inline_pairs = 0
-    assert not BoundKernel(lau, _layout(fake_gpu, 1)).launch([0, 0], 1, 0, False)
-    old = _Launcher(tiers=CLASSIC_TIERS)  # a compiler without parameters over 4 KiB
-    bound = BoundKernel(old, _layout(fake_gpu, 1))
-    assert not bound.launch(np.zeros((193, 2), np.int64), 193, 0, False) and bound.max_pairs == 192
-    assert lau.launches == [] and old.launches == []
-
-
-def test_launch_shape_follows_the_budget(fake_gpu):
-    lau = _Launcher()
-    bound = BoundKernel(lau, _layout(fake_gpu, 1, block=32768))
-    m = np.zeros((1250, 2), np.int64)
-    bound.launch(m, 1250, 0, False)
-    lau.max_ctas = 4
-    bound.launch(m, 1250, 0, False)
-    assert [x[1] for x in lau.launches] == [8, 4]
-
-
-def test_a_thread_that_sees_the_tiers_never_sees_a_larger_bound(fake_gpu):
-    """On a compiler without parameters over 4 KiB the first launch lowers
-    ``max_pairs`` from the largest tier to the largest this GPU has.  The
-    tiers were once published before the bound was lowered: a second
-    thread in between passed the bound check, found no tier large enough
-    and wrote 193 pairs into a 192-pair buffer (ValueError)."""
-    old = _Launcher(tiers=CLASSIC_TIERS)
-    bound = BoundKernel(old, _layout(fake_gpu, 1))
-    # The state another thread could observe between the two stores.
-    bound._tiers = [[t, None] for t in CLASSIC_TIERS]
-    bound.max_pairs = max(t.pairs for t in abi.TIERS)
-    assert not bound.launch(np.zeros((193, 2), np.int64), 193, 0, False)  # the ring takes it
-    assert old.launches == []
+    BoundKernel(lau, _layout(fake_gpu, 1)).launch_captured([3, 4, 5, 6], 2, stream=7)
+    (words,) = kept
+    assert words[0] == 2 and words[abi.CONTROL_WORDS :].tolist() == [3, 4, 5, 6]
+    _, fn, grid, threads, stream, params = lau.launches[0]
+    assert stream == 7 and params[0] == 2 and params[7] == 0  # no done word: a replay frees nothing
+    assert params[8:12].tolist() == [0xA000 + 64, 0xA000 + 72, 2, 0xA000]
 
 
 class _RingLauncher:
@@ -178,26 +150,24 @@ def test_an_interrupted_descriptor_write_leaves_no_table_marked_current(monkeypa
     """The slot's table tag was once set after the write: a write of layout
     B's table cut short left B's partial table tagged as layout A's, and
     A's next swap reused it without rewriting."""
-    from cupy_swap.cuda import launcher as launcher_module
-
     lau = _RingLauncher()
     a, b = _layout(fake_gpu, 2), _layout(fake_gpu, 2, block=8192)
     a.serial, b.serial = 1, 2
     held: list = []
-    lau.write_slot(a, [1, 2], 0, False, held)
+    lau.write_slot(a, [1, 2], 0, held)
     held.pop().lock.release()
     real = abi.write_descriptor
 
-    def interrupted(out, layout, mapping, include_table, status, seq):
+    def interrupted(out, layout, mapping, include_table):
         out[abi.HEADER_WORDS] = -1  # the first word of B's table went in, then the interrupt
         raise KeyboardInterrupt
 
     monkeypatch.setattr(launcher_module.abi, "write_descriptor", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        lau.write_slot(b, [3, 4], 0, False, held)
+        lau.write_slot(b, [3, 4], 0, held)
     held.pop().lock.release()
     monkeypatch.setattr(launcher_module.abi, "write_descriptor", real)
-    lau.write_slot(a, [5, 6], 0, False, held)  # A again: the table must be written afresh
+    lau.write_slot(a, [5, 6], 0, held)  # A again: the table must be written afresh
     words = lau._slots[0].host_words
     assert words[abi.HEADER_WORDS : abi.HEADER_WORDS + a.table.size].tolist() == a.table.tolist()
 
@@ -293,79 +263,6 @@ def test_with_every_slot_busy_a_swap_takes_the_first_to_free(capture_modes):
     lau._slots[2].event = _Event(calls, capture_modes, queries=2)  # the last in ring order frees first
     held: list = []
     assert lau.acquire(held) is lau._slots[2] and lau.ring_waits == 1
-
-
-def test_a_kernel_node_launch_sets_the_nodes_parameters_then_launches():
-    """``KernelNode.launch_one`` (the eager inline path) writes grid, CTA
-    size and parameter pointer into the node's struct before the driver
-    reads it, then launches the graph once; a refused update raises before
-    any launch."""
-    from cupy_swap.cuda.driver import KernelNodeParams
-    from cupy_swap.cuda.launcher import KernelNode
-
-    calls, status = [], [0]
-    node = KernelNode.__new__(KernelNode)
-    node.params = KernelNodeParams(7, 1, 1, 1, 32, 1, 1, 0, None, None)
-    node.exec = 99
-    node._args = ("exec", "node", "params")
-
-    def set_params(exec_, n, ptr):
-        p = node.params
-        calls.append(("set", n, p.gridDimX, p.blockDimX, p.kernelParams))
-        return status[0]
-
-    node._set, node._launch = set_params, lambda e, s: calls.append(("launch", e, s))
-    node.launch_one(8, 1024, 4096, stream=5)
-    assert calls == [("set", "node", 8, 1024, 4096), ("launch", 99, 5)]
-    status[0], calls[:] = 1, []
-    with pytest.raises(RuntimeError, match="cuGraphExecKernelNodeSetParams"):
-        node.launch_one(4, 256, 8192, stream=5)
-    assert calls == [("set", "node", 4, 256, 8192)]  # nothing launched
-
-
-def test_launch_inline_uses_the_streams_node_and_launches_plainly_while_capturing():
-    """An eager launch goes to its stream's kernel node (built on first use);
-    while the stream captures, or once no node can be built (a closed
-    launcher), the kernel is launched plainly so the capture records it."""
-    from cupy_swap.cuda.launcher import Launcher
-
-    launched = []
-
-    class Node:
-        def __init__(self, key):
-            self.key = key
-
-        def launch_one(self, grid, threads, params, stream, smem):
-            launched.append(("node", self.key, grid, threads, params, stream))
-
-    lau = Launcher.__new__(Launcher)
-    lau._nodes, can_build = {}, [True]
-    lau._launch = lambda fn, g, _y, _z, t, _by, _bz, _sm, stream, params, _extra: launched.append(
-        ("plain", fn, g, t, params, stream)
-    )
-
-    def new_node(fn, grid, threads, params, stream):
-        if not can_build[0]:
-            return None
-        key = (fn, stream)
-        lau._nodes[key] = Node(key)
-        launched.append(("built", key))
-        return lau._nodes[key]
-
-    lau._new_node = new_node
-    lau.launch_inline("fn", 8, 1024, stream=5, params=111, capturing=False)
-    lau.launch_inline("fn", 4, 256, stream=5, params=222, capturing=False)
-    lau.launch_inline("fn", 2, 64, stream=5, params=333, capturing=True)
-    can_build[0] = False
-    lau._nodes.clear()  # what closing the launcher does
-    lau.launch_inline("fn", 1, 32, stream=6, params=444, capturing=False)
-    assert launched == [
-        ("built", ("fn", 5)),
-        ("node", ("fn", 5), 8, 1024, 111, 5),  # the first launch builds the node, then uses it
-        ("node", ("fn", 5), 4, 256, 222, 5),
-        ("plain", "fn", 2, 64, 333, 5),  # capturing: never the node
-        ("plain", "fn", 1, 32, 444, 6),  # no node to be had
-    ]
 
 
 def test_a_kept_gpu_mapping_is_held_first_and_released_by_relaxed_queries(capture_modes):

@@ -119,15 +119,12 @@ def test_a_swapper_made_behind_a_busy_stream_copies_through_its_ring(rng):
     # meanwhile holds up the event record of the swap under test.
     warm = cs.BlockSwapper(max_blocks=4)
     warm.swap_in(host, gpu, [(0, 0)], mode="kernel")
-    warm._launcher.max_inline_pairs = 0  # the ring's kernels too: their first load syncs the context
-    warm.swap_in(host, gpu, [(0, 0)], mode="kernel")
     gpu.fill(POISON)
     cp.cuda.Device().synchronize()
     s = cp.cuda.Stream(non_blocking=True)
     m = random_mapping(16, 64, 64, rng)
     gate = Gate(cp.cuda.Stream.null)  # the creation stream is busy
     sw = cs.BlockSwapper(max_blocks=64)
-    sw._launcher.max_inline_pairs = 0  # every swap through the ring
     sw.swap_in(host, gpu, m, stream=s).synchronize()
     assert gate.closed  # the swap finished while the creation stream was held
     gate.open()
@@ -140,8 +137,9 @@ def test_a_swapper_made_behind_a_busy_stream_copies_through_its_ring(rng):
 
 # ------------------------------------------------- dropping with work queued
 def _ring_range(sw) -> tuple:
-    slots = sw._launcher._slots
-    return slots[0].device_ptr, slots[-1].device_ptr + sw._launcher.slot_words * 8
+    """Device memory the slot ring's launches touch (their CTA counts)."""
+    arrivals = sw._launcher.slots.arrivals
+    return arrivals[0], arrivals[-1] + 4
 
 
 @pytest.mark.parametrize("how", ["del", "close", "with", "op"])
@@ -152,7 +150,7 @@ def test_a_dropped_swapper_keeps_its_ring_until_the_swap_ran(rng, how):
     host, gpu, before = _filled((4096, 4096), rng)
     m = random_mapping(1000, 4096, 4096, rng)  # uploaded into the ring's device buffer
     s = cp.cuda.Stream(non_blocking=True)
-    sw = cs.BlockSwapper(max_blocks=4096, max_inline_pairs=0)
+    sw = cs.BlockSwapper(max_blocks=4096)
     ring = _ring_range(sw)
     gate = Gate(s)
     if how == "with":
@@ -310,7 +308,7 @@ def test_releasing_a_pool_does_not_break_a_capture_on_this_thread(rng):
 def test_captured_descriptor_swaps_never_run_out(rng):
     """Captured descriptor swaps once took slots from a reserve of four and
     never gave them back: the fifth capture raised."""
-    sw = cs.BlockSwapper(max_blocks=256, max_inline_pairs=0)
+    sw = cs.BlockSwapper(max_blocks=256)
     host = cs.empty_pinned((256, 512), np.uint8)
     gpu = cp.empty((256, 512), cp.uint8)
     rand_fill(host, rng)

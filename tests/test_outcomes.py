@@ -175,7 +175,7 @@ def test_an_abandoned_ticket_tells_nobody(fake_gpu):
     ticket.abandon(launched=True)  # queued after all: its record comes back once written
     land(board, ticket.seq, 3, 1, 10)
     board.collect_if_alarmed()
-    op(GOOD)  # the swap raised: its caller was told that, not this
+    op(GOOD, check="host")  # the swap raised: its caller was told that, not this
     assert op._outcomes.open == 0 and ticket.index in board._free
 
 
@@ -189,7 +189,7 @@ def test_a_swap_whose_launch_raised_gives_its_record_back(fake_gpu):
     def refuses(*args):
         raise RuntimeError("cuModuleLoadData failed")
 
-    op._decided.kernel.launch_host = refuses
+    op._decided.kernel.launch_slot = refuses
     for _ in range(5):
         with pytest.raises(RuntimeError, match="cuModuleLoadData"):
             op([(i, i) for i in range(20)], check="launch")

@@ -1,4 +1,5 @@
-"""The Python of a prepared call, on any machine: ``PreparedSwap`` over
+"""The Python of a prepared call, on any machine (this tree's launcher; an
+older tree needs the probe of its own commit): ``PreparedSwap`` over
 stand-in GPU parts (``tests/fakes.py``) with every CUDA call replaced by a
 no-op, so what is timed is the library's own host code.  Development CPUs
 are steadier than the device's host, so changes of a fraction of a
@@ -17,7 +18,6 @@ import collections
 import itertools
 import os
 import sys
-import threading
 import timeit
 import types
 from pathlib import Path
@@ -35,7 +35,6 @@ from cupy_swap.core.layout import layout_from_parts  # noqa: E402
 from cupy_swap.core.route import Policy  # noqa: E402
 from cupy_swap.cuda import abi, launcher, streams  # noqa: E402
 from cupy_swap.cuda.copy_engine import DmaCopier  # noqa: E402
-from cupy_swap.cuda.driver import KernelNodeParams  # noqa: E402
 from cupy_swap.cuda.resolve import resolve_layout  # noqa: E402
 
 # (parts, block bytes, pairs): the host-time goal rows, and the copy-engine row.
@@ -54,38 +53,38 @@ class _Event:
         self.ptr, self.start, self.check, self.seq = 1, None, None, None
 
 
-class _Launcher(launcher.Launcher):
-    """The launcher's launch logic, with a one-slot ring and graphs that launch nothing."""
+class _Launcher:
+    """What a call reads of the launcher: a slot ring over NumPy words whose
+    launches complete at once (the stand-in writes each slot's done word as
+    the kernel's last CTA would), graphs that launch nothing."""
 
-    def __init__(self):
-        self.device, self.max_ctas = 0, 8
-        self.max_inline_pairs = max(t.pairs for t in abi.TIERS)
-        self.inline_lock, self._lock = threading.Lock(), threading.Lock()
-        self._nodes, self._tiers, self._graphs_ok = {}, {}, True
-        self._launch = _no_op
-        self.check_rows_max = 8192
-        # One ring slot of NumPy words (no device buffer behind it), never in use.
-        slot = launcher._Slot.__new__(launcher._Slot)
-        slot.lock, slot.event, slot.table_serial = threading.Lock(), None, -1
-        slot.host_words, slot.device_ptr, slot.host_alias = np.zeros(2 * 8192, np.int64), 0x5000, 0x7000
-        self._slots, self._next, self.slots_mapped = [slot], 0, True
-        self._finalizer = types.SimpleNamespace(alive=True)
+    def __init__(self, board):
+        from cupy_swap.cuda.slots import DONE, STATUS, SlotRing
+
+        self.device, self.max_ctas, self.check_rows_max, self.slots_ok = 0, 8, 8192, True
+        words = np.zeros((16, abi.CONTROL_WORDS + 2 * 4096), np.int64)
+        ring = self.slots = SlotRing(0, 16, 4096, words=words, base=0x7000)
+        launched = ring.launched
+
+        def done(i, seq):  # the kernel's part: the verdict (valid), then the slot's done word
+            status = ring.controls[i][STATUS]
+            if status:
+                board.records[(status - board.base) // (8 * abi.STATUS_WORDS), 0] = seq
+            ring.controls[i][DONE] = seq
+            launched(i, seq)
+
+        ring.launched = done
+        self.graph_launch = _no_op
+        launcher.kernel_graph = lambda *args: (1, 2)
+
+    def bind(self, layout):
+        return launcher.BoundKernel(self, layout)
 
     def byref_args(self, layout):
         return abi.ByRefArgs(16 if len(layout.src) <= 16 else 256, layout, 1234)
 
     def function(self, name):
         return 1234
-
-    def inline_tiers(self, width):
-        return list(abi.TIERS)
-
-    def _new_node(self, fn, grid, threads, params, stream):
-        node = launcher.KernelNode.__new__(launcher.KernelNode)
-        node.params = KernelNodeParams(1, 1, 1, 1, 1, 1, 1, 0, 0, None)
-        node._set, node._launch, node.exec, node._args = _no_op, _no_op, 1, (1, 2, 3)
-        self._nodes[fn, stream] = node
-        return node
 
 
 def _board():
@@ -125,7 +124,7 @@ def _swapper():
         _current_stream=lambda: current,
         _events=events,
         _record=_no_op,
-        _launcher=_Launcher(),
+        _launcher=_Launcher(board),
         _dma=dma,
     )
 

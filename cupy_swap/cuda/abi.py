@@ -3,30 +3,29 @@ lists, and the layout of the header, part table and pairs.  It mirrors
 ``kernels_cu/swap_abi.cuh``; ``tests/test_abi.py`` reads that file and checks
 that the two agree, and the ``.cuh`` asserts its struct sizes.
 
-Three forms carry a swap to the kernel (see the ``.cuh``):
+Two forms carry a swap to the kernel (see the ``.cuh``):
 
-* **inline**: one ``SwapInline<P, N>`` kernel parameter holding header, part
-  table and pairs (:class:`InlineArgs` builds it);
-* **descriptor**: the same words back to back in a buffer
+* **slot**: a ``SwapByRef<P>`` parameter holding header and part table and
+  the addresses of a ``SwapControl`` record (count, status, number, where
+  the rows are: :mod:`.slots`) and of the rows (:class:`ByRefArgs`);
+* **descriptor**: header, table and pairs back to back in a buffer
   (:func:`write_descriptor`), passed by address with
-  ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``;
-* **by reference**: a ``SwapByRef<P>`` parameter holding header and part
-  table, the block indices by address (:class:`ByRefArgs`): a mapping on
-  the GPU, or host rows in a ring slot read through its device alias.
+  ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``.
 
-Every form can check its rows inside the launch (header words 3-6: the
-bounds, the status address, the swap's number); the check needs
-:func:`check_shared_bytes` of dynamic shared memory.
+Both can check their rows inside the launch (the bounds in header words 3-4;
+the status address and the swap's number in the control record or header
+words 5-6); the check needs :func:`check_shared_bytes` of dynamic shared
+memory.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import NamedTuple
 
 import numpy as np
 
-HEADER_WORDS = 8  # n_pairs, n_parts, units_per_pair, src_limit, dst_limit, status, seq, unused
+HEADER_WORDS = 8  # n_pairs, n_parts, units_per_pair, src_limit, dst_limit, status, seq, arrivals
+CONTROL_WORDS = 8  # SwapControl: n_pairs, status, seq, done, src_index, dst_index, index_step, unused
 PART_WORDS = 6  # src, dst, src_stride, dst_stride, units, first_unit
 MAX_PARTS = 256  # descriptor kernels keep the part table in shared memory
 UNROLL = 4  # 16-byte loads in flight per thread
@@ -35,25 +34,6 @@ WIDTHS = (16, 8, 4, 2, 1)  # bytes per unit, one kernel each
 PARAM_LIMIT = 32764  # bytes of kernel parameters CUDA 12.1+ allows
 
 
-class Tier(NamedTuple):
-    """An inline kernel: up to ``parts`` parts and ``pairs`` pairs."""
-
-    parts: int
-    pairs: int
-
-    @property
-    def words(self) -> int:
-        """Size of its ``SwapInline`` parameter in 64-bit words."""
-        return descriptor_words(self.parts, self.pairs)
-
-
-TIERS = (
-    Tier(4, 16),
-    Tier(16, 192),
-    Tier(64, 16),
-    Tier(64, 1792),
-    Tier(256, 1024),
-)  # CUPY_SWAP_TIERS, by parts
 # (C type, name) of the descriptor kernel's arguments, in order.
 DESCRIPTOR_ARGS = (
     ("const u64*", "desc"),
@@ -74,11 +54,6 @@ def descriptor_kernel(width: int) -> str:
     if width not in WIDTHS:
         raise ValueError(f"width: expected one of {WIDTHS}, got {width!r}")
     return f"cupy_swap_w{width}"
-
-
-def inline_kernel(width: int, tier: Tier) -> str:
-    """Name of the inline kernel of ``tier`` moving ``width``-byte units."""
-    return f"{descriptor_kernel(width)}_p{tier.parts}_n{tier.pairs}"
 
 
 def byref_kernel(width: int, parts: int) -> str:
@@ -145,31 +120,6 @@ def write_descriptor(
     return t1 + 2 * n
 
 
-class InlineArgs:
-    """The one parameter of an inline kernel, a ``SwapInline<P, N>``, in a
-    NumPy buffer that holds the header and part table of one layout; each
-    launch writes the pair count, status, number and pairs.  ``ptr`` is the
-    ``void**`` array ``cuLaunchKernel`` takes (the driver copies the struct at
-    launch, so the buffer can be rewritten for the next one).  ``layout``:
-    resolved, at most ``tier.parts`` parts; ``fn``: the tier's kernel,
-    kept with its buffer for the launcher.
-    """
-
-    __slots__ = ("fn", "words", "pairs", "pairs_c", "ptr", "_array")
-
-    def __init__(self, tier: Tier, layout, fn: int = 0):
-        self.fn = fn  # the CUfunction of this tier (and width)
-        self.words = np.zeros(tier.words, dtype=np.int64)
-        write_layout(self.words, layout)
-        start = HEADER_WORDS + tier.parts * PART_WORDS
-        self.pairs = self.words[start:]  # (2 * tier.pairs,) view: row i at [2i, 2i + 1]
-        # The same words as a ctypes array: a list of Python ints is stored
-        # faster through it than through NumPy's conversion.
-        self.pairs_c = (ctypes.c_int64 * (2 * tier.pairs)).from_buffer(self.words, 8 * start)
-        self._array = (ctypes.c_void_p * 1)(self.words.ctypes.data)
-        self.ptr = ctypes.addressof(self._array)
-
-
 class DescriptorArgs:
     """The descriptor kernel's arguments (:data:`DESCRIPTOR_ARGS`) as the
     ``void**`` array ``cuLaunchKernel`` takes; the driver copies the values
@@ -212,12 +162,12 @@ class FetchArgs:
 
 
 class ByRefArgs:
-    """The one parameter of a GPU-mapping kernel, a ``SwapByRef<P>``: header
-    and part table of one layout, written once; each launch writes the pair
-    count, status, number and the block indices' addresses and step.
-    ``ptr`` is the ``void**`` a launch takes.  ``parts``: ``P``, one of
-    :data:`BYREF_PARTS`; ``layout``: resolved, at most ``parts`` parts;
-    ``fn``: the kernel function.
+    """The one parameter of a slot kernel, a ``SwapByRef<P>``: header and
+    part table of one layout, written once; :meth:`set` writes a launch's
+    capacity, rows and control record.  ``ptr`` is the ``void**`` a launch
+    (or a graph's kernel node) takes; the driver copies the struct then.
+    ``parts``: ``P``, one of :data:`BYREF_PARTS`; ``layout``: resolved, at
+    most ``parts`` parts; ``fn``: the kernel function.
     """
 
     __slots__ = ("fn", "words", "ptr", "_array")
@@ -225,12 +175,28 @@ class ByRefArgs:
     def __init__(self, parts: int, layout, fn: int):
         self.fn = fn
         self.words = np.zeros(HEADER_WORDS + 4 + parts * PART_WORDS, dtype=np.int64)
-        write_layout(self.words, layout, HEADER_WORDS + 4)  # after the index addresses and step
+        write_layout(self.words, layout, HEADER_WORDS + 4)  # after the index addresses, step and control
         self._array = (ctypes.c_void_p * 1)(self.words.ctypes.data)
         self.ptr = ctypes.addressof(self._array)
 
-    def set(self, n_pairs: int, status: int, seq: int, src_index: int, dst_index: int, step: int) -> int:
+    def set(
+        self,
+        n_pairs: int,
+        status: int,
+        seq: int,
+        src_index: int,
+        dst_index: int,
+        step: int,
+        control: int = 0,
+        arrivals: int = 0,
+    ) -> int:
+        """Store one launch's words; returns the ``void**`` address.
+        ``control`` 0: ``n_pairs``, ``status`` and ``seq`` are the launch's;
+        else the kernel reads them from the ``SwapControl`` at ``control``
+        and ``n_pairs`` is how many rows it may read at ``src_index``.
+        ``arrivals``: the slot's CTA count (0: no done word)."""
         w = self.words
-        w[0], w[5], w[6] = n_pairs, status, seq
-        w[HEADER_WORDS], w[HEADER_WORDS + 1], w[HEADER_WORDS + 2] = src_index, dst_index, step
+        w[0], w[5], w[6], w[7] = n_pairs, status, seq, arrivals
+        h = HEADER_WORDS
+        w[h], w[h + 1], w[h + 2], w[h + 3] = src_index, dst_index, step, control
         return self.ptr

@@ -1,23 +1,23 @@
-"""Launch the swap kernel in one of three forms; own the descriptor ring.
+"""Launch the swap kernel; own the slot ring's graphs and the descriptor ring.
 
-* **Inline** (:class:`BoundKernel`): up to 64 parts x 1792 pairs (256 x
-  1024) travel whole in the kernel's parameter; an eager call sets them on
-  a one-kernel graph per kernel and stream and launches it (cheaper than
-  ``cuLaunchKernel`` on the H200's host: NOTES items 32, 34); on a
-  capturing stream the launch is plain and its node keeps its pairs.
-* **By reference** (:class:`~.abi.ByRefArgs`): rows on the GPU, and more
-  than :data:`HOST_CHECK_ROWS` host rows checked in the launch, in a ring
-  slot's pinned words read through their device alias.
-* **Descriptor**: larger and staged swaps, graph replays: written into a
-  ring slot and uploaded to its fixed device buffer by a small kernel on
-  the swap's stream (a copy engine's in-order queue could hold it behind
-  another stream's transfer).
+* **Slot** (every kernel swap, :class:`BoundKernel`): the call's rows (or
+  where its GPU rows are) and its count, status and number go into a slot of
+  the :class:`~.slots.SlotRing`; the op launches that slot's graph, one
+  kernel node instantiated once per op and slot whose parameters point at
+  the slot's device alias, so a call changes no parameter and launches
+  what was built.  A captured swap gets a slot of its own, kept for the
+  process, and a plain launch the capture records.
+* **Descriptor**: staged swaps and graph_swap replays, and host rows where
+  pinned memory cannot be mapped: header, table and pairs written into a
+  descriptor ring slot and uploaded to its fixed device buffer by a small
+  kernel on the swap's stream (a copy engine's in-order queue could hold it
+  behind another stream's transfer).
 
-**Queueing rule.**  A swap takes a free slot, looking from the ring's next;
+**Queueing rule** (descriptor ring; the slot ring keeps its own:
+:mod:`.slots`).  A swap takes a free slot, looking from the ring's next;
 only when every slot is busy does it wait, for the first to free.  A slot
 is rewritten only after the event behind its last launch completed, and
-the releaser frees the ring after every slot's last launch.  A captured
-descriptor swap gets buffers of its own, kept for the process.
+the releaser frees the ring after every slot's last launch.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import ctypes
 import functools
 import threading
 import time
-import warnings
 
 import numpy as np
 
@@ -37,17 +36,10 @@ from .driver import KernelNodeParams, graph_calls
 # Descriptor uploads use at most this many CTAs (a 64 KiB descriptor is one
 # round of 16-byte loads per thread).
 FETCH_MAX_CTAS = 16
-# Kernel nodes one launcher builds (one per kernel and stream); launches on
-# further streams use cuLaunchKernel.
-MAX_KERNEL_NODES = 64
 _H2D = 1
 # A swap that finds every ring slot busy looks again after these many
 # seconds, doubling up to the last.
 _POLL_FIRST, _POLL_MAX = 20e-6, 100e-6
-# Host mappings of at most this many rows are checked on the host and travel
-# in the launch's parameter; longer ones go through a ring slot, checked in
-# the launch (benchmarks/NOTES.md, item 43).
-HOST_CHECK_ROWS = 16
 
 
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -79,55 +71,38 @@ def launch_shape(units: int, max_ctas: int) -> tuple[int, int]:
     return max(grid, 1), threads
 
 
-class KernelNode:
-    """An instantiated graph of one kernel launched on one stream:
-    :meth:`launch_one` sets the node's grid and parameters (the driver
-    copies the parameter values then) and launches the graph once.
+def kernel_graph(fn: int, grid: int, threads: int, smem: int, args_ptr: int) -> tuple[int, int]:
+    """``(graph, exec)``: a graph of one launch of ``fn``, instantiated.  The
+    driver copies the parameters (``args_ptr``, a ``void**``) when the node
+    is made, so the buffer behind them can be reused at once."""
+    from cupy.cuda import runtime
 
-    Launches of one graph run one after another, so each stream gets its own
-    graph (swaps on two streams stay concurrent).  Callers serialize
-    :meth:`launch_one` (the launcher's inline lock).  Built with kernel
-    ``fn`` and a launch of it (``grid``, ``threads``, ``args_ptr``)."""
+    calls = graph_calls()
+    if calls is None:
+        raise RuntimeError("kernel graphs: libcuda or its graph calls could not be loaded")
+    params = KernelNodeParams(fn, grid, 1, 1, threads, 1, 1, smem, args_ptr, None)
+    graph, node = ctypes.c_void_p(), ctypes.c_void_p()
+    _check(calls.create(ctypes.byref(graph), 0), "cuGraphCreate")
+    try:
+        _check(
+            calls.add_kernel_node(ctypes.byref(node), graph, None, 0, ctypes.byref(params)),
+            "cuGraphAddKernelNode",
+        )
+        return graph.value, runtime.graphInstantiate(graph.value)
+    except BaseException:
+        runtime.graphDestroy(graph.value)
+        raise
 
-    __slots__ = ("graph", "exec", "params", "_args", "_set", "_launch")
 
-    def __init__(self, fn: int, grid: int, threads: int, args_ptr: int):
-        from cupy.cuda import runtime
+def _destroy_graphs(device: int, graphs: list) -> None:
+    """The releaser's half of a dropped op: its graphs (a launch still in
+    flight completes first: CUDA frees an executing graph when it finishes)."""
+    from cupy.cuda import runtime
 
-        calls = graph_calls()
-        self.params = KernelNodeParams(fn, grid, 1, 1, threads, 1, 1, 0, args_ptr, None)
-        ptr = ctypes.c_void_p(ctypes.addressof(self.params))
-        graph, node = ctypes.c_void_p(), ctypes.c_void_p()
-        _check(calls.create(ctypes.byref(graph), 0), "cuGraphCreate")
-        self.graph = graph.value
-        try:
-            _check(calls.add_kernel_node(ctypes.byref(node), graph, None, 0, ptr), "cuGraphAddKernelNode")
-            self.exec = runtime.graphInstantiate(self.graph)
-        except BaseException:
-            runtime.graphDestroy(self.graph)
-            raise
-        self._set, self._launch = calls.set_params, runtime.graphLaunch
-        # The arguments of cuGraphExecKernelNodeSetParams, as c_void_p.
-        self._args = (ctypes.c_void_p(self.exec), node, ptr)
-
-    def launch_one(self, grid: int, threads: int, args_ptr: int, stream: int, smem: int = 0) -> None:
-        """Set the node's grid, parameters and ``smem`` (bytes of dynamic
-        shared memory), then launch the graph on ``stream``."""
-        params = self.params
-        params.gridDimX, params.blockDimX, params.kernelParams = grid, threads, args_ptr
-        params.sharedMemBytes = smem
-        status = self._set(*self._args)
-        if status:
-            _check(status, "cuGraphExecKernelNodeSetParams")
-        self._launch(self.exec, stream)
-
-    def destroy(self) -> None:
-        """Destroy the graph (a launch still in flight completes first: CUDA
-        frees an executing graph when it finishes)."""
-        from cupy.cuda import runtime
-
-        runtime.graphExecDestroy(self.exec)
-        runtime.graphDestroy(self.graph)
+    runtime.setDevice(device)
+    for graph, exec_ in graphs:
+        runtime.graphExecDestroy(exec_)
+        runtime.graphDestroy(graph)
 
 
 def _check(status: int, call: str) -> None:
@@ -158,16 +133,8 @@ class _Slot:
         self.event = None
 
 
-def _free_launcher(ring_ptr: int, device: int, nodes: dict, inline_lock) -> None:
-    """The releaser's half of :meth:`Launcher.close`: the device ring and the
-    kernel nodes (under the inline lock, so no launch is using one; a swap
-    that passed the closed check before close() launches plainly after)."""
-    from .streams import on_device
-
-    with on_device(device), inline_lock:
-        for node in list(nodes.values()):
-            node.destroy()
-        nodes.clear()
+def _free_launcher(ring_ptr: int, device: int) -> None:
+    """The releaser's half of :meth:`Launcher.close`: the device ring."""
     release.device_free(ring_ptr, device)
 
 
@@ -182,143 +149,127 @@ def _wait_for_slots(slots: list) -> None:
 
 
 class BoundKernel:
-    """The kernel launches of one resolved layout, ready for any mapping:
-    host rows (:meth:`launch_host`) and rows on the GPU (:meth:`launch_rows`)."""
+    """The kernel launches of one resolved layout, for any mapping: a slot's
+    graph (:meth:`launch_slot`), a captured launch (:meth:`launch_captured`),
+    or the descriptor ring (:meth:`launch_descriptor`)."""
 
-    __slots__ = ("_launcher", "layout", "_tiers", "_shapes", "max_pairs", "_byref", "slots_ok")
+    __slots__ = (
+        "__weakref__",
+        "_launcher",
+        "layout",
+        "_args",
+        "_execs",
+        "_graphs",
+        "_ctas",
+        "_lock",
+        "_last",
+    )
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
         self.layout = layout
-        parts = len(layout.src)
-        # Most pairs an inline tier of this layout can take (the tiers this
-        # GPU's module really has are looked up, compiling it, on the first
-        # launch: a layout that never runs the kernel never compiles it).
-        self.max_pairs = max((t.pairs for t in abi.TIERS if t.parts >= parts), default=-1)
-        self._tiers = None  # [[tier, InlineArgs or None], ...], in TIERS order
-        self._shapes: dict[int, tuple] = {}  # n -> (grid, threads, smem, the budget they were made for)
-        self._byref = None  # abi.ByRefArgs, on the first launch by reference
-        self.slots_ok = launcher.slots_mapped  # False: ring not mapped, or no by-reference kernel here
+        self._args = None  # abi.ByRefArgs, built (and the module compiled) on the first launch
+        self._execs: list[int] = []  # per slot: its instantiated graph, 0 until the slot is first used
+        self._graphs: list = []  # (graph, exec) to destroy with the op
+        self._ctas = launcher.max_ctas  # the CTA budget the graphs were built for
+        self._lock = threading.Lock()
+        self._last = [0] * launcher.slots.size  # per slot: the number of this op's last launch there
+        # Dropped: the graphs go once the op's last launch on each slot has
+        # finished (a graph destroyed while it runs could hold the driver).
+        destroy = functools.partial(_destroy_graphs, launcher.device, self._graphs)
+        gate = functools.partial(launcher.slots.wait_done, self._last)
+        release.finalizer(self, release.defer, destroy, gate, "graphs of a prepared swap")
 
-    def shape(self, n: int, checked: bool) -> tuple:
-        """``(grid, threads, smem)`` of a launch over ``n`` pairs (``smem``:
-        the in-launch check's table, when ``checked``)."""
+    def _byref(self) -> abi.ByRefArgs:
+        args = self._args
+        if args is None:  # raises where this CUDA has no kernel for as many parts, saying why
+            args = self._args = self._launcher.byref_args(self.layout)
+        return args
+
+    def launch_slot(self, i: int, stream: int) -> None:
+        """Launch the graph of ring slot ``i`` on ``stream`` (built on the
+        op's first use of the slot, in relaxed capture mode)."""
         lau = self._launcher
-        shape = self._shapes.get(n)
-        if shape is None or shape[3] != lau.max_ctas:
-            grid, threads = launch_shape(n * self.layout.units_per_pair, lau.max_ctas)
-            shape = self._shapes[n] = (grid, threads, abi.check_shared_bytes(n), lau.max_ctas)
-        return shape[0], shape[1], shape[2] if checked else 0
+        execs = self._execs
+        if self._ctas != lau.max_ctas or not execs:
+            execs = self._reset(lau)
+        exec_ = execs[i]
+        if not exec_:
+            exec_ = self._build(i)
+        self._last[i] = lau.slots.controls[i][2]  # SwapControl::seq
+        lau.graph_launch(exec_, stream)
 
-    def launch(self, pairs, n: int, stream: int, capturing: bool, status: int = 0, seq: int = 0) -> bool:
-        """Launch over ``n`` pairs (``(n, 2)`` int64 array or list of 2n ints)
-        on ``stream`` with the smallest inline tier that holds them; False
-        (nothing launched) when none does.  ``capturing``: launch plainly (a
-        graph launch cannot be captured).  ``status``, ``seq``: the launch's
-        status record and number (status 0: no check)."""
-        if n > self.max_pairs or n > self._launcher.max_inline_pairs:
-            return False
-        tiers = self._tiers
-        if tiers is None:
-            parts = len(self.layout.src)
-            tiers = [[t, None] for t in self._launcher.inline_tiers(self.layout.width) if t.parts >= parts]
-            # Lower the bound before publishing the tiers: a thread that sees
-            # them must never see a bound above their largest.
-            self.max_pairs = max((t.pairs for t, _ in tiers), default=-1)
-            self._tiers = tiers
-        for entry in tiers:
-            if n <= entry[0].pairs:
-                break
-        else:
-            return False  # no tier this GPU has holds n pairs
-        args = entry[1]
-        if args is None:
-            fn = self._launcher.function(abi.inline_kernel(self.layout.width, entry[0]))
-            args = entry[1] = abi.InlineArgs(entry[0], self.layout, fn)
-        grid, threads, smem = self.shape(n, status != 0)
-        with self._launcher.inline_lock:  # one parameter buffer per tier and one node per stream
-            words = args.words
-            words[0], words[5], words[6] = n, status, seq
-            if type(pairs) is list:
-                args.pairs_c[: 2 * n] = pairs  # Python ints: ctypes stores them faster than NumPy converts
-            else:
-                args.pairs[: 2 * n] = pairs.reshape(-1)
-            self._launcher.launch_inline(args.fn, grid, threads, stream, args.ptr, capturing, smem)
-        return True
+    def _reset(self, lau) -> list:
+        """Forget the graphs (built for another CTA budget): new ones are
+        built as slots are used; the old ones go with the op."""
+        with self._lock:
+            self._ctas = lau.max_ctas
+            self._execs = [0] * lau.slots.size
+        return self._execs
 
-    def launch_host(
-        self, pairs, n: int, stream: int, capturing: bool, held: list, status: int, seq: int
-    ) -> None:
-        """Launch over ``n`` host rows: through a ring slot when the launch
-        checks more than :data:`HOST_CHECK_ROWS` of them (never while
-        capturing: the caller checks captured rows on the host), else
-        inline, else (too many for a parameter) through the descriptor ring.
-        Ring slots taken are appended to ``held``."""
-        if status and n > HOST_CHECK_ROWS and self.launch_slot(pairs, n, stream, held, status, seq):
-            return
-        if not self.launch(pairs, n, stream, capturing, status, seq):
-            lau = self._launcher
-            args = lau.write_slot(self.layout, pairs, stream, capturing, held, status, seq)
-            lau.launch_range(self.layout, args, 0, n, stream, abi.check_shared_bytes(n) if status else 0)
-
-    def launch_slot(self, pairs, n: int, stream: int, held: list, status: int, seq: int) -> bool:
-        """Launch over ``n`` host rows, checked in the launch, through a ring
-        slot (appended to ``held``): the by-reference kernel reads the rows
-        in the slot's pinned words through its device alias, once per CTA
-        (``benchmarks/NOTES.md``, item 43).  False, with nothing taken or
-        launched, where this layout has no by-reference kernel or the ring
-        is not mapped."""
-        if not self.slots_ok:
-            return False
+    def _build(self, i: int) -> int:
         lau = self._launcher
-        args = self._byref
-        if args is None:
-            try:
-                args = self._byref = lau.byref_args(self.layout)
-            except ValueError:  # more parts than this CUDA's by-reference kernels take
-                self.slots_ok = False
-                return False
-        slot = lau.acquire(held)
-        slot.table_serial = None  # the rows overwrite a cached descriptor
-        slot.host_words[: 2 * n] = pairs if type(pairs) is list else pairs.reshape(-1)
-        grid, threads, smem = self.shape(n, True)
-        rows = slot.host_alias
-        with lau.inline_lock:
-            ptr = args.set(n, status, seq, rows, rows + 8, 2)
-            lau.launch_inline(args.fn, grid, threads, stream, ptr, False, smem)
-        return True
+        ring = lau.slots
+        units = self.layout.units_per_pair
+        grid, threads = launch_shape(ring.capacity * units, self._ctas)
+        smem = abi.check_shared_bytes(min(ring.capacity, lau.check_rows_max))
+        with self._lock, capture.relaxed():  # legal while another thread captures
+            args = self._byref()
+            rows = ring.aliases[i] + 8 * abi.CONTROL_WORDS
+            ptr = args.set(ring.capacity, 0, 0, rows, rows + 8, 2, ring.aliases[i], ring.arrivals[i])
+            graph, exec_ = kernel_graph(args.fn, grid, threads, smem, ptr)
+            self._graphs.append((graph, exec_))
+            self._execs[i] = exec_
+        return exec_
 
-    def launch_rows(self, rows, stream: int, capturing: bool, status: int, seq: int) -> None:
-        """Launch over a mapping on the GPU (:class:`~.gpu_mapping.DeviceRows`),
-        checked in the launch."""
-        args = self._byref
-        if args is None:  # raises where there is no kernel, saying why
-            args = self._byref = self._launcher.byref_args(self.layout)
-        grid, threads, smem = self.shape(rows.n, True)
-        with self._launcher.inline_lock:
-            ptr = args.set(rows.n, status, seq, rows.src, rows.dst, rows.step)
-            self._launcher.launch_inline(args.fn, grid, threads, stream, ptr, capturing, smem)
+    def launch_captured(self, pairs, n: int, stream: int) -> None:
+        """Launch over ``n`` host rows checked on the host, recorded by the
+        capture of ``stream``: the rows go into a slot of the swap's own,
+        kept for the life of the process (a replay may run at any time)."""
+        lau = self._launcher
+        with capture.relaxed():
+            words = memory.zeros_pinned_for_gpu(abi.CONTROL_WORDS + 2 * n, np.int64, lau.device)
+        release.keep_for_process(words)
+        words[0] = n
+        words[abi.CONTROL_WORDS :] = pairs if type(pairs) is list else pairs.reshape(-1)
+        alias = memory.host_alias(words.ctypes.data, words.nbytes)
+        grid, threads = launch_shape(max(n, 1) * self.layout.units_per_pair, lau.max_ctas)
+        with self._lock:
+            args = self._byref()
+            rows = alias + 8 * abi.CONTROL_WORDS
+            ptr = args.set(n, 0, 0, rows, rows + 8, 2, alias, 0)
+            lau.launch_kernel(args.fn, grid, threads, stream, ptr)
+
+    def launch_descriptor(self, pairs, n: int, stream: int, held: list) -> None:
+        """Launch over ``n`` host rows checked on the host through the
+        descriptor ring (where the slot ring cannot be mapped)."""
+        lau = self._launcher
+        args = lau.write_slot(self.layout, pairs, stream, held)
+        lau.launch_range(self.layout, args, 0, n, stream)
 
 
 class Launcher:
-    """Kernel functions, launch shapes, kernel nodes and the descriptor ring
-    (``ring_size`` slots of ``max_parts`` x ``max_blocks``) of one swapper's
-    GPU ``device``; ``max_ctas`` is one swap's CTA budget."""
+    """Kernel functions, launch shapes, the slot ring (``ring_size`` slots of
+    ``max_blocks`` rows) and the descriptor ring (``ring_size`` slots of
+    ``max_parts`` x ``max_blocks``) of one swapper's GPU ``device``;
+    ``max_ctas`` is one swap's CTA budget."""
 
     def __init__(self, device: int, max_parts: int, max_blocks: int, ring_size: int, max_ctas: int):
         from cupy.cuda import driver, runtime
 
+        from .slots import SlotRing
+
         self.device = device
         self.max_ctas = max_ctas
-        # Swaps of more pairs take the descriptor ring (0: always; benchmarks
-        # and tests compare the two forms with it).
-        self.max_inline_pairs = max(t.pairs for t in abi.TIERS)
         self._launch = driver.launchKernel
+        self.graph_launch = runtime.graphLaunch
         self._memcpy = runtime.memcpyAsync
         self._record = runtime.eventRecord
         self._lock = threading.Lock()
-        self.inline_lock = threading.Lock()
-        self.ring_waits = 0  # times a swap had to wait for a slot (ring full)
+        self.ring_waits = 0  # times a swap had to wait for a descriptor slot (ring full)
+        self.slots = SlotRing(device, ring_size, max_blocks)
+        # Slot launches need the ring mapped and the driver's graph calls.
+        self.slots_ok = self.slots.mapped and graph_calls() is not None
         self.slot_words = abi.descriptor_words(max_parts, max_blocks)
         row_bytes = self.slot_words * 8
         host = memory.zeros_pinned_for_gpu((ring_size, self.slot_words), np.int64, device)
@@ -326,18 +277,13 @@ class Launcher:
         # stream-ordered pool, and written only by uploads on the stream of
         # the swap that reads them (nothing to zero first).
         dev = release.device_malloc(ring_size * row_bytes, device)
-        self._nodes: dict[tuple, KernelNode] = {}  # (kernel, stream) -> graph
-        self._graphs_ok = graph_calls() is not None
-        free = functools.partial(_free_launcher, dev, device, self._nodes, self.inline_lock)
+        free = functools.partial(_free_launcher, dev, device)
         try:
             self._slots = [_Slot(host[i], dev + i * row_bytes) for i in range(ring_size)]
         except BaseException:
             release.defer(free, None, "descriptor ring")
             raise
         self._next = 0
-        # Host rows go through slots only where the kernel can read them there.
-        self.slots_mapped = all(slot.host_alias for slot in self._slots)
-        self._tiers: dict[int, list] = {}
         self._loaded: dict[str, int] = {}
         self.check_rows_max = _check_rows_max(device)
         self._kept: collections.deque = collections.deque()  # (event, arrays) of GPU-mapping swaps
@@ -365,8 +311,9 @@ class Launcher:
                 pass
 
     def close(self) -> None:
-        """Hand the ring to the releaser (freed after the swaps that read it)."""
+        """Hand the rings to the releaser (freed after the swaps that read them)."""
         self._finalizer()
+        self.slots.close()
 
     # ---------------------------------------------------------- functions
     def function(self, name: str) -> int:
@@ -403,19 +350,8 @@ class Launcher:
             )
         return abi.ByRefArgs(tier, layout, self.function(name))
 
-    def inline_tiers(self, width: int) -> list:
-        """The inline tiers this GPU's module has for ``width``."""
-        tiers = self._tiers.get(width)
-        if tiers is None:
-            with capture.relaxed():  # may compile and load the module
-                tiers = [
-                    t for t in abi.TIERS if kernels.has_function(self.device, abi.inline_kernel(width, t))
-                ]
-            self._tiers[width] = tiers
-        return tiers
-
     def bind(self, layout) -> BoundKernel:
-        """The inline launch of a resolved layout."""
+        """The kernel launches of a resolved layout."""
         return BoundKernel(self, layout)
 
     def launch_kernel(
@@ -423,72 +359,18 @@ class Launcher:
     ) -> None:
         self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
 
-    def launch_inline(
-        self, fn: int, grid: int, threads: int, stream: int, params: int, capturing: bool, smem: int = 0
-    ) -> None:
-        """Launch ``fn`` through this stream's kernel node (built on first
-        use), or plainly while ``stream`` captures or when no node can be
-        built (:meth:`_new_node`).  The caller holds :attr:`inline_lock`."""
-        node = None if capturing else self._nodes.get((fn, stream))
-        if node is None and not capturing:
-            node = self._new_node(fn, grid, threads, params, stream)
-        if node is not None:
-            node.launch_one(grid, threads, params, stream, smem)
-        else:
-            self._launch(fn, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
-
-    def _new_node(self, fn: int, grid: int, threads: int, params: int, stream: int) -> KernelNode | None:
-        """A new graph for ``fn`` on ``stream`` (the caller holds
-        :attr:`inline_lock`, which the release of the graphs takes too), or
-        None: the launcher is closed, has its :data:`MAX_KERNEL_NODES`, or
-        graphs cannot be built here (the failure is remembered; launches go
-        out plainly)."""
-        if len(self._nodes) >= MAX_KERNEL_NODES or not self._finalizer.alive or not self._graphs_ok:
-            return None
-        try:
-            with capture.relaxed():  # legal while another thread captures
-                node = KernelNode(fn, grid, threads, params)
-        except Exception as e:
-            self._graphs_ok = False
-            warnings.warn(
-                f"cupy_swap: kernel graphs unavailable ({e}); launching kernels directly",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return None
-        self._nodes[fn, stream] = node
-        return node
-
     # --------------------------------------------------------- descriptors
-    def write_slot(
-        self, layout, mapping, stream: int, capturing: bool, held: list, status: int = 0, seq: int = 0
-    ) -> abi.DescriptorArgs:
-        """Write a descriptor into a free slot (eager swaps: a ring slot,
-        locked and appended to ``held``; captured swaps: :meth:`_own_slot`)
-        and upload it on ``stream``; returns the arguments that point the
-        kernel at its device copy."""
-        slot = self._own_slot(layout, mapping) if capturing else self.acquire(held)
+    def write_slot(self, layout, mapping, stream: int, held: list) -> abi.DescriptorArgs:
+        """Write an unchecked descriptor into a free ring slot (locked and
+        appended to ``held``) and upload it on ``stream``; returns the
+        arguments that point the kernel at its device copy."""
+        slot = self.acquire(held)
         fresh_table = slot.table_serial != layout.serial
         slot.table_serial = None  # until the write completes: an interrupted one marks no table current
-        end = abi.write_descriptor(slot.host_words, layout, mapping, fresh_table, status, seq)
+        end = abi.write_descriptor(slot.host_words, layout, mapping, fresh_table)
         slot.table_serial = layout.serial
         self.upload(slot, slot.device_ptr, end, stream)
         return slot.device_args
-
-    def _own_slot(self, layout, mapping) -> _Slot:
-        """A slot for a swap being captured into a graph: every replay
-        uploads and reads its descriptor, so it gets its own pinned and
-        device buffers, sized for it and kept for the life of the process (a
-        graph may be replayed at any time, and CUDA tells no one when it is
-        destroyed).  Allocated in relaxed capture mode, which a capture in
-        progress allows; the upload is captured with the launch."""
-        n = len(mapping) // 2 if type(mapping) is list else mapping.shape[0]
-        words = abi.HEADER_WORDS + layout.table.size + 2 * n  # even: uploads move 16-byte words
-        with capture.relaxed():
-            host = memory.zeros_pinned_for_gpu(words, np.int64, self.device)
-            slot = _Slot(host, release.device_malloc(8 * words, self.device))
-        release.keep_for_process(slot)
-        return slot
 
     def stage_descriptor(self, layout, mapping, dst_ptr: int, stream: int):
         """Write a descriptor through a ring slot into device memory at

@@ -229,6 +229,8 @@ def mapping_error(ticket: Ticket, earlier: bool = False) -> Exception:
             ValueError,
             f"expected distinct destination blocks, got block {value} again in row {row}",
         )
+    elif kind == 4:
+        error, what = ValueError, f"expected a row count the launch can read, got {value}"
     else:
         side, limit, name = (
             ("source", layout.src_limit, layout.src_limit_name)

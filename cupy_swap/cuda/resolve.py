@@ -8,6 +8,7 @@ import numpy as np
 
 from ..core.layout import Layout, vector_width
 from ..core.parts import DEVICE, HOST, Part
+from ..hostpool import pools
 from . import abi, memory
 
 
@@ -24,6 +25,9 @@ def _resolve_part(part: Part, device: int, mapped: bool) -> int | None:
     lo, hi = part.span()
     if hi == lo or part.block_bytes == 0:
         return part.ptr  # no byte of it is ever copied: pinned or not, no alias needed
+    pooled = pools.resolve_span(part, lo, hi, mapped)  # a pool pinned in chunks (issue 41, hostpool/pools.py)
+    if pooled is not pools.NOT_A_POOL:
+        return pooled
     alias = memory.host_alias(lo, hi - lo) if mapped else 0
     if not mapped and memory.host_pinned_unmapped(lo):
         return None
@@ -44,7 +48,7 @@ def resolve_layout(layout: Layout, device: int) -> Layout:
     layout.src_addrs = [_resolve_part(p, device, mapped) for p in layout.src]
     layout.dst_addrs = [_resolve_part(p, device, mapped) for p in layout.dst]
     layout.kernel_ok = None not in layout.src_addrs and None not in layout.dst_addrs
-    layout.unmapped_reason = "" if layout.kernel_ok else why
+    layout.unmapped_reason = "" if layout.kernel_ok else (pools.unmapped_reason(layout) or why)
     # Parts with zero-byte blocks move nothing: their (arbitrary) addresses
     # and strides must not narrow the vectors of the others.
     moving = [i for i, p in enumerate(layout.src) if p.block_bytes]

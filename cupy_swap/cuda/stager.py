@@ -188,7 +188,7 @@ class Stager:
             ahead = next((c for c, p in enumerate(places) if p[2]), k)
             for c in range(ahead):
                 copy_in(c)
-            args = launcher.write_slot(half, kernel_pairs(plan, chunk_rows), handle, False, held)
+            args = launcher.write_slot(half, kernel_pairs(plan, chunk_rows), handle, held)
             for c in range(k):
                 if c >= ahead:
                     copy_in(c)
@@ -196,9 +196,7 @@ class Stager:
                 launcher.launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
                 settle(c, handle)
         else:
-            args = launcher.write_slot(
-                half, kernel_pairs(plan, chunk_rows, gpu_first=True), handle, False, held
-            )
+            args = launcher.write_slot(half, kernel_pairs(plan, chunk_rows, gpu_first=True), handle, held)
             for c in range(k):
                 free_rows(c)
                 launcher.launch_range(half, args, plan.starts[c], plan.sizes[c], handle)

@@ -1,6 +1,7 @@
-"""Kernel swaps whose pairs travel in the launch parameters: every tier and
-its edges, the descriptor fallback beyond them, capture without descriptor
-slots, and the recycled swap events."""
+"""Kernel swaps through the one path (a ring slot, that slot's graph, one
+event): row and part counts at the edges of the forms it replaced, captures
+with rows of their own, slots reused across streams, and the recycled swap
+events."""
 
 import gc
 
@@ -8,7 +9,6 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap.cuda import abi
 from cupy_swap.tools.bench import random_mapping
 
 from .gpu_helpers import DIRECTIONS, check_swap, make, poison, rand_fill, require_gpu
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.gpu
 
 cp = require_gpu()
 
-# Pair counts at each tier's edge and one past the last (descriptor ring).
-EDGES = sorted({n for t in abi.TIERS for n in (t.pairs, t.pairs + 1)} | {1})
+# Row counts at the edges of the inline tiers the slot path replaced.
+EDGES = [1, 2, 16, 17, 192, 193, 1024, 1025, 1792, 1793]
 
 
 @pytest.mark.parametrize("direction", list(DIRECTIONS))
@@ -32,16 +32,15 @@ def test_pair_counts_at_every_tier_edge(rng, direction, n):
     check_swap(sw, src, dst, random_mapping(n, 2100, 2100, rng), mode="kernel")
 
 
-PART_EDGES = sorted({p for t in abi.TIERS for p in (t.parts, t.parts + 1)} - {abi.MAX_PARTS + 1})
+PART_EDGES = [1, 4, 5, 16, 17, 64, 65, 256]  # the kernels' part tiers and past them
 
 
-@pytest.mark.parametrize("inline", [None, 0], ids=["inline", "descriptor"])
 @pytest.mark.parametrize("parts", PART_EDGES)
 @pytest.mark.parametrize("n", [3, 100])
-def test_part_counts_at_every_tier_edge(rng, parts, n, inline):
-    """Every tier's part edge, inline and through the descriptor ring; block
-    sizes differ per part so a part table read wrong moves the wrong bytes."""
-    sw = cs.BlockSwapper(max_blocks=256, max_inline_pairs=inline)
+def test_part_counts_at_every_tier_edge(rng, parts, n):
+    """Every part tier's edge; block sizes differ per part so a part table
+    read wrong moves the wrong bytes."""
+    sw = cs.BlockSwapper(max_blocks=256)
     host = [cs.empty_pinned((120, 16 * (i % 7 + 1)), np.uint8) for i in range(parts)]
     gpu = [cp.empty((110, 16 * (i % 7 + 1)), cp.uint8) for i in range(parts)]
     for h in host:
@@ -51,29 +50,10 @@ def test_part_counts_at_every_tier_edge(rng, parts, n, inline):
     check_swap(sw, host, gpu, random_mapping(n, 120, 110, rng), mode="kernel")
 
 
-def test_inline_and_descriptor_forms_agree(rng):
-    host = cs.empty_pinned((3000, 4096), np.uint8)
-    rand_fill(host, rng)
-    m = random_mapping(1500, 3000, 2000, rng)
-    outs = []
-    for limit in (None, 0):
-        sw = cs.BlockSwapper(max_blocks=2048, max_inline_pairs=limit)
-        gpu = cp.empty((2000, 4096), cp.uint8)
-        poison(gpu)
-        check_swap(sw, host, gpu, m, mode="kernel")
-        outs.append(cp.asnumpy(gpu))
-    assert np.array_equal(outs[0], outs[1])
-
-
-def test_max_inline_pairs_checked():
-    with pytest.raises(ValueError, match="max_inline_pairs: expected an int >= 0, got -1"):
-        cs.BlockSwapper(max_blocks=4, max_inline_pairs=-1)
-
-
-def test_captured_inline_swaps_keep_their_pairs_without_slots(rng):
-    """A captured inline launch carries its pairs in the graph node: no
-    capture slot is taken (there are none here), and each replay moves the
-    pairs given at capture."""
+def test_captured_swaps_keep_their_pairs_in_rows_of_their_own(rng):
+    """A captured launch reads rows of its own (checked on the host at
+    capture): no ring slot is taken, and each replay moves the pairs given
+    at capture."""
     sw = cs.BlockSwapper(max_blocks=64)
     host = cs.empty_pinned((64, 1024), np.uint8)
     gpu = cp.empty((64, 1024), cp.uint8)
@@ -123,11 +103,9 @@ def test_swap_events_are_recycled_only_when_dropped(rng):
     assert timed.device_time() >= 0  # timed swaps get fresh events with a start
 
 
-def test_kernel_nodes_per_stream_keep_each_calls_pairs(rng):
-    """Eager inline swaps launch a kernel node per (kernel, stream); calls
-    alternating between two streams, each with its own mapping, all land,
-    and the second stream got a node of its own (one shared node would
-    serialize the streams)."""
+def test_slot_graphs_serve_two_streams_and_keep_each_calls_pairs(rng):
+    """Calls alternating between two streams, each with its own mapping,
+    take slots (and their graphs) in turn: all land."""
     sw = cs.BlockSwapper(max_blocks=64)
     host = cs.empty_pinned((256, 2048), np.uint8)
     rand_fill(host, rng)
@@ -146,25 +124,24 @@ def test_kernel_nodes_per_stream_keep_each_calls_pairs(rng):
     for k in range(2):
         streams[k].synchronize()
         assert np.array_equal(cp.asnumpy(gpus[k]), expected[k])
-    assert {key[-1] for key in sw._launcher._nodes} == {s.ptr for s in streams}
+    assert sw._launcher.slots.busy() == 0  # every launch wrote its slot's done word
 
 
-def test_a_capture_adds_no_kernel_node(rng):
-    """While a stream captures, the inline kernel is launched plainly (a
-    graph launch cannot be captured): the capture makes no node."""
+def test_a_capture_takes_no_ring_slot(rng):
+    """While a stream captures, the kernel is launched plainly over rows of
+    its own: the ring's slots stay free."""
     sw = cs.BlockSwapper(max_blocks=16)
     host = cs.empty_pinned((16, 512), np.uint8)
     gpu = cp.empty((16, 512), cp.uint8)
     rand_fill(host, rng)
     stream = cp.cuda.Stream(non_blocking=True)
     sw.swap_in(host, gpu, [(0, 0)], stream=cp.cuda.Stream.null, mode="kernel").synchronize()
-    before = dict(sw._launcher._nodes)
     stream.begin_capture()
     try:
         sw.swap_in(host, gpu, [(1, 2), (3, 4)], stream=stream, mode="kernel")
     finally:
         graph = stream.end_capture()
-    assert sw._launcher._nodes == before
+    assert sw._launcher.slots.busy() == 0
     poison(gpu)
     cp.cuda.Device().synchronize()
     graph.launch(stream)
