@@ -156,6 +156,10 @@ def main(argv=None) -> int:
         from .remote_bench import main as remote_main
 
         return remote_main([a for a in argv[1:] if a != "--remote"])
+    if argv[:1] == ["bench"] and "--pin" in argv:  # pinning host pools (issue 41): tools/pin_bench.py
+        from .pin_bench import main as pin_main
+
+        return pin_main([a for a in argv[1:] if a != "--pin"])
     args = parse_args(argv)
     return RUN[args.command](args)
 

@@ -268,6 +268,8 @@ def _replot(args) -> int:
 def cmd_bench(args) -> int:
     if args.remote:  # cli.main hands `bench --remote` to remote_bench before parsing
         args.command_parser.error("argument --remote: run it as `cupy-swap bench --remote ...`")
+    if getattr(args, "pin", False):  # cli.main hands `bench --pin` to pin_bench before parsing
+        args.command_parser.error("argument --pin: run it as `cupy-swap bench --pin ...`")
     _check_bench_usage(args)
     if args.from_json is not None:
         return _replot(args)
@@ -582,6 +584,12 @@ def add_arguments(b) -> None:
         "--remote",
         action="store_true",
         help="transfers to another process through NIXL; see `cupy-swap bench --remote --help`",
+    )
+    what.add_argument(  # issue 41: tools/pin_bench.py, dispatched by cli.main like --remote
+        "--pin",
+        action="store_true",
+        help="seconds per GiB pinned (one call against chunks) and the longest stall another thread's swap "
+        "sees while a pool pins; see `cupy-swap bench --pin --help`",
     )
     cases = b.add_argument_group(
         "cases (a part that cannot honour one of these refuses it: exit 2, before measuring)"
