@@ -49,6 +49,7 @@ class _Decided:
         "run_rows",
         "staged_ok",
         "merge_runs",
+        "kernel_rows",
     )
 
     def __init__(self, swapper, layout: Layout, torch_parts: bool):
@@ -62,6 +63,12 @@ class _Decided:
         self.run_rows = run_rows(layout, policy)
         self.staged_ok = not staged_refusal(layout, policy)
         self.merge_runs = layout.min_block_bytes < policy.dma_min_copy_bytes
+        # (low, high): a call with no mode and host rows, low < n < high,
+        # goes to the kernel with no further look (what _path decides).
+        kernel_auto = self.route == "kernel" and swapper.mode == "auto" and layout.bytes_per_pair
+        self.kernel_rows = (
+            (policy.dma_max_copies // len(layout.src), self.run_rows or (1 << 62)) if kernel_auto else (0, 0)
+        )
         # The launch can check: status records mapped, no parts that may
         # share bytes (only the host checks those), blocks its table holds
         # (then every row of every call is checked there, up to the
@@ -108,6 +115,7 @@ class PreparedSwap:
         "_torch",
         "direction",
         "bytes_per_pair",
+        "_last_stream",
     )
 
     def __init__(
@@ -127,6 +135,8 @@ class PreparedSwap:
         # The caller's arrays, kept alive as long as the op (None for the
         # ops swap() caches: the cache holds its arrays weakly and re-checks).
         self._held = held
+        # The last stream= object and its handle (checked once per object).
+        self._last_stream = (None, 0)
         self.direction = layout.direction
         self.bytes_per_pair = layout.bytes_per_pair
 
@@ -189,13 +199,22 @@ class PreparedSwap:
         else:
             rows, n = None, on_gpu.n
         if stream is not None:
-            handle = stream_on_device(stream, sw.device)
+            last = self._last_stream
+            if last[0] is stream:
+                handle = last[1]
+            else:
+                handle = stream_on_device(stream, sw.device)
+                self._last_stream = (stream, handle)
         elif op.default_stream is not None:
             handle = op.default_stream()
         else:
             handle = sw._current_stream().ptr
         # 2. The path, and every refusal, before any wait is enqueued.
-        path, looked = self._path(op, rows, on_gpu, n, mode, check)
+        low, high = op.kernel_rows
+        if low < n < high and mode is None and on_gpu is None:
+            path, looked = "kernel", False
+        else:
+            path, looked = self._path(op, rows, on_gpu, n, mode, check)
         checked = (
             path == "kernel" and check != "host" and op.launch_checks and n <= sw._launcher.check_rows_max
         )

@@ -35,8 +35,6 @@ OFF_CAPTURE = {
     ("cuda/release.py", "device_free"): "the releaser thread only, relaxed for good",
     ("cuda/release.py", "drain"): "threading.Event, not a CUDA event",
     ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
-    ("cuda/launcher.py", "kernel_graph"): "called only inside BoundKernel._build's relaxed block",
-    ("cuda/launcher.py", "_destroy_graphs"): "releaser release (a dropped BoundKernel)",
     ("cuda/slots.py", "SlotRing.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
     ("cuda/launcher.py", "Launcher.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
     ("cuda/outcomes.py", "StatusBoard.__init__"): "built inside BlockSwapper.__init__'s relaxed block",

@@ -57,21 +57,21 @@ def test_auto_with_two_or_three_pairs(rng, monkeypatch, n, block, as_type):
 
 
 def test_a_slot_whose_launch_failed_is_given_back(rng, monkeypatch):
-    """A swap whose graph launch raised took a slot and launched nothing:
+    """A swap whose kernel launch raised took a slot and launched nothing:
     the slot is free at once (a one-slot ring keeps working)."""
     sw = cs.BlockSwapper(max_blocks=16, ring_size=1)
     host = cs.empty_pinned((4, 64), np.uint8)
     gpu = cp.empty((4, 64), cp.uint8)
-    real = sw._launcher.graph_launch
+    real = sw._launcher._launch
 
-    def broken(exec_, stream):
-        raise RuntimeError("graph launch failed")
+    def broken(*args):
+        raise RuntimeError("kernel launch failed")
 
-    sw._launcher.graph_launch = broken
-    with pytest.raises(RuntimeError, match="graph launch failed"):
+    sw._launcher._launch = broken
+    with pytest.raises(RuntimeError, match="kernel launch failed"):
         sw.swap_in(host, gpu, [(0, 1), (2, 3)], mode="kernel")
     assert sw._launcher.slots.busy() == 0
-    sw._launcher.graph_launch = real
+    sw._launcher._launch = real
     rand_fill(host, rng)
     poison(gpu)
     check_swap(sw, host, gpu, [(0, 1), (2, 3)], mode="kernel")

@@ -74,21 +74,6 @@ def test_a_tuple_of_two_sequences_is_the_pair_form(fake_gpu, not_capturing):
         op(([5, 6, 7], [0, 1]))
 
 
-def test_a_tuple_of_two_sequences_is_the_pair_form(fake_gpu, not_capturing):
-    """Issue 38: ``([5, 9], [0, 1])`` once copied 5 -> 9 and 0 -> 1 (read as
-    two rows); a 2-tuple of 1-D sequences of any type is (src, dst)."""
-    calls: list = []
-    op = _op(calls, fake_gpu)
-    for form in (([5, 6], [0, 1]), ((5, 6), (0, 1)), (np.array([5, 6]), [0, 1])):
-        calls.clear()
-        op(form)
-        assert calls[0][:2] == ("kernel", [5, 0, 6, 1]), form
-    with pytest.raises(ValueError, match="2-tuple is .src_indices, dst_indices.; expected 1-D destination"):
-        op(([5, 6], [[0, 1]]))
-    with pytest.raises(ValueError, match="source and destination indices of one length"):
-        op(([5, 6, 7], [0, 1]))
-
-
 def test_a_failed_launch_check_is_raised_by_the_next_call_once(fake_gpu, not_capturing):
     calls: list = []
     board = host_board()

@@ -1,5 +1,5 @@
-"""The launcher (cupy_swap/cuda/launcher.py) on the CPU: a slot's graph is
-built once per op and slot with parameters that point at that slot, and
+"""The launcher (cupy_swap/cuda/launcher.py) on the CPU: a slot launch's
+parameter is made once per op and slot, points at that slot, and is
 launched as it is; the descriptor ring's slots are taken and freed by the
 queueing rule (over parts that claim to be GPU memory: ``fake_gpu``)."""
 
@@ -19,7 +19,8 @@ from .fakes import fake_ring
 
 
 class _Launcher:
-    """What a BoundKernel reads of its launcher, recording graph launches."""
+    """What a BoundKernel reads of its launcher, recording launches with the
+    header and index words as the driver copies them."""
 
     def __init__(self, ring_size: int = 3, capacity: int = 64):
         self.device, self.max_ctas, self.check_rows_max = 0, 8, 8192
@@ -29,8 +30,10 @@ class _Launcher:
     def byref_args(self, layout):
         return abi.ByRefArgs(16, layout, fn=0xF00)
 
-    def graph_launch(self, exec_, stream):
-        self.launches.append((exec_, stream))
+    def _launch(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        (struct_ptr,) = (ctypes.c_void_p * 1).from_address(params)
+        words = np.ctypeslib.as_array((ctypes.c_int64 * 12).from_address(struct_ptr)).copy()
+        self.launches.append(("slot", fn, gx, bx, smem, stream, params, words))
 
     def launch_kernel(self, fn, grid, threads, stream, params, smem=0):
         (struct_ptr,) = (ctypes.c_void_p * 1).from_address(params)
@@ -47,35 +50,17 @@ def _layout(fake_gpu, parts: int, block: int = 4096):
     )
 
 
-@pytest.fixture
-def built(monkeypatch):
-    """The graphs BoundKernels build: ``(fn, grid, threads, smem, header and
-    index words as the driver copies them)``; each gets a new exec handle."""
-    graphs: list = []
-
-    def kernel_graph(fn, grid, threads, smem, args_ptr):
-        (struct_ptr,) = (ctypes.c_void_p * 1).from_address(args_ptr)
-        words = np.ctypeslib.as_array((ctypes.c_int64 * 12).from_address(struct_ptr)).copy()
-        graphs.append((fn, grid, threads, smem, words))
-        return 0x100 + len(graphs), 0x200 + len(graphs)
-
-    monkeypatch.setattr(launcher_module, "kernel_graph", kernel_graph)
-    monkeypatch.setattr(launcher_module, "_destroy_graphs", lambda device, graphs: None)  # made-up handles
-    return graphs
-
-
-def test_a_slot_graph_is_built_once_and_points_at_its_slot(fake_gpu, built):
+def test_a_slot_launch_points_at_its_slot_and_sets_nothing_per_call(fake_gpu):
     lau = _Launcher()
     layout = _layout(fake_gpu, 2)
     bound = BoundKernel(lau, layout)
-    assert built == []  # nothing built (or compiled) until a slot is used
     bound.launch_slot(1, stream=9)
-    bound.launch_slot(1, stream=10)  # the same slot again: the same graph, on another stream
+    bound.launch_slot(1, stream=10)  # the same slot again: the same parameter, on another stream
     bound.launch_slot(0, stream=9)
-    assert lau.launches == [(0x201, 9), (0x201, 10), (0x202, 9)]
-    assert len(built) == 2
+    assert [(s[5], s[6]) for s in lau.launches][:2] == [(9, lau.launches[0][6]), (10, lau.launches[0][6])]
+    assert lau.launches[2][6] != lau.launches[0][6]  # each slot its own parameter
     ring = lau.slots
-    for (fn, grid, threads, smem, words), i in zip(built, (1, 0)):
+    for (_, fn, grid, threads, smem, _, _, words), i in zip(lau.launches, (1, 1, 0)):
         rows = ring.aliases[i] + 8 * abi.CONTROL_WORDS
         assert fn == 0xF00 and (grid, threads) == launch_shape(ring.capacity * layout.units_per_pair, 8)
         assert smem == abi.check_shared_bytes(ring.capacity)  # the check of a full slot fits
@@ -85,13 +70,13 @@ def test_a_slot_graph_is_built_once_and_points_at_its_slot(fake_gpu, built):
         assert words[8:12].tolist() == [rows, rows + 8, 2, ring.aliases[i]]
 
 
-def test_a_new_cta_budget_builds_new_graphs(fake_gpu, built):
+def test_a_new_cta_budget_changes_the_grid(fake_gpu):
     lau = _Launcher()
-    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    bound = BoundKernel(lau, _layout(fake_gpu, 1, block=1 << 20))
     bound.launch_slot(0, stream=1)
     lau.max_ctas = 2
     bound.launch_slot(0, stream=1)
-    assert len(built) == 2 and built[1][1] <= 2
+    assert lau.launches[0][2] > 2 and lau.launches[1][2] <= 2
 
 
 def test_a_captured_launch_keeps_rows_of_its_own(fake_gpu, monkeypatch):
@@ -100,7 +85,6 @@ def test_a_captured_launch_keeps_rows_of_its_own(fake_gpu, monkeypatch):
     from cupy_swap.cuda import memory, release
 
     kept: list = []
-    monkeypatch.setattr(launcher_module, "_destroy_graphs", lambda device, graphs: None)
     monkeypatch.setattr(memory, "zeros_pinned_for_gpu", lambda shape, dtype, device: np.zeros(shape, dtype))
     monkeypatch.setattr(memory, "host_alias", lambda ptr, nbytes: 0xA000)
     monkeypatch.setattr(release, "keep_for_process", kept.append)

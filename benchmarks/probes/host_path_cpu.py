@@ -74,8 +74,7 @@ class _Launcher:
             launched(i, seq)
 
         ring.launched = done
-        self.graph_launch = _no_op
-        launcher.kernel_graph = lambda *args: (1, 2)
+        self._launch = _no_op
 
     def bind(self, layout):
         return launcher.BoundKernel(self, layout)

@@ -179,6 +179,14 @@ class ByRefArgs:
         self._array = (ctypes.c_void_p * 1)(self.words.ctypes.data)
         self.ptr = ctypes.addressof(self._array)
 
+    def copy(self) -> ByRefArgs:
+        """Another parameter with the same words (a ring slot's own)."""
+        other = ByRefArgs.__new__(ByRefArgs)
+        other.fn, other.words = self.fn, self.words.copy()
+        other._array = (ctypes.c_void_p * 1)(other.words.ctypes.data)
+        other.ptr = ctypes.addressof(other._array)
+        return other
+
     def set(
         self,
         n_pairs: int,

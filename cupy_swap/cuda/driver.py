@@ -1,12 +1,10 @@
 """The few CUDA driver entry points CuPy does not wrap, called through ctypes:
-``cuMemcpyBatchAsync``, the calls that build a one-kernel graph and set its
-node's parameters, and the primary-context listing."""
+``cuMemcpyBatchAsync`` and the primary-context listing."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from typing import NamedTuple
 
 # Loaders run once per process (two threads racing get equivalent handles).
 
@@ -80,49 +78,3 @@ def memcpy_batch():
             found = (fn, takes_fail)
             break
     return found
-
-
-class KernelNodeParams(ctypes.Structure):
-    """``CUDA_KERNEL_NODE_PARAMS`` in the layout the unversioned driver
-    symbols below take (the ``_v2`` ones add two fields)."""
-
-    _fields_ = [
-        ("func", ctypes.c_void_p),
-        ("gridDimX", ctypes.c_uint),
-        ("gridDimY", ctypes.c_uint),
-        ("gridDimZ", ctypes.c_uint),
-        ("blockDimX", ctypes.c_uint),
-        ("blockDimY", ctypes.c_uint),
-        ("blockDimZ", ctypes.c_uint),
-        ("sharedMemBytes", ctypes.c_uint),
-        ("kernelParams", ctypes.c_void_p),
-        ("extra", ctypes.c_void_p),
-    ]
-
-
-class GraphCalls(NamedTuple):
-    create: object  # cuGraphCreate(CUgraph*, flags)
-    add_kernel_node: object  # cuGraphAddKernelNode(CUgraphNode*, graph, deps, n_deps, params*)
-    set_params: object  # cuGraphExecKernelNodeSetParams(exec, node, params*), c_void_p arguments
-
-
-_GRAPH_SYMBOLS = ("cuGraphCreate", "cuGraphAddKernelNode", "cuGraphExecKernelNodeSetParams")
-
-
-@functools.cache
-def graph_calls() -> GraphCalls | None:
-    """The driver calls of :class:`cupy_swap.cuda.launcher.KernelNode`, or
-    None where ``libcuda`` cannot be loaded or lacks one of them."""
-    lib = libcuda()
-    if lib is None or not all(hasattr(lib, name) for name in _GRAPH_SYMBOLS):
-        return None
-    ptr = ctypes.c_void_p
-    create, add, set_params = (getattr(lib, name) for name in _GRAPH_SYMBOLS)
-    create.argtypes = [ptr, ctypes.c_uint]
-    add.argtypes = [ptr, ptr, ptr, ctypes.c_size_t, ptr]
-    # cuGraphExecKernelNodeSetParams runs on every eager kernel swap: no
-    # argtypes, so ctypes passes the caller's prebuilt c_void_p objects
-    # through without converting Python ints.
-    for fn in (create, add, set_params):
-        fn.restype = ctypes.c_int
-    return GraphCalls(create, add, set_params)

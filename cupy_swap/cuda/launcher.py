@@ -1,12 +1,11 @@
-"""Launch the swap kernel; own the slot ring's graphs and the descriptor ring.
+"""Launch the swap kernel; own the descriptor ring.
 
 * **Slot** (every kernel swap, :class:`BoundKernel`): the call's rows (or
   where its GPU rows are) and its count, status and number go into a slot of
-  the :class:`~.slots.SlotRing`; the op launches that slot's graph, one
-  kernel node instantiated once per op and slot whose parameters point at
-  the slot's device alias, so a call changes no parameter and launches
-  what was built.  A captured swap gets a slot of its own, kept for the
-  process, and a plain launch the capture records.
+  the :class:`~.slots.SlotRing`; the op launches the kernel with a
+  parameter made once for that slot (it points at the slot's device alias),
+  so a call writes no parameter.  A captured swap gets a slot of its own,
+  kept for the process, and a plain launch the capture records.
 * **Descriptor**: staged swaps and graph_swap replays, and host rows where
   pinned memory cannot be mapped: header, table and pairs written into a
   descriptor ring slot and uploaded to its fixed device buffer by a small
@@ -23,7 +22,6 @@ the releaser frees the ring after every slot's last launch.
 from __future__ import annotations
 
 import collections
-import ctypes
 import functools
 import threading
 import time
@@ -31,7 +29,6 @@ import time
 import numpy as np
 
 from . import abi, capture, kernels, memory, release
-from .driver import KernelNodeParams, graph_calls
 
 # Descriptor uploads use at most this many CTAs (a 64 KiB descriptor is one
 # round of 16-byte loads per thread).
@@ -69,40 +66,6 @@ def launch_shape(units: int, max_ctas: int) -> tuple[int, int]:
     threads = min(abi.MAX_THREADS, max(32, -(-per_cta // 32) * 32))
     grid = min(max_ctas, -(-units // (threads * abi.UNROLL)))
     return max(grid, 1), threads
-
-
-def kernel_graph(fn: int, grid: int, threads: int, smem: int, args_ptr: int) -> tuple[int, int]:
-    """``(graph, exec)``: a graph of one launch of ``fn``, instantiated.  The
-    driver copies the parameters (``args_ptr``, a ``void**``) when the node
-    is made, so the buffer behind them can be reused at once."""
-    from cupy.cuda import runtime
-
-    calls = graph_calls()
-    if calls is None:
-        raise RuntimeError("kernel graphs: libcuda or its graph calls could not be loaded")
-    params = KernelNodeParams(fn, grid, 1, 1, threads, 1, 1, smem, args_ptr, None)
-    graph, node = ctypes.c_void_p(), ctypes.c_void_p()
-    _check(calls.create(ctypes.byref(graph), 0), "cuGraphCreate")
-    try:
-        _check(
-            calls.add_kernel_node(ctypes.byref(node), graph, None, 0, ctypes.byref(params)),
-            "cuGraphAddKernelNode",
-        )
-        return graph.value, runtime.graphInstantiate(graph.value)
-    except BaseException:
-        runtime.graphDestroy(graph.value)
-        raise
-
-
-def _destroy_graphs(device: int, graphs: list) -> None:
-    """The releaser's half of a dropped op: its graphs (a launch still in
-    flight completes first: CUDA frees an executing graph when it finishes)."""
-    from cupy.cuda import runtime
-
-    runtime.setDevice(device)
-    for graph, exec_ in graphs:
-        runtime.graphExecDestroy(exec_)
-        runtime.graphDestroy(graph)
 
 
 def _check(status: int, call: str) -> None:
@@ -149,36 +112,24 @@ def _wait_for_slots(slots: list) -> None:
 
 
 class BoundKernel:
-    """The kernel launches of one resolved layout, for any mapping: a slot's
-    graph (:meth:`launch_slot`), a captured launch (:meth:`launch_captured`),
-    or the descriptor ring (:meth:`launch_descriptor`)."""
+    """The kernel launches of one resolved layout, for any mapping: a ring
+    slot's (:meth:`launch_slot`), a captured launch (:meth:`launch_captured`),
+    or the descriptor ring (:meth:`launch_descriptor`).
 
-    __slots__ = (
-        "__weakref__",
-        "_launcher",
-        "layout",
-        "_args",
-        "_execs",
-        "_graphs",
-        "_ctas",
-        "_lock",
-        "_last",
-    )
+    A slot launch is one ``cuLaunchKernel`` of a parameter made once per op
+    and slot (pointing at that slot's words), so a call sets nothing: no
+    graph is built on the hot path (a lazily built graph per slot once held
+    a call for the whole of a busy stream's queue: NOTES item 61)."""
+
+    __slots__ = ("_launcher", "layout", "_args", "_slot_args", "_shape", "_lock")
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
         self.layout = layout
         self._args = None  # abi.ByRefArgs, built (and the module compiled) on the first launch
-        self._execs: list[int] = []  # per slot: its instantiated graph, 0 until the slot is first used
-        self._graphs: list = []  # (graph, exec) to destroy with the op
-        self._ctas = launcher.max_ctas  # the CTA budget the graphs were built for
+        self._slot_args: list = []  # per ring slot: its ByRefArgs, None until the slot is first used
+        self._shape = None  # (ctas budget, grid, threads, smem) of slot launches
         self._lock = threading.Lock()
-        self._last = [0] * launcher.slots.size  # per slot: the number of this op's last launch there
-        # Dropped: the graphs go once the op's last launch on each slot has
-        # finished (a graph destroyed while it runs could hold the driver).
-        destroy = functools.partial(_destroy_graphs, launcher.device, self._graphs)
-        gate = functools.partial(launcher.slots.wait_done, self._last)
-        release.finalizer(self, release.defer, destroy, gate, "graphs of a prepared swap")
 
     def _byref(self) -> abi.ByRefArgs:
         args = self._args
@@ -187,40 +138,37 @@ class BoundKernel:
         return args
 
     def launch_slot(self, i: int, stream: int) -> None:
-        """Launch the graph of ring slot ``i`` on ``stream`` (built on the
-        op's first use of the slot, in relaxed capture mode)."""
+        """Launch over ring slot ``i`` (its control record and rows) on
+        ``stream``."""
         lau = self._launcher
-        execs = self._execs
-        if self._ctas != lau.max_ctas or not execs:
-            execs = self._reset(lau)
-        exec_ = execs[i]
-        if not exec_:
-            exec_ = self._build(i)
-        self._last[i] = lau.slots.controls[i][2]  # SwapControl::seq
-        lau.graph_launch(exec_, stream)
+        shape = self._shape
+        if shape is None or shape[0] != lau.max_ctas:
+            shape = self._reshape(lau)
+        args = self._slot_args[i]
+        if args is None:
+            args = self._for_slot(i)
+        lau._launch(args.fn, shape[1], 1, 1, shape[2], 1, 1, shape[3], stream, args.ptr, 0)
 
-    def _reset(self, lau) -> list:
-        """Forget the graphs (built for another CTA budget): new ones are
-        built as slots are used; the old ones go with the op."""
-        with self._lock:
-            self._ctas = lau.max_ctas
-            self._execs = [0] * lau.slots.size
-        return self._execs
-
-    def _build(self, i: int) -> int:
-        lau = self._launcher
+    def _reshape(self, lau) -> tuple:
+        """The launch shape for this CTA budget (a swap reads at most
+        ``capacity`` rows; CTAs past a short swap's rows return at once)."""
         ring = lau.slots
-        units = self.layout.units_per_pair
-        grid, threads = launch_shape(ring.capacity * units, self._ctas)
-        smem = abi.check_shared_bytes(min(ring.capacity, lau.check_rows_max))
-        with self._lock, capture.relaxed():  # legal while another thread captures
-            args = self._byref()
+        with self._lock:
+            grid, threads = launch_shape(ring.capacity * self.layout.units_per_pair, lau.max_ctas)
+            smem = abi.check_shared_bytes(min(ring.capacity, lau.check_rows_max))
+            if not self._slot_args:
+                self._slot_args = [None] * ring.size
+            self._shape = (lau.max_ctas, grid, threads, smem)
+        return self._shape
+
+    def _for_slot(self, i: int) -> abi.ByRefArgs:
+        ring = self._launcher.slots
+        with self._lock:
+            args = self._byref().copy()
             rows = ring.aliases[i] + 8 * abi.CONTROL_WORDS
-            ptr = args.set(ring.capacity, 0, 0, rows, rows + 8, 2, ring.aliases[i], ring.arrivals[i])
-            graph, exec_ = kernel_graph(args.fn, grid, threads, smem, ptr)
-            self._graphs.append((graph, exec_))
-            self._execs[i] = exec_
-        return exec_
+            args.set(ring.capacity, 0, 0, rows, rows + 8, 2, ring.aliases[i], ring.arrivals[i])
+            self._slot_args[i] = args
+        return args
 
     def launch_captured(self, pairs, n: int, stream: int) -> None:
         """Launch over ``n`` host rows checked on the host, recorded by the
@@ -262,14 +210,13 @@ class Launcher:
         self.device = device
         self.max_ctas = max_ctas
         self._launch = driver.launchKernel
-        self.graph_launch = runtime.graphLaunch
         self._memcpy = runtime.memcpyAsync
         self._record = runtime.eventRecord
         self._lock = threading.Lock()
         self.ring_waits = 0  # times a swap had to wait for a descriptor slot (ring full)
         self.slots = SlotRing(device, ring_size, max_blocks)
-        # Slot launches need the ring mapped and the driver's graph calls.
-        self.slots_ok = self.slots.mapped and graph_calls() is not None
+        # Slot launches need the ring mapped into the GPU's address space.
+        self.slots_ok = self.slots.mapped
         self.slot_words = abi.descriptor_words(max_parts, max_blocks)
         row_bytes = self.slot_words * 8
         host = memory.zeros_pinned_for_gpu((ring_size, self.slot_words), np.int64, device)
