@@ -8,10 +8,12 @@ Public API::
     event = sw.swap_in(host, gpu_cache, [(src_block, dst_block), ...])
 """
 
+from . import hostpool  # issue 41: pools of any size, pinned in chunks, NUMA-placed
 from .cuda.availability import CudaUnavailableError
 from .cuda.memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
 from .cuda.shared import shared_pinned, unlink_shared
 from .graph import GraphSwap
+from .hostpool import PinError, PinHandle, pin_array, pin_pool, pin_shared
 from .swapper import BlockSwapper, PreparedSwap
 
 __version__ = "0.2.0"
@@ -47,5 +49,11 @@ __all__ = [
     "register_host",
     "unregister_host",
     "is_pinned",
+    "hostpool",
+    "pin_pool",
+    "pin_shared",
+    "pin_array",
+    "PinHandle",
+    "PinError",
     "__version__",
 ]

@@ -19,6 +19,7 @@ NAMES = (
     "layer_overlap.py",
     "sglang_layout.py",
     "shared_pool.py",
+    "host_pool.py",
     "sglang_hicache.py",
     "vllm_offload.py",
     "vllm_swap_blocks.py",

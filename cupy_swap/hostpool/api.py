@@ -20,6 +20,7 @@ import mmap
 import numpy as np
 
 from ..cuda import capture, memory, release, shared
+from ..cuda.availability import translate_unavailable
 from . import numa
 from .chunks import plan_chunks
 from .handle import PinHandle
@@ -113,6 +114,7 @@ def _pin(mm, ptr, shape, dtype, device, placement, size, background, progress, n
     return handle
 
 
+@translate_unavailable("pin_pool()")
 def pin_pool(
     shape,
     dtype="float32",
@@ -171,6 +173,7 @@ def pin_pool(
     return _pin(mm, ptr, shape, dtype, device, placement, size, background, progress)
 
 
+@translate_unavailable("pin_shared()")
 def pin_shared(
     name: str,
     shape,
@@ -210,6 +213,7 @@ def pin_shared(
         raise
 
 
+@translate_unavailable("pin_array()")
 def pin_array(
     array: np.ndarray, *, device=None, chunk_bytes=None, background: bool = False, progress=None
 ) -> PinHandle:

@@ -47,9 +47,13 @@ def cmd_info(args) -> int:
             else ["auto (dma or staged for host arrays)", "dma", "staged", "kernel (GPU->GPU only)"]
         )
         print(f"  modes: {', '.join(modes)}")
+        print(f"  host pools (pin_pool): {_placement_line(dev)}")  # issue 41
     print(
         f"cuMemcpyBatchAsync: {'available' if dma.batch_available() else 'not available (one memcpy per copy)'}"
     )
+    from ..hostpool import ENV, chunk_bytes
+
+    print(f"host pools pinned in chunks of at most {chunk_bytes() / 2**30:g} GiB ({ENV} to change)")
     from ..cuda.settings import calibration_path, load_calibration
 
     path = calibration_path(runtime.getDevice())
@@ -57,6 +61,16 @@ def cmd_info(args) -> int:
     print(f"calibration: {path} ({'loaded: ' + json.dumps(cal) if cal else 'none; built-in defaults'})")
     print(f"CuPy {cupy.__version__}")
     return 0
+
+
+def _placement_line(dev: int) -> str:
+    """Where a pool for GPU ``dev`` goes (:mod:`cupy_swap.hostpool.numa`)."""
+    from ..hostpool import numa
+
+    try:
+        return numa.placement_for([dev]).describe()
+    except Exception as e:  # noqa: BLE001 - info reports, it does not fail
+        return f"unknown ({type(e).__name__}: {e})"
 
 
 def cmd_calibrate(args) -> int:
