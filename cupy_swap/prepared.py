@@ -3,10 +3,12 @@ takes (``swap()`` looks the op up and lands here too).
 
 Everything the layout decides was decided when the op was made
 (:class:`_Decided`): route, kernel, whether its launches can check.  A call
-reads the mapping's form, takes the stream, picks the path (auto's looks
-are O(1)), enqueues the waits, asks whether the stream captures, and for the
-kernel takes one free slot, writes its rows there, launches that slot's
-graph and records one event (:meth:`PreparedSwap._launch_kernel`).  Every
+reads the mapping's form, takes the stream, picks the path (auto's look at
+the rows' ends is O(1); a run it finds is verified, O(n), only where the
+copy moves at least ``dma_min_copy_bytes``), enqueues the waits, asks
+whether the stream captures, and for the kernel takes one free slot, writes
+its rows there, launches the kernel over that slot and records one event
+(:meth:`PreparedSwap._launch_kernel`).  Every
 kernel swap's rows are checked by the launch itself, at every row count up
 to the launch's table (8192 rows on an H200), unless ``check="host"``;
 copy-engine, staged and captured swaps are checked on the host.  How a
@@ -21,7 +23,7 @@ import numpy as np
 
 from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
-from .core.mapping import check_rows_for, host_rows
+from .core.mapping import check_rows_for, host_rows, run_starts
 from .core.route import check_mode, prepared_route, run_route, run_rows, staged_plan, staged_refusal
 from .cuda import abi, capture, memory, release
 from .cuda.gpu_mapping import device_rows
@@ -246,7 +248,7 @@ class PreparedSwap:
                 ticket = self._launch_kernel(op, rows, on_gpu, n, handle, capturing, checked, held)
                 launched = True
             elif path == "dma":
-                sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs)
+                sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs or looked)
             elif path == "staged":
                 sw._stagers[op.layout.direction].enqueue(
                     op.layout, plan, handle, held, sw._launcher, sw._dma, sw._serial
@@ -271,7 +273,7 @@ class PreparedSwap:
     def _launch_kernel(self, op: _Decided, rows, on_gpu, n: int, handle: int, capturing: bool, checked, held):
         """The one kernel launch of a swap; its status ticket when the launch
         checks the rows.  Eager: the rows (or where the GPU rows are) into a
-        free slot, that slot's graph launched (:mod:`.cuda.slots`)."""
+        free slot, the kernel launched over it (:mod:`.cuda.slots`)."""
         sw = self._swapper
         lau = sw._launcher
         if capturing:
@@ -332,6 +334,11 @@ class PreparedSwap:
             return "dma", False  # one copy: the copy engines start sooner
         if op.run_rows is not None and n >= op.run_rows:  # one run of enough bytes (NOTES 58)
             run = run_route(rows, n, layout.direction, op.staged_ok)
+            # Ends that span n blocks but no single run (0, 2, .., 1, 3, ..) would be
+            # copied block by block: the kernel is faster (NOTES 61).  O(n) NumPy,
+            # paid only where the copy that follows moves at least dma_min_copy_bytes.
+            if run == "dma" and run_starts(_rows_array(rows)).shape[0] != 1:
+                run = None
             if run is not None:
                 return run, True
         return "kernel", False

@@ -253,8 +253,12 @@ def test_auto_sends_one_long_run_to_the_copy_engines(fake_gpu, not_capturing):
         ([(2, 3), (3, 4), (4, 5)], "kernel"),  # 3 blocks: short of a full-speed copy
         ([(2, 6), (3, 4), (4, 5), (5, 3)], "kernel"),  # host run, GPU scattered: staging is off
         ([(5, 3), (1, 4), (7, 5), (0, 6)], "kernel"),
+        # Issue 38: ends that span 4 blocks on both sides but no single run would
+        # be copied block by block; the kernel is faster (and checks the rows).
+        ([(2, 3), (4, 5), (3, 4), (5, 6)], "kernel"),
+        ([(2, 3), (3, 3), (4, 5), (5, 6)], "kernel"),
     ):
         assert op(np.array(rows, np.int64)).path == path
     assert op(np.array([(2, 3), (3, 4), (4, 5), (5, 6)], np.int64), mode="kernel").path == "kernel"
     with pytest.raises(ValueError, match="distinct destination blocks"):  # the copy engines' host check
-        op(np.array([(2, 3), (3, 3), (4, 5), (5, 6)], np.int64))
+        op(np.array([(2, 3), (3, 3), (4, 5), (5, 6)], np.int64), mode="dma")

@@ -1,4 +1,4 @@
-"""Kernel swaps through the one path (a ring slot, that slot's graph, one
+"""Kernel swaps through the one path (a ring slot, one launch, one
 event): row and part counts at the edges of the forms it replaced, captures
 with rows of their own, slots reused across streams, and the recycled swap
 events."""
@@ -103,9 +103,9 @@ def test_swap_events_are_recycled_only_when_dropped(rng):
     assert timed.device_time() >= 0  # timed swaps get fresh events with a start
 
 
-def test_slot_graphs_serve_two_streams_and_keep_each_calls_pairs(rng):
+def test_slots_serve_two_streams_and_keep_each_calls_pairs(rng):
     """Calls alternating between two streams, each with its own mapping,
-    take slots (and their graphs) in turn: all land."""
+    take slots in turn: all land."""
     sw = cs.BlockSwapper(max_blocks=64)
     host = cs.empty_pinned((256, 2048), np.uint8)
     rand_fill(host, rng)

@@ -19,8 +19,7 @@ THREADS = 8
 
 @pytest.mark.parametrize("ring_size", [1, 2, 16], ids=["ring1", "ring2", "ring16"])
 def test_many_threads_share_one_swapper(ring_size):
-    """Every kernel swap takes a slot of one ring (and that slot's graph of
-    its op)."""
+    """Every kernel swap takes a slot of one ring."""
     sw = cs.BlockSwapper(max_blocks=256, ring_size=ring_size)
     rng = np.random.default_rng(ring_size)
     arrays = []
