@@ -16,12 +16,12 @@ echo "${1:-unknown}" >"$OUT/commit.txt"
     nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv
     nvidia-smi topo -m 2>/dev/null | head -5
 } >"$OUT/machine.txt" 2>&1
-timeout 30 $PY -m cupy_swap info >"$OUT/info.txt" 2>&1
+timeout 20 $PY -m cupy_swap info >"$OUT/info.txt" 2>&1
 export CUPY_SWAP_HOSTPOOL_LOG=$OUT/hostpool_gpu.jsonl
-timeout 190 $PY -m pytest -q -p no:cacheprovider -rs tests/test_hostpool_gpu.py >"$OUT/pytest_hostpool_gpu.log" 2>&1
+timeout 140 $PY -m pytest -q -p no:cacheprovider -rs tests/test_hostpool_gpu.py >"$OUT/pytest_hostpool_gpu.log" 2>&1
 echo "pytest rc=$?" >>"$OUT/pytest_hostpool_gpu.log"
-timeout 120 $PY -m cupy_swap bench --pin --gib 16 --chunk-gib 1,4,16 --stall-gib 32 --stall-chunk-gib 2 \
+timeout 120 $PY -m cupy_swap bench --pin --gib 16 --chunk-gib 2,16 --stall-gib 32 --stall-chunk-gib 2 \
     --json "$OUT/pin_bench.json" >"$OUT/pin_bench.log" 2>&1
 echo "bench rc=$?" >>"$OUT/pin_bench.log"
-tail -5 "$OUT/pytest_hostpool_gpu.log" "$OUT/pin_bench.log"
+tail -n 5 "$OUT/pytest_hostpool_gpu.log"; cat "$OUT/pin_bench.log"
 cat "$OUT/hostpool_gpu.jsonl" 2>/dev/null | cut -c1-600

@@ -421,3 +421,30 @@ def test_progress_bar_writes_plain_text():
     assert len(lines) == 3  # 25 %, 75 % (50 after 25) and 100 %
     assert lines[-1].startswith("pinning [" + "#" * 30 + "]    4.00/4.00 GiB 100.0% chunk 4/4")
     assert "1.000 s/GiB" in lines[-1]
+
+
+def test_pin_pool_touches_each_chunk_before_it_registers_it(fake_cuda, no_numa, monkeypatch):
+    from cupy_swap.hostpool import api
+
+    order = []
+    monkeypatch.setattr(api, "first_touch", lambda start, n: order.append(("touch", start, n)))
+    fake_cuda.hostRegister = lambda ptr, n, flags: (
+        order.append(("register", ptr, n)),
+        fake_cuda.registered.append((ptr, n)),
+    )
+    h = hp.pin_pool((32, 4096), np.uint8, chunk_bytes=8 * 4096)
+    assert [k for k, _, _ in order] == ["touch", "register"] * 4
+    assert [(s, n) for k, s, n in order if k == "touch"] == [(s, n) for k, s, n in order if k == "register"]
+    assert len(h.touch_seconds) == len(h.chunk_seconds) == 4
+    a = hp.pin_array(np.frombuffer(bytearray(8192), np.uint8).reshape(2, 4096))
+    assert a.touch_seconds == []  # the caller's memory is never written
+
+
+def test_first_touch_writes_zeros_over_every_byte(monkeypatch):
+    from cupy_swap.hostpool import api
+
+    monkeypatch.setattr(api, "_TOUCH_SLICE", 4096)  # several slices, several threads
+    monkeypatch.setattr(api, "_TOUCH_THREADS", 3)
+    buf = np.full(5 * 4096 + 123, 7, np.uint8)
+    api.first_touch(buf.ctypes.data, buf.nbytes)
+    assert not buf.any()

@@ -52,10 +52,13 @@ class PinHandle:
     placement : Placement
         Where its pages were placed (:mod:`.numa`).
     chunk_seconds : list of float
-        Wall time of each chunk's ``cudaHostRegister`` so far.
+        Wall time of each chunk's ``cudaHostRegister`` so far (the time the
+        driver is held).
+    touch_seconds : list of float
+        Wall time of each chunk's first touch before it (``pin_pool`` only).
     """
 
-    def __init__(self, array, record: PoolRecord, owner, device: int, placement, progress=None):
+    def __init__(self, array, record: PoolRecord, owner, device: int, placement, progress=None, touch=None):
         self.array, self.placement, self.device = array, placement, device
         self._record, self._owner, self._callback = record, owner, progress
         self._finished = _Flag()  # threading.Event (a CPU flag, not a CUDA event)
@@ -65,6 +68,8 @@ class PinHandle:
         self._started = time.perf_counter()
         self._seconds = 0.0
         self.chunk_seconds: list[float] = []
+        self.touch_seconds: list[float] = []  # first touch of each chunk (pin_pool), outside the driver
+        self._touch = touch
         self._keep = None  # pin_array: the owner of the caller's pinned memory
 
     # -- state --------------------------------------------------------------
@@ -163,6 +168,10 @@ class PinHandle:
             for i, c in enumerate(r.chunks):
                 if self._cancel.is_set():
                     break
+                if self._touch is not None:  # fault the pages in without holding the driver
+                    t0 = time.perf_counter()
+                    self._touch(c.start, c.nbytes)
+                    self.touch_seconds.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 try:
                     with capture.relaxed():  # one chunk per driver call; another thread's capture stays valid

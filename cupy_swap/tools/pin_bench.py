@@ -103,6 +103,8 @@ def chunked(gib: int, chunk_gib: int, quiet: bool) -> dict:
         "seconds": seconds,
         "s_per_gib": seconds / gib,
         "max_chunk_s": max(h.chunk_seconds),
+        "register_s": sum(h.chunk_seconds),
+        "touch_s": sum(h.touch_seconds),
         "placement": h.placement.describe(),
     }
     del h
@@ -145,10 +147,10 @@ def stall(gib: int, chunk_gib: int, quiet: bool) -> dict:
                 ev.synchronize()
             i += 1
 
-    loop(threading.Event(), [], [], 200)  # warm-up: kernels compiled, op cached
-    base_calls, base_records = [], []
     done = threading.Event()
-    done.set()
+    done.set()  # the loops below run their minimum count only
+    loop(done, [], [], 200)  # warm-up: kernels compiled, op cached
+    base_calls, base_records = [], []
     loop(done, base_calls, base_records, 2000)
     calls, records, stop = [], [], threading.Event()
     worker = threading.Thread(target=loop, args=(stop, calls, records, 1))
@@ -173,6 +175,7 @@ def stall(gib: int, chunk_gib: int, quiet: bool) -> dict:
         "s_per_gib": seconds / gib,
         "chunks": len(h.chunks),
         "max_chunk_s": max(h.chunk_seconds) if h.chunk_seconds else None,
+        "max_touch_s": max(h.touch_seconds) if h.touch_seconds else None,
         "swaps_during": len(calls),
         "max_swap_call_s": max(calls),
         "max_record_s": max(records),
@@ -191,7 +194,8 @@ def _print(row: dict) -> None:
     if row["what"] == "stall":
         print(
             f"stall: {row['gib']} GiB pinned in the background in {row['chunks']} chunks of {row['chunk_gib']} GiB "
-            f"({row['s_per_gib']:.3f} s/GiB, longest chunk {row['max_chunk_s']:.3f} s); another thread's "
+            f"({row['s_per_gib']:.3f} s/GiB, longest chunk registration {row['max_chunk_s']:.3f} s, longest first "
+            f"touch {row['max_touch_s']:.3f} s); another thread's "
             f"{row['swaps_during']} swaps meanwhile: longest swap() call {1e3 * row['max_swap_call_s']:.2f} ms, "
             f"longest Event.record() {1e3 * row['max_record_s']:.2f} ms, median swap() "
             f"{1e6 * row['median_swap_call_s']:.1f} us (nothing registering: longest "
@@ -199,7 +203,12 @@ def _print(row: dict) -> None:
             f"{1e6 * row['baseline_median_swap_call_s']:.1f} us); bit-exact: {row['bit_exact']}"
         )
     else:
-        extra = f", longest chunk {row['max_chunk_s']:.3f} s" if "max_chunk_s" in row else ""
+        extra = (
+            f", longest chunk {row['max_chunk_s']:.3f} s (driver held {row['register_s']:.2f} s in all, "
+            f"first touch {row['touch_s']:.2f} s)"
+            if "max_chunk_s" in row
+            else ""
+        )
         print(
             f"{row['what']:<32} {row['gib']:>4} GiB {row['chunks']:>3} chunks {row['seconds']:8.2f} s "
             f"{row['s_per_gib']:.3f} s/GiB{extra}"
