@@ -12,6 +12,7 @@ echo "${1:-unknown}" >"$OUT/commit.txt"
     id
     echo "ulimit -l: $(ulimit -l)"
     echo "numa online: $(cat /sys/devices/system/node/online 2>/dev/null)"
+    echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null) defrag: $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null)"
     grep -E 'MemTotal|MemAvailable|Hugepagesize' /proc/meminfo
     nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv
     nvidia-smi topo -m 2>/dev/null | head -5
