@@ -347,6 +347,11 @@ def test_bad_arguments_are_refused_before_anything_is_pinned(fake_cuda, no_numa)
         (lambda: hp.pin_pool((4, 16), object), TypeError, "dtype: expected a plain data type"),
         (lambda: hp.pin_array([1, 2]), TypeError, "array: expected a numpy.ndarray, got list"),
         (
+            lambda: hp.pin_shared("x", (4, 16), np.uint8, devices=[-1]),
+            ValueError,
+            "devices: expected None or GPU",
+        ),
+        (
             lambda: hp.pin_array(np.zeros((4, 16))[:, ::2]),
             ValueError,
             "array: expected a non-empty C-contiguous",

@@ -222,6 +222,13 @@ def pin_shared(
     size = _check_common(None, chunk_bytes, background, progress)
     shape, dtype = _shape_dtype(shape, dtype)
     device = _current_device()
+    if devices is not None:
+        try:
+            devices = list(devices)
+        except TypeError:
+            devices = [devices]
+        if not devices or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in devices):
+            raise ValueError(f"devices: expected None or GPU indices >= 0, got {devices!r}")
     if create:
         if devices is None:
             devices = list(range(memory._runtime().getDeviceCount()))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import threading
 
+from ..core.parts import HOST
 from .chunks import Chunk
 
 PENDING, PINNED, FAILED = 0, 1, 2
@@ -176,7 +177,7 @@ def unmapped_reason(layout) -> str:
     """Why a layout whose host parts lie across chunks with different alias
     offsets goes to the copy engines ("" when none does)."""
     for part in layout.src + layout.dst:
-        if getattr(part, "location", None) != "host" or not part.block_bytes:
+        if part.location != HOST or not part.block_bytes:
             continue
         lo, hi = part.span()
         pool = registry.find(lo, hi) if len(registry) else None
