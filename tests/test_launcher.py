@@ -105,6 +105,7 @@ class _RingLauncher:
     write_slot = Launcher.write_slot
     acquire = Launcher.acquire
     _free_slot = Launcher._free_slot
+    _ring = Launcher._ring
 
     def __init__(self, slots: int = 1):
         import threading

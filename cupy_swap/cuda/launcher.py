@@ -96,6 +96,19 @@ class _Slot:
         self.event = None
 
 
+class _Open:
+    """The finalizer of a launcher whose descriptor ring is not allocated:
+    calling it closes the launcher."""
+
+    __slots__ = ("alive",)
+
+    def __init__(self):
+        self.alive = True
+
+    def __call__(self) -> None:
+        self.alive = False
+
+
 def _free_launcher(ring_ptr: int, device: int) -> None:
     """The releaser's half of :meth:`Launcher.close`: the device ring."""
     release.device_free(ring_ptr, device)
@@ -218,27 +231,52 @@ class Launcher:
         # Slot launches need the ring mapped into the GPU's address space.
         self.slots_ok = self.slots.mapped
         self.slot_words = abi.descriptor_words(max_parts, max_blocks)
-        row_bytes = self.slot_words * 8
-        host = memory.zeros_pinned_for_gpu((ring_size, self.slot_words), np.int64, device)
-        # Device copies of the descriptors: cudaMalloc'd, not from CuPy's
-        # stream-ordered pool, and written only by uploads on the stream of
-        # the swap that reads them (nothing to zero first).
-        dev = release.device_malloc(ring_size * row_bytes, device)
-        free = functools.partial(_free_launcher, dev, device)
-        try:
-            self._slots = [_Slot(host[i], dev + i * row_bytes) for i in range(ring_size)]
-        except BaseException:
-            release.defer(free, None, "descriptor ring")
-            raise
+        self._ring_size = ring_size
+        # The descriptor ring (staged swaps, graph_swap, hosts that cannot be
+        # mapped) is allocated on its first use: a swapper that never uses it
+        # frees no device memory when dropped (a cudaFree waits for the whole
+        # device, so a free while a stream waits on the host stalls: NOTES 61).
+        self._slots: list | None = None
+        self._finalizer = _Open()  # the ring's finalizer once allocated; .alive False once closed
         self._next = 0
         self._loaded: dict[str, int] = {}
         self.check_rows_max = _check_rows_max(device)
         self._kept: collections.deque = collections.deque()  # (event, arrays) of GPU-mapping swaps
         self._kept_lock = threading.Lock()
-        # Dropped or closed: the releaser frees the ring once the last swap
-        # that read each slot has completed (the host words go with the slots).
-        wait = functools.partial(_wait_for_slots, self._slots)
-        self._finalizer = release.when_dropped(self, free, wait, f"descriptor ring of GPU {device}")
+
+    def _ring(self) -> list:
+        """The descriptor ring's slots, allocated on first use (under the
+        launcher's lock, in relaxed capture mode)."""
+        slots = self._slots
+        if slots is None:
+            slots = self._allocate_ring()
+        return slots
+
+    def _allocate_ring(self) -> list:
+        with self._lock, capture.relaxed():  # legal while another thread captures
+            if self._slots is not None:
+                return self._slots
+            if not self._finalizer.alive:
+                raise RuntimeError("swap: the BlockSwapper that made this object is closed")
+            device, size = self.device, self._ring_size
+            row_bytes = self.slot_words * 8
+            host = memory.zeros_pinned_for_gpu((size, self.slot_words), np.int64, device)
+            # Device copies of the descriptors: cudaMalloc'd, not from CuPy's
+            # stream-ordered pool, and written only by uploads on the stream of
+            # the swap that reads them (nothing to zero first).
+            dev = release.device_malloc(size * row_bytes, device)
+            free = functools.partial(_free_launcher, dev, device)
+            try:
+                slots = [_Slot(host[i], dev + i * row_bytes) for i in range(size)]
+            except BaseException:
+                release.defer(free, None, "descriptor ring")
+                raise
+            # Dropped or closed: the releaser frees the ring once the last swap
+            # that read each slot has completed (the host words go with the slots).
+            wait = functools.partial(_wait_for_slots, slots)
+            self._finalizer = release.when_dropped(self, free, wait, f"descriptor ring of GPU {device}")
+            self._slots = slots
+        return slots
 
     def keep_until_done(self, event, keep) -> None:
         """Hold ``keep`` (the caller's GPU mapping, which the swap's kernel
@@ -259,7 +297,8 @@ class Launcher:
 
     def close(self) -> None:
         """Hand the rings to the releaser (freed after the swaps that read them)."""
-        self._finalizer()
+        with self._lock:
+            self._finalizer()
         self.slots.close()
 
     # ---------------------------------------------------------- functions
@@ -392,7 +431,7 @@ class Launcher:
     def _free_slot(self) -> _Slot | None:
         """One look round the ring: a free slot, locked, or None (event
         queries in relaxed mode: legal while another thread captures)."""
-        slots = self._slots
+        slots = self._ring()
         n = len(slots)
         with self._lock, capture.relaxed():
             first = self._next
