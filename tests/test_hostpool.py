@@ -453,3 +453,16 @@ def test_first_touch_writes_zeros_over_every_byte(monkeypatch):
     buf = np.full(5 * 4096 + 123, 7, np.uint8)
     api.first_touch(buf.ctypes.data, buf.nbytes)
     assert not buf.any()
+
+
+def test_pinning_for_another_gpu_leaves_the_callers_gpu_current(fake_cuda, no_numa):
+    current = [0]
+    fake_cuda.getDevice = lambda: current[0]
+    fake_cuda.setDevice = lambda d: current.__setitem__(0, d)
+    seen = []
+    fake_cuda.hostRegister = lambda ptr, n, flags: (
+        seen.append(current[0]),
+        fake_cuda.registered.append((ptr, n)),
+    )
+    h = hp.pin_pool((8, 4096), np.uint8, device=1, chunk_bytes=4 * 4096)
+    assert seen == [1, 1] and current[0] == 0 and h.device == 1

@@ -163,8 +163,11 @@ class PinHandle:
 
     def _run(self) -> None:
         r = self._record
+        runtime = memory._runtime()
+        caller_device = None
         try:
-            memory._runtime().setDevice(self.device)  # the context the registrations are made in
+            caller_device = runtime.getDevice()
+            runtime.setDevice(self.device)  # the context the registrations are made in
             for i, c in enumerate(r.chunks):
                 if self._cancel.is_set():
                     break
@@ -191,6 +194,8 @@ class PinHandle:
         except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt in the caller's thread included
             self._error = self._error or e
         finally:
+            if caller_device is not None and caller_device != self.device:
+                runtime.setDevice(caller_device)  # the caller's thread keeps its GPU (foreground pinning)
             self._seconds = time.perf_counter() - self._started
             self._owner = None  # the pool may be freed once its arrays are gone
             self._finished.set()
