@@ -466,3 +466,22 @@ def test_pinning_for_another_gpu_leaves_the_callers_gpu_current(fake_cuda, no_nu
     )
     h = hp.pin_pool((8, 4096), np.uint8, device=1, chunk_bytes=4 * 4096)
     assert seen == [1, 1] and current[0] == 0 and h.device == 1
+
+
+def test_bench_pin_checks_its_arguments_before_looking_for_a_gpu():
+    import subprocess
+    import sys
+
+    def run(*argv):
+        return subprocess.run(
+            [sys.executable, "-m", "cupy_swap", "bench", "--pin", *argv], capture_output=True, text=True
+        )
+
+    bad = run("--gib", "0")
+    assert bad.returncode == 2 and "--gib: '0' is not a positive whole number" in bad.stderr
+    helped = run("--help")
+    assert helped.returncode == 0 and "--stall-chunk-gib" in helped.stdout
+    from cupy_swap.tools.bench import gpu_status
+
+    if not gpu_status()[0]:
+        assert run("--gib", "1").returncode == 3  # no GPU: exit 3, as every command
