@@ -9,10 +9,10 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 PROCS=${PROCS:-4}
 ROUNDS=${ROUNDS:-3}
-FILES=${FILES:-"tests/test_inline_gpu.py tests/test_row_slots_gpu.py tests/test_lifetimes_gpu.py
+FILES=${FILES:-"tests/test_slot_path_gpu.py tests/test_row_slots_gpu.py tests/test_lifetimes_gpu.py
     tests/test_torch_gpu.py tests/test_threads_gpu.py tests/test_launch_checks_gpu.py tests/test_trust_gpu.py
     tests/test_gpu_mapping_gpu.py tests/test_dtypes_gpu.py"}
-MEMCHECK=${MEMCHECK:-"tests/test_lifetimes_gpu.py tests/test_inline_gpu.py tests/test_torch_gpu.py"}
+MEMCHECK=${MEMCHECK:-"tests/test_lifetimes_gpu.py tests/test_slot_path_gpu.py tests/test_torch_gpu.py"}
 status=0
 for round in $(seq "$ROUNDS"); do
     pids=()
