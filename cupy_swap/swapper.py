@@ -57,11 +57,11 @@ class BlockSwapper:
         Most parts (arrays per side) one swap may carry. Default 256, the
         kernel's limit.
     ring_size : int, optional
-        Ring slots of kernel swaps that do not travel whole in the kernel's
-        parameter (more than 16 host rows checked in the launch, more rows
-        than an inline tier holds, staged swaps).  A swap takes any free
-        slot; only when all are still queued does ``swap`` wait on the host,
-        for the first to free. Default 16.
+        Pinned slots where kernel swaps' rows (or where their GPU rows are)
+        wait for their launch, one per queued kernel swap; also the
+        descriptor ring of staged swaps and graph replays.  A swap takes any
+        free slot; only when all are still queued does ``swap`` wait on the
+        host, for the first to free. Default 16.
     mode : {"auto", "kernel", "dma", "staged"}, optional
         Default path (see :meth:`swap`).
     staging_bytes : int, optional
