@@ -111,8 +111,8 @@ def get_function(device: int, name: str) -> int:
 
 
 def has_function(device: int, name: str) -> bool:
-    """True when the compiled module has kernel ``name`` (the largest inline
-    tier needs CUDA 12.1+ and is left out by older compilers)."""
+    """True when the compiled module has kernel ``name`` (the slot kernel of
+    the most parts needs CUDA 12.1+ and is left out by older compilers)."""
     try:
         get_function(device, name)
     except Exception as e:  # CuPy raises CUDADriverError(CUDA_ERROR_NOT_FOUND)
