@@ -36,7 +36,6 @@ OFF_CAPTURE = {
     ("cuda/release.py", "drain"): "threading.Event, not a CUDA event",
     ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
     ("cuda/slots.py", "SlotRing.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
-    ("cuda/outcomes.py", "StatusBoard.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
     ("cuda/stager.py", "_wait_for_users"): "releaser gate",
     ("graph.py", "_wait_all"): "releaser gate",
     ("cuda/streams.py", "swap_event_class.SwapEvent.device_time"): "SwapEvent.synchronize, relaxed inside",
