@@ -72,7 +72,8 @@ class _Launcher:
             launched(i, seq, owner, event)
 
         ring.launched = done
-        self._launch = _no_op
+        self._launch = self.graph_launch = _no_op
+        launcher.graph_builder.kernel_graph = lambda *args: (1, 2)  # the slot graphs the builder makes
 
     def bind(self, layout):
         return launcher.BoundKernel(self, layout)

@@ -28,7 +28,8 @@ import time
 
 import numpy as np
 
-from . import abi, capture, kernels, memory, release
+from . import abi, capture, graph_builder, kernels, memory, release
+from .slots import SEQ
 
 # Descriptor uploads use at most this many CTAs (a 64 KiB descriptor is one
 # round of 16-byte loads per thread).
@@ -134,7 +135,19 @@ class BoundKernel:
     graph is built on the hot path (a lazily built graph per slot once held
     a call for the whole of a busy stream's queue: NOTES item 61)."""
 
-    __slots__ = ("_launcher", "layout", "_args", "_slot_args", "_shape", "_lock")
+    __slots__ = (
+        "__weakref__",
+        "_launcher",
+        "layout",
+        "_args",
+        "_slot_args",
+        "_shape",
+        "_lock",
+        "_execs",
+        "_graphs",
+        "_calls",
+        "_last",
+    )
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
@@ -143,6 +156,17 @@ class BoundKernel:
         self._slot_args: list = []  # per ring slot: its ByRefArgs, None until the slot is first used
         self._shape = None  # (ctas budget, grid, threads, smem) of slot launches
         self._lock = threading.Lock()
+        # Slot graphs (cuda/graph_builder.py): per slot the exec of this shape,
+        # None until the builder published them; every graph built; calls so far.
+        self._execs: list | None = None
+        self._graphs: list = []
+        self._calls = 0
+        ring = launcher.slots
+        self._last = [0] * ring.size  # per slot: the number of this op's last graph launch there
+        # Dropped: its graphs go once the op's last launch of each has finished.
+        destroy = functools.partial(graph_builder.destroy_graphs, launcher.device, self._graphs)
+        gate = functools.partial(ring.wait_done, self._last)
+        release.finalizer(self, release.defer, destroy, gate, "graphs of a prepared swap")
 
     def _byref(self) -> abi.ByRefArgs:
         args = self._args
@@ -157,10 +181,39 @@ class BoundKernel:
         shape = self._shape
         if shape is None or shape[0] != lau.max_ctas:
             shape = self._reshape(lau)
+        execs = self._execs
+        if execs is not None:  # built by the builder thread, for this shape
+            self._last[i] = lau.slots.controls[i][SEQ]
+            lau.graph_launch(execs[i], stream)
+            return
         args = self._slot_args[i]
         if args is None:
             args = self._for_slot(i)
         lau._launch(args.fn, shape[1], 1, 1, shape[2], 1, 1, shape[3], stream, args.ptr, 0)
+        calls = self._calls = self._calls + 1
+        if calls == graph_builder.BUILD_AFTER:
+            graph_builder.builder.request(self)
+
+    def build_graphs(self) -> None:
+        """On the builder thread: one graph per ring slot for the current
+        shape, published together (a failure leaves the op on plain
+        launches for good)."""
+        shape = self._shape
+        if shape is None or self._execs is not None:
+            return
+        ring = self._launcher.slots
+        built: list = []
+        try:
+            for i in range(ring.size):
+                args = self._slot_args[i] or self._for_slot(i)
+                built.append(graph_builder.kernel_graph(args.fn, shape[1], shape[2], shape[3], args.ptr))
+        except BaseException:
+            self._calls = -(1 << 62)  # never asked for again
+            raise
+        finally:
+            self._graphs.extend(built)  # destroyed with the op, after its last launches
+        if self._shape is shape:
+            self._execs = [exec_ for _, exec_ in built]
 
     def _reshape(self, lau) -> tuple:
         """The launch shape for this CTA budget (a swap reads at most
@@ -172,6 +225,7 @@ class BoundKernel:
             if not self._slot_args:
                 self._slot_args = [None] * ring.size
             self._shape = (lau.max_ctas, grid, threads, smem)
+            self._execs, self._calls = None, 0  # graphs of another shape: built again after more calls
         return self._shape
 
     def _for_slot(self, i: int) -> abi.ByRefArgs:
@@ -223,6 +277,7 @@ class Launcher:
         self.device = device
         self.max_ctas = max_ctas
         self._launch = driver.launchKernel
+        self.graph_launch = runtime.graphLaunch
         self._memcpy = runtime.memcpyAsync
         self._record = runtime.eventRecord
         self._lock = threading.Lock()

@@ -175,6 +175,14 @@ class SlotRing:
         self._events[i] = event
         self._pending[i] = seq  # last: a look that sees it sees the owner
 
+    def wait_done(self, seqs: list) -> None:
+        """Block until, on every slot ``i``, the launch numbered ``seqs[i]``
+        (0: none) has finished: its done word says so, or the slot was taken
+        again since (only after it finished).  Releaser gates only."""
+        for i, seq in enumerate(seqs):
+            while seq and self._pending[i] == seq and self._flat.item(i * self._row_words + DONE) != seq:
+                time.sleep(1e-3)
+
     def give_back(self, i: int) -> None:
         """Slot ``i`` was taken and nothing that reads it was launched."""
         self._pending[i] = 0
