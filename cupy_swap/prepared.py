@@ -261,7 +261,7 @@ class PreparedSwap:
             if held:
                 sw._launcher.release(held, event if recorded else None, handle)
             if slot >= 0 and not recorded:
-                ring.forget(slot)  # the caller gets no event: nobody is told its verdict
+                ring.forget(slot, event)  # the caller gets no event: nobody is told its verdict
             if launched and on_gpu is not None:  # the kernel reads the caller's rows: hold them
                 if recorded:
                     sw._launcher.keep_until_done(event, on_gpu.keep)
@@ -307,16 +307,16 @@ class PreparedSwap:
                     on_gpu.step,
                 )
             control[N_PAIRS], control[STATUS], control[SEQ] = n, status, seq
+            if checked:  # who is told its verdict: known before the launch can write it
+                event.check, event.seq, event.slot = ring, seq, i
+                ring.claim(i, seq, (self._outcomes, op.layout, threading.current_thread()), event)
             op.kernel.launch_slot(i, handle)
             launched = True
         finally:
-            if not launched:
-                ring.give_back(i)
-            elif checked:
-                event.check, event.seq, event.slot = ring, seq, i  # before the verdict can be read
-                ring.launched(i, seq, (self._outcomes, op.layout, threading.current_thread()), event)
-            else:
+            if launched:
                 ring.launched(i, seq)
+            else:
+                ring.give_back(i)
         return i if checked else -1
 
     def _path(self, op: _Decided, rows, on_gpu, n: int, mode, check) -> tuple[str, bool]:

@@ -281,7 +281,10 @@ __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
     if (h.arrivals) {  // slot launches: the slot is free once every CTA is past it
         __syncthreads();
         if (threadIdx.x == 0) {
-            __threadfence();
+            // System scope: this CTA's verdict (pinned memory) is seen by the
+            // host before the done word the last CTA writes (the host reads a
+            // record that lacks its number after the done word as lost).
+            __threadfence_system();
             unsigned* arrivals = reinterpret_cast<unsigned*>(h.arrivals);
             if (atomicAdd(arrivals, 1u) == gridDim.x - 1) {
                 *reinterpret_cast<volatile unsigned*>(arrivals) = 0;  // for the slot's next launch

@@ -3,6 +3,7 @@ parameter is made once per op and slot, points at that slot, and is
 launched as it is; the descriptor ring's slots are taken and freed by the
 queueing rule (over parts that claim to be GPU memory: ``fake_gpu``)."""
 
+import contextlib
 import ctypes
 import threading
 
@@ -42,6 +43,9 @@ class _Launcher:
 
     def graph_launch(self, exec_, stream):
         self.launches.append(("graph", exec_, stream))
+
+    def on_own_device(self):
+        return contextlib.nullcontext()
 
 
 def _layout(fake_gpu, parts: int, block: int = 4096):
@@ -132,7 +136,7 @@ def test_an_op_launches_plainly_until_its_graphs_are_built_off_the_call_path(fak
     assert lau.launches[-1][0] == "slot"
 
 
-def test_a_dropped_op_destroys_its_graphs_after_their_last_launches(fake_gpu, graphs):
+def test_a_dropped_op_destroys_its_graphs(fake_gpu, graphs):
     from cupy_swap.cuda import graph_builder, release
 
     lau = _Launcher()
@@ -161,6 +165,41 @@ def test_a_failed_graph_build_leaves_the_op_on_plain_launches(fake_gpu, monkeypa
     for k in range(3 * graph_builder.BUILD_AFTER):
         bound.launch_slot(k % 3, stream=5)
     assert all(launch[0] == "slot" for launch in lau.launches)
+
+
+def test_no_call_raises_after_its_launch_was_enqueued(fake_gpu, graphs, monkeypatch):
+    """Review of issue 38: the builder could not be asked (no thread could be
+    started) after the launch was enqueued; the caller then gave back a slot
+    a queued kernel reads.  Now the call returns and launches stay plain;
+    a graph launch that fails falls back to a plain one."""
+    from cupy_swap.cuda import graph_builder
+
+    def cannot(bound):
+        raise RuntimeError("can't start new thread")
+
+    lau = _Launcher()
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    monkeypatch.setattr(graph_builder.builder, "request", cannot)
+    with pytest.warns(UserWarning, match="builder could not be asked .can't start new thread"):
+        for k in range(graph_builder.BUILD_AFTER):
+            bound.launch_slot(k % 3, stream=5)
+    assert len(lau.launches) == graph_builder.BUILD_AFTER and bound._execs is None
+    monkeypatch.undo()
+    monkeypatch.setattr(graph_builder, "kernel_graph", lambda *args: (0x100, 0x200))
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: None)  # made-up handles
+    other = BoundKernel(lau, _layout(fake_gpu, 1))
+    for k in range(graph_builder.BUILD_AFTER):
+        other.launch_slot(k % 3, stream=5)
+    assert graph_builder.builder.drain(5) and other._execs is not None
+
+    def broken(exec_, stream):
+        raise RuntimeError("cudaGraphLaunch failed")
+
+    lau.graph_launch = broken
+    lau.launches.clear()
+    with pytest.warns(UserWarning, match="a graph launch failed"):
+        other.launch_slot(1, stream=6)
+    assert [launch[0] for launch in lau.launches] == ["slot"] and other._execs is None
 
 
 def test_a_captured_launch_keeps_rows_of_its_own(fake_gpu, monkeypatch):

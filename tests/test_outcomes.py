@@ -123,6 +123,51 @@ def test_a_failure_is_told_as_soon_as_its_verdict_landed(fake_gpu):
         _sync(bad)
 
 
+def test_a_failed_call_never_erases_the_verdict_of_the_swap_that_took_its_slot(fake_gpu):
+    """Review of issue 38: a call whose event record failed after its launch
+    cleared the slot's owner; another thread had taken the slot meanwhile and
+    launched a bad swap, which then read as success."""
+    sw = FakeSwapper([], ring_size=1)
+    op_a, op_b = _op(fake_gpu, sw), _op(fake_gpu, sw)
+    got = {}
+
+    def record(ptr, stream):  # A's record: B takes the (finished) slot first, then A's record fails
+        sw._record = lambda ptr, stream: None
+        t = threading.Thread(target=lambda: got.__setitem__("b", op_b(BAD)))
+        t.start()
+        t.join()
+        raise RuntimeError("cudaEventRecord failed")
+
+    sw._record = record
+    with pytest.raises(RuntimeError, match="cudaEventRecord failed"):
+        op_a(GOOD)
+    with pytest.raises(ValueError, match=f"swap #{got['b'].seq}: .*block 10 again"):
+        _sync(got["b"])
+
+
+def test_a_verdict_that_lands_before_its_call_marked_the_slot_is_found(fake_gpu):
+    """Review of issue 38: a bad swap's kernel wrote its verdict and the
+    alarm before its call marked the slot launched; another thread's call
+    used up the alarm and skipped the slot, so the next call of the bad
+    swap's thread went ahead."""
+    sw = FakeSwapper([])
+    op_a, op_b = _op(fake_gpu, sw), _op(fake_gpu, sw)
+    ring = sw._launcher.slots
+    real = ring.launched
+
+    def launched(i, seq):  # between A's launch and its marking the slot: B calls
+        ring.launched = real
+        t = threading.Thread(target=lambda: op_b(GOOD))
+        t.start()
+        t.join()
+        real(i, seq)
+
+    ring.launched = launched
+    bad = op_a(BAD)
+    with pytest.raises(ValueError, match=f"earlier swap \\(swap #{bad.seq}"):
+        op_a(GOOD)
+
+
 def test_a_failure_is_told_to_the_thread_that_made_the_swap(fake_gpu):
     """Finding 5 (threads): with an op shared by threads, thread A got
     thread B's failure as if its own mapping were bad."""

@@ -15,6 +15,7 @@ trees alternately and compare minima:
 """
 
 import collections
+import contextlib
 import os
 import sys
 import timeit
@@ -65,11 +66,11 @@ class _Launcher:
         ring = self.slots = SlotRing(0, 16, 4096, words=words, base=0x7000)
         launched = ring.launched
 
-        def done(i, seq, owner=None, event=None):  # the kernel's part: a good verdict, then the done word
+        def done(i, seq):  # the kernel's part: a good verdict, then the done word
             if ring.controls[i][STATUS]:
                 words[i, ring._status] = seq
             ring.controls[i][DONE] = seq
-            launched(i, seq, owner, event)
+            launched(i, seq)
 
         ring.launched = done
         self._launch = self.graph_launch = _no_op
@@ -77,6 +78,9 @@ class _Launcher:
 
     def bind(self, layout):
         return launcher.BoundKernel(self, layout)
+
+    def on_own_device(self):
+        return contextlib.nullcontext()
 
     def byref_args(self, layout):
         return abi.ByRefArgs(16 if len(layout.src) <= 16 else 256, layout, 1234)

@@ -25,11 +25,11 @@ import collections
 import functools
 import threading
 import time
+import warnings
 
 import numpy as np
 
 from . import abi, capture, graph_builder, kernels, memory, release
-from .slots import SEQ
 
 # Descriptor uploads use at most this many CTAs (a 64 KiB descriptor is one
 # round of 16-byte loads per thread).
@@ -146,7 +146,6 @@ class BoundKernel:
         "_execs",
         "_graphs",
         "_calls",
-        "_last",
     )
 
     def __init__(self, launcher: Launcher, layout):
@@ -161,12 +160,10 @@ class BoundKernel:
         self._execs: list | None = None
         self._graphs: list = []
         self._calls = 0
-        ring = launcher.slots
-        self._last = [0] * ring.size  # per slot: the number of this op's last graph launch there
-        # Dropped: its graphs go once the op's last launch of each has finished.
+        # Dropped: the releaser destroys its graphs (CUDA frees one still
+        # running when it completes: cudaGraphExecDestroy).
         destroy = functools.partial(graph_builder.destroy_graphs, launcher.device, self._graphs)
-        gate = functools.partial(ring.wait_done, self._last)
-        release.finalizer(self, release.defer, destroy, gate, "graphs of a prepared swap")
+        release.finalizer(self, release.defer, destroy, None, "graphs of a prepared swap")
 
     def _byref(self) -> abi.ByRefArgs:
         args = self._args
@@ -183,16 +180,27 @@ class BoundKernel:
             shape = self._reshape(lau)
         execs = self._execs
         if execs is not None:  # built by the builder thread, for this shape
-            self._last[i] = lau.slots.controls[i][SEQ]
-            lau.graph_launch(execs[i], stream)
-            return
+            try:
+                lau.graph_launch(execs[i], stream)
+                return
+            except Exception as e:  # nothing was enqueued: launch plainly, now and from now on
+                self._give_up_graphs(f"a graph launch failed ({e})")
         args = self._slot_args[i]
         if args is None:
             args = self._for_slot(i)
         lau._launch(args.fn, shape[1], 1, 1, shape[2], 1, 1, shape[3], stream, args.ptr, 0)
+        # Enqueued: nothing below may raise (the caller would give the slot back).
         calls = self._calls = self._calls + 1
         if calls == graph_builder.BUILD_AFTER:
-            graph_builder.builder.request(self)
+            try:
+                graph_builder.builder.request(self)
+            except Exception as e:  # e.g. no thread could be started
+                self._give_up_graphs(f"the builder could not be asked ({e})")
+
+    def _give_up_graphs(self, why: str) -> None:
+        """Plain launches for good (one warning)."""
+        self._execs, self._calls = None, -(1 << 62)
+        warnings.warn(f"cupy_swap: slot graphs off: {why}; launches stay plain", stacklevel=3)
 
     def build_graphs(self) -> None:
         """On the builder thread: one graph per ring slot for the current
@@ -201,19 +209,21 @@ class BoundKernel:
         shape = self._shape
         if shape is None or self._execs is not None:
             return
-        ring = self._launcher.slots
+        lau = self._launcher
         built: list = []
         try:
-            for i in range(ring.size):
-                args = self._slot_args[i] or self._for_slot(i)
-                built.append(graph_builder.kernel_graph(args.fn, shape[1], shape[2], shape[3], args.ptr))
+            with lau.on_own_device():  # the swapper's GPU, not this thread's default
+                for i in range(lau.slots.size):
+                    args = self._slot_args[i] or self._for_slot(i)
+                    built.append(graph_builder.kernel_graph(args.fn, shape[1], shape[2], shape[3], args.ptr))
         except BaseException:
             self._calls = -(1 << 62)  # never asked for again
             raise
         finally:
-            self._graphs.extend(built)  # destroyed with the op, after its last launches
-        if self._shape is shape:
-            self._execs = [exec_ for _, exec_ in built]
+            self._graphs.extend(built)  # destroyed with the op
+        with self._lock:  # _reshape may have moved on meanwhile: then these are stale
+            if self._shape is shape and self._calls >= 0:
+                self._execs = [exec_ for _, exec_ in built]
 
     def _reshape(self, lau) -> tuple:
         """The launch shape for this CTA budget (a swap reads at most
@@ -332,6 +342,13 @@ class Launcher:
             self._finalizer = release.when_dropped(self, free, wait, f"descriptor ring of GPU {device}")
             self._slots = slots
         return slots
+
+    def on_own_device(self):
+        """A block with this launcher's GPU current (the builder thread's
+        default is GPU 0)."""
+        from .streams import on_device
+
+        return on_device(self.device)
 
     def keep_until_done(self, event, keep) -> None:
         """Hold ``keep`` (the caller's GPU mapping, which the swap's kernel

@@ -110,6 +110,7 @@ class SlotRing:
         self.arrivals = [counters + 4 * i if counters else 0 for i in range(size)]
         self._pending = [0] * size  # the done value each slot waits for; 0: free
         self._owners: list = [None] * size  # (channel, layout, thread) of a checked launch not read yet
+        self._seqs = [0] * size  # that launch's number
         self._events: list = [None] * size  # that launch's event
         self._alarm_seen = 0
         self.failing: set = set()
@@ -167,31 +168,35 @@ class SlotRing:
         launch's)."""
         return next(self._unchecked)
 
-    def launched(self, i: int, seq: int, owner: tuple | None = None, event=None) -> None:
-        """Slot ``i`` was launched as swap ``seq``: free once its kernel says
-        so.  ``owner`` ``(channel, layout, thread)`` and ``event`` (whose
-        ``check``, ``seq`` and ``slot`` are set already) for a checked launch."""
-        self._owners[i] = owner
+    def claim(self, i: int, seq: int, owner: tuple, event) -> None:
+        """Before its launch: slot ``i`` (taken) will carry the checked swap
+        ``seq`` of ``owner`` ``(channel, layout, thread)``, whose ``event``
+        has its ``check``, ``seq`` and ``slot`` set.  Known before the launch,
+        so a verdict that lands before :meth:`launched` is found."""
+        self._seqs[i] = seq
         self._events[i] = event
-        self._pending[i] = seq  # last: a look that sees it sees the owner
+        self._owners[i] = owner  # last: a look that sees it sees the rest
 
-    def wait_done(self, seqs: list) -> None:
-        """Block until, on every slot ``i``, the launch numbered ``seqs[i]``
-        (0: none) has finished: its done word says so, or the slot was taken
-        again since (only after it finished).  Releaser gates only."""
-        for i, seq in enumerate(seqs):
-            while seq and self._pending[i] == seq and self._flat.item(i * self._row_words + DONE) != seq:
-                time.sleep(1e-3)
+    def launched(self, i: int, seq: int) -> None:
+        """Slot ``i`` was launched as swap ``seq``: free once its kernel says so."""
+        self._pending[i] = seq
 
     def give_back(self, i: int) -> None:
         """Slot ``i`` was taken and nothing that reads it was launched."""
-        self._pending[i] = 0
-
-    def forget(self, i: int) -> None:
-        """The call that launched from slot ``i`` failed after the launch
-        (its event was never returned): nobody is told its verdict."""
         with self._lock:
             self._owners[i] = self._events[i] = None
+            self._pending[i] = 0
+
+    def forget(self, i: int, event) -> None:
+        """The call whose swap launched from slot ``i`` with ``event`` failed
+        after the launch (the event never reached its caller, who was told
+        the call failed): nobody is told its verdict.  Another swap that has
+        taken the slot since keeps its own."""
+        with self._lock:
+            if self._events[i] is event:
+                self._owners[i] = self._events[i] = None
+            elif isinstance(event.check, Failure):  # read already: its channel must not raise it
+                event.check.mark_raised()
 
     # ------------------------------------------------------------ verdicts
     def _read(self, i: int) -> Failure | None:
@@ -200,7 +205,7 @@ class SlotRing:
         owner = self._owners[i]
         event = self._events[i]
         self._owners[i] = self._events[i] = None
-        seq = self._pending[i]
+        seq = self._seqs[i]
         item = self._flat.item
         at = i * self._row_words + self._status
         if item(at + _V_SEQ) != seq:
@@ -243,13 +248,16 @@ class SlotRing:
             return
         with self._lock:
             self._alarm_seen = alarm
-            row, pending, status = self._row_words, self._pending, self._status
+            row, status = self._row_words, self._status
             for i in range(self.size):
-                want = pending[i]
-                if self._owners[i] is None or want == _TAKEN:
+                if self._owners[i] is None:
                     continue
-                # Its verdict landed (seq is written last), or its launch ended.
-                if item(i * row + status + _V_SEQ) == want or item(i * row + DONE) == want:
+                want = self._seqs[i]
+                # Its verdict landed (seq is written last; maybe before its call
+                # marked the slot launched), or its launch ended without one.
+                if item(i * row + status + _V_SEQ) == want or (
+                    self._pending[i] == want and item(i * row + DONE) == want
+                ):
                     self._read(i)
 
     def busy(self) -> int:
