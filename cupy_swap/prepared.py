@@ -163,6 +163,27 @@ class PreparedSwap:
             )
         return self._run(caller, block_mapping, stream, None, mode, wait_for, timing, check)
 
+    def captured(self, max_rows: int | None = None, *, ring: int = 64):
+        """A swap of these arrays to capture into your own CUDA graph, whose
+        rows your kernels write in each replay: see
+        :class:`cupy_swap.captured.CapturedSwap`.
+
+        Parameters
+        ----------
+        max_rows : int, optional
+            Most rows one replay copies (default: ``max_blocks``, at most the
+            rows one launch can check).
+        ring : int, optional
+            Replay verdicts kept until :meth:`~CapturedSwap.failures` reads
+            them (default 64).
+        """
+        from .captured import CapturedSwap
+
+        sw = self._swapper
+        if max_rows is None:
+            max_rows = min(sw.max_blocks, sw._launcher.check_rows_max)
+        return CapturedSwap(self, max_rows, ring)
+
     def _rebind(self) -> _Decided:
         """Resolve the host aliases again after a registration changed
         (raises if this op's host memory is no longer pinned).  Threads

@@ -100,24 +100,7 @@ def mapping_error(failure: Failure, earlier: bool = False) -> Exception:
         )
         exc.swap_seq = failure.seq
         return exc
-    if kind == 3:
-        error, what = (
-            ValueError,
-            f"expected distinct destination blocks, got block {value} again in row {row}",
-        )
-    elif kind == 4:
-        error, what = ValueError, f"expected a row count the launch can read, got {value}"
-    else:
-        side, limit, name = (
-            ("source", layout.src_limit, layout.src_limit_name)
-            if kind == 1
-            else ("destination", layout.dst_limit, layout.dst_limit_name)
-        )
-        error = IndexError
-        what = (
-            f"{side} block index {value} in row {row} is out of range for {name} with {limit} blocks "
-            f"(expected 0 <= index < {limit})"
-        )
+    error, what = describe(kind, row, value, layout)
     if earlier:
         text = (
             f"block_mapping of an earlier swap (swap #{failure.seq}, whose event nobody synchronized): {what}; "
@@ -130,3 +113,21 @@ def mapping_error(failure: Failure, earlier: bool = False) -> Exception:
     exc = error(text)
     exc.swap_seq = failure.seq
     return exc
+
+
+def describe(kind: int, row: int, value: int, layout) -> tuple[type, str]:
+    """``(exception class, what was wrong)`` of a failed launch check's
+    verdict ``(kind, row, value)`` over ``layout``."""
+    if kind == 3:
+        return ValueError, f"expected distinct destination blocks, got block {value} again in row {row}"
+    if kind == 4:
+        return ValueError, f"expected a row count the launch can read, got {value}"
+    side, limit, name = (
+        ("source", layout.src_limit, layout.src_limit_name)
+        if kind == 1
+        else ("destination", layout.dst_limit, layout.dst_limit_name)
+    )
+    return IndexError, (
+        f"{side} block index {value} in row {row} is out of range for {name} with {limit} blocks "
+        f"(expected 0 <= index < {limit})"
+    )
