@@ -3,7 +3,6 @@ parameter is made once per op and slot, points at that slot, and is
 launched as it is; the descriptor ring's slots are taken and freed by the
 queueing rule (over parts that claim to be GPU memory: ``fake_gpu``)."""
 
-import contextlib
 import ctypes
 import threading
 
@@ -44,8 +43,8 @@ class _Launcher:
     def graph_launch(self, exec_, stream):
         self.launches.append(("graph", exec_, stream))
 
-    def on_own_device(self):
-        return contextlib.nullcontext()
+    def make_current(self):
+        pass
 
 
 def _layout(fake_gpu, parts: int, block: int = 4096):

@@ -51,16 +51,18 @@ class KernelNodeParams(ctypes.Structure):
 
 @functools.cache
 def _graph_calls() -> tuple | None:
-    """``(cuGraphCreate, cuGraphAddKernelNode)`` or None where libcuda
-    cannot be loaded or lacks them."""
+    """``(cuCtxGetCurrent, cuGraphCreate, cuGraphAddKernelNode)`` or None
+    where libcuda cannot be loaded or lacks them."""
     lib = libcuda()
-    if lib is None or not (hasattr(lib, "cuGraphCreate") and hasattr(lib, "cuGraphAddKernelNode")):
+    names = ("cuCtxGetCurrent", "cuGraphCreate", "cuGraphAddKernelNode")
+    if lib is None or not all(hasattr(lib, name) for name in names):
         return None
     ptr = ctypes.c_void_p
-    create, add = lib.cuGraphCreate, lib.cuGraphAddKernelNode
+    current, create, add = (getattr(lib, name) for name in names)
+    current.argtypes, current.restype = [ptr], ctypes.c_int
     create.argtypes, create.restype = [ptr, ctypes.c_uint], ctypes.c_int
     add.argtypes, add.restype = [ptr, ptr, ptr, ctypes.c_size_t, ptr], ctypes.c_int
-    return create, add
+    return current, create, add
 
 
 def kernel_graph(fn: int, grid: int, threads: int, smem: int, args_ptr: int) -> tuple[int, int]:
@@ -72,7 +74,10 @@ def kernel_graph(fn: int, grid: int, threads: int, smem: int, args_ptr: int) -> 
     calls = _graph_calls()
     if calls is None:
         raise RuntimeError("kernel graphs: libcuda or its graph calls could not be loaded")
-    create, add = calls
+    current, create, add = calls
+    context = ctypes.c_void_p()
+    if current(ctypes.byref(context)) or not context.value:  # the node call crashes without one
+        raise RuntimeError("kernel graphs: no CUDA context is current in this thread")
     params = KernelNodeParams(fn, grid, 1, 1, threads, 1, 1, smem, args_ptr, None)
     graph, node = ctypes.c_void_p(), ctypes.c_void_p()
     status = create(ctypes.byref(graph), 0)

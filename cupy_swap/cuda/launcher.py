@@ -212,10 +212,10 @@ class BoundKernel:
         lau = self._launcher
         built: list = []
         try:
-            with lau.on_own_device():  # the swapper's GPU, not this thread's default
-                for i in range(lau.slots.size):
-                    args = self._slot_args[i] or self._for_slot(i)
-                    built.append(graph_builder.kernel_graph(args.fn, shape[1], shape[2], shape[3], args.ptr))
+            lau.make_current()
+            for i in range(lau.slots.size):
+                args = self._slot_args[i] or self._for_slot(i)
+                built.append(graph_builder.kernel_graph(args.fn, shape[1], shape[2], shape[3], args.ptr))
         except BaseException:
             self._calls = -(1 << 62)  # never asked for again
             raise
@@ -343,12 +343,14 @@ class Launcher:
             self._slots = slots
         return slots
 
-    def on_own_device(self):
-        """A block with this launcher's GPU current (the builder thread's
-        default is GPU 0)."""
-        from .streams import on_device
+    def make_current(self) -> None:
+        """Make this launcher's GPU and its primary context current in the
+        calling thread (the builder's, which is ours to leave so).  Always
+        ``cudaSetDevice``: a fresh thread reports device 0 with no context
+        current, and the driver's graph calls crashed there (NOTES 68)."""
+        from cupy.cuda import runtime
 
-        return on_device(self.device)
+        runtime.setDevice(self.device)
 
     def keep_until_done(self, event, keep) -> None:
         """Hold ``keep`` (the caller's GPU mapping, which the swap's kernel
