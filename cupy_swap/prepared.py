@@ -163,7 +163,7 @@ class PreparedSwap:
             )
         return self._run(caller, block_mapping, stream, None, mode, wait_for, timing, check)
 
-    def captured(self, max_rows: int | None = None, *, ring: int = 64):
+    def captured(self, max_rows: int | None = None, *, ring: int = 64, rows=None, count=None):
         """A swap of these arrays to capture into your own CUDA graph, whose
         rows your kernels write in each replay: see
         :class:`cupy_swap.captured.CapturedSwap`.
@@ -174,15 +174,26 @@ class PreparedSwap:
             Most rows one replay copies (default: ``max_blocks``, at most the
             rows one launch can check).
         ring : int, optional
-            Replay verdicts kept until :meth:`~CapturedSwap.failures` reads
-            them (default 64).
+            Failed replays' verdicts kept until
+            :meth:`~cupy_swap.captured.CapturedSwap.failures` reads them
+            (default 64; good replays take no room).
+        rows : GPU array, optional
+            Your own row buffer, read in place by every replay: int64,
+            C-contiguous, shape ``(N, 2)`` of ``(src_block, dst_block)`` or a
+            tuple of two 1-D arrays ``(src_blocks, dst_blocks)``, ``N >=
+            max_rows`` (CuPy or torch).  Default: the swap's own
+            ``rows`` buffer.
+        count : GPU array, optional
+            Your own row count, one int64 element, copied into the swap's
+            record on the stream right before each launch.  Default: the
+            swap's own ``count``.
         """
         from .captured import CapturedSwap
 
         sw = self._swapper
         if max_rows is None:
             max_rows = min(sw.max_blocks, sw._launcher.check_rows_max)
-        return CapturedSwap(self, max_rows, ring)
+        return CapturedSwap(self, max_rows, ring, rows=rows, count=count)
 
     def _rebind(self) -> _Decided:
         """Resolve the host aliases again after a registration changed

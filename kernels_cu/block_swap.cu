@@ -55,7 +55,7 @@ __device__ __forceinline__ unsigned* checked_rows(u64 n_pairs) {
 // board's alarm word after it.
 __device__ void report(u64 status, i64 seq, i64 kind, i64 row, i64 value) {
     volatile SwapStatus* out = reinterpret_cast<SwapStatus*>(status);
-    out->seq = 0;  // first: a reader of a reused record (a replay ring) sees it change under it
+    out->seq = 0;  // first: a reader of a reused record (a ring slot's) sees it change under it
     __threadfence_system();
     out->kind = kind;
     out->row = row;
@@ -83,7 +83,40 @@ struct Rows {
     bool have_first;
     i64 first_src, first_dst;
     bool padded;  // rows of -1 are padding: skipped (captured replays)
+    i64 ring;     // captured replays: records in the failure ring at status (else 0)
 };
+
+// A captured replay's verdict.  Only a failure is written: into record
+// f % ring of the ring at r.status, f being the failure's number (one more
+// than the count in the ring's last row, which it then becomes), with f in
+// the record's word 4 and the replay's number (seq) last.  Good replays write
+// nothing, so however many run between two reads, no failure is pushed out
+// by them.  Replays of one captured swap run one after another (its control
+// record's seq says so too), so one thread's read-and-increment suffices.
+__device__ void report_replay(const Rows& r, i64 kind, i64 row, i64 value) {
+    if (!kind) return;
+    volatile i64* failures = reinterpret_cast<volatile i64*>(r.status + (u64)r.ring * sizeof(SwapStatus));
+    const i64 f = *failures + 1;
+    volatile SwapStatus* out = reinterpret_cast<SwapStatus*>(r.status + (u64)(f % r.ring) * sizeof(SwapStatus));
+    out->seq = 0;  // first: a reader sees the record change under it
+    __threadfence_system();
+    out->kind = kind;
+    out->row = row;
+    out->value = value;
+    out->alarm = (u64)f;
+    __threadfence_system();
+    out->seq = r.seq;
+    __threadfence_system();
+    *failures = f;  // last: a reader that sees f finds record f landed
+}
+
+__device__ __forceinline__ void report_verdict(const Rows& r, i64 kind, i64 row, i64 value) {
+    if (r.ring) {
+        report_replay(r, kind, row, value);
+    } else {
+        report(r.status, r.seq, kind, row, value);
+    }
+}
 
 __device__ bool check_rows(const SwapHeader& h, const Rows& r) {
     extern __shared__ unsigned table[];
@@ -137,8 +170,8 @@ __device__ bool check_rows(const SwapHeader& h, const Rows& r) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         const i64 kind = verdict == ~0ull ? 0 : (i64)(verdict & 3);
         const u64 row = verdict >> 2;
-        report(r.status, r.seq, kind, kind ? (i64)row : 0,
-               kind == 1 ? r.src_index[row * r.step] : kind ? r.dst_index[row * r.step] : 0);
+        report_verdict(r, kind, kind ? (i64)row : 0,
+                       kind == 1 ? r.src_index[row * r.step] : kind ? r.dst_index[row * r.step] : 0);
     }
     return verdict == ~0ull;
 }
@@ -210,7 +243,7 @@ template <typename T>
 __device__ __forceinline__ bool check_and_copy(const SwapHeader& h, const SwapPart* parts, int n_parts,
                                                u64 units_per_pair, const Rows& r) {
     if (r.count_bad) {  // report it, read no row
-        if (r.status && blockIdx.x == 0 && threadIdx.x == 0) report(r.status, r.seq, 4, 0, r.count);
+        if (r.status && blockIdx.x == 0 && threadIdx.x == 0) report_verdict(r, 4, 0, r.count);
         return false;
     }
     if (!r.status) {
@@ -290,9 +323,9 @@ __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
             r.dst_index = reinterpret_cast<const i64*>(c.dst_index);
             r.step = (int)c.index_step;
         }
-        if (c.replays > 0) {  // a captured replay: its number, its verdict record, padding skipped
+        if (c.replays > 0) {  // a captured replay: its number, the failure ring, padding skipped
             r.seq = c.seq + 1;
-            r.status = c.status + (u64)(r.seq % c.replays) * sizeof(SwapStatus);
+            r.ring = c.replays;
             r.padded = true;
         }
     }

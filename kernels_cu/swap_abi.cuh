@@ -90,8 +90,10 @@ struct SwapStatus {
 // replays > 0: a swap captured into the caller's CUDA graph, its record in
 // device memory at a fixed address, its count (and rows) written there by
 // the caller's kernels before each replay.  Replay k (k = seq + 1 when it
-// starts) writes its verdict into the SwapStatus at status + (k % replays)
-// records (a ring the host reads), skips rows whose source or destination
+// starts) writes a failed check's verdict into a ring of `replays` SwapStatus
+// records at status (record f % replays for its f-th failure; the count of
+// failures in the word after the ring; good replays write nothing), skips
+// rows whose source or destination
 // is -1 (padding), and its last CTA writes k into seq and done: a stream
 // outside the graph can wait for done >= k (cuStreamWaitValue64).
 struct SwapControl {
