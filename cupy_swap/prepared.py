@@ -17,6 +17,7 @@ launch's verdict reaches its caller: :mod:`.cuda.outcomes`.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -71,12 +72,12 @@ class _Decided:
         self.kernel_rows = (
             (policy.dma_max_copies // len(layout.src), self.run_rows or (1 << 62)) if kernel_auto else (0, 0)
         )
-        # The launch can check: status records mapped, no parts that may
+        # The launch can check: the ring (and its status records) mapped, no parts that may
         # share bytes (only the host checks those), blocks its table holds
         # (then every row of every call is checked there, up to the
         # launcher's check_rows_max rows).
         self.launch_checks = bool(
-            swapper._status.base
+            swapper._launcher.slots.mapped
             and layout.kernel_ok
             and not layout.meeting
             and max(layout.src_limit, layout.dst_limit) < abi.CHECK_KEY_LIMIT
@@ -162,6 +163,38 @@ class PreparedSwap:
             )
         return self._run(caller, block_mapping, stream, None, mode, wait_for, timing, check)
 
+    def captured(self, max_rows: int | None = None, *, ring: int = 64, rows=None, count=None):
+        """A swap of these arrays to capture into your own CUDA graph, whose
+        rows your kernels write in each replay: see
+        :class:`cupy_swap.captured.CapturedSwap`.
+
+        Parameters
+        ----------
+        max_rows : int, optional
+            Most rows one replay copies (default: ``max_blocks``, at most the
+            rows one launch can check).
+        ring : int, optional
+            Failed replays' verdicts kept until
+            :meth:`~cupy_swap.captured.CapturedSwap.failures` reads them
+            (default 64; good replays take no room).
+        rows : GPU array, optional
+            Your own row buffer, read in place by every replay: int64,
+            C-contiguous, shape ``(N, 2)`` of ``(src_block, dst_block)`` or a
+            tuple of two 1-D arrays ``(src_blocks, dst_blocks)``, ``N >=
+            max_rows`` (CuPy or torch).  Default: the swap's own
+            ``rows`` buffer.
+        count : GPU array, optional
+            Your own row count, one int64 element, copied into the swap's
+            record on the stream right before each launch.  Default: the
+            swap's own ``count``.
+        """
+        from .captured import CapturedSwap
+
+        sw = self._swapper
+        if max_rows is None:
+            max_rows = min(sw.max_blocks, sw._launcher.check_rows_max)
+        return CapturedSwap(self, max_rows, ring, rows=rows, count=count)
+
     def _rebind(self) -> _Decided:
         """Resolve the host aliases again after a registration changed
         (raises if this op's host memory is no longer pinned).  Threads
@@ -183,8 +216,9 @@ class PreparedSwap:
         if op.generation != memory.generation() and self._held is not None:
             op = self._rebind()
         outcomes = self._outcomes
-        if outcomes.open or outcomes.failed:
-            outcomes.raise_pending(sw._status)  # an earlier swap's launch found a bad row: say so now
+        ring = sw._launcher.slots
+        if outcomes.failed or ring.alarmed():
+            outcomes.raise_pending(ring)  # an earlier swap's launch found a bad row: say so now
         if want is not None and op.layout.direction != want:
             self._refuse_direction(want)
         if check is not None and check != "launch" and check != "host":
@@ -238,14 +272,14 @@ class PreparedSwap:
         event = sw._events.take(timed)
         event.path, event.nbytes = path, n * op.layout.bytes_per_pair
         held: list = []  # descriptor ring slots (staged swaps, unmapped hosts), locked until gated
-        ticket = None
+        slot = -1  # the ring slot of a checked launch
         launched = recorded = False
         try:
             if timed:
                 event.start = capture.new_event(timing=True)
                 sw._record(event.start.ptr, handle)
             if path == "kernel":
-                ticket = self._launch_kernel(op, rows, on_gpu, n, handle, capturing, checked, held)
+                slot = self._launch_kernel(op, rows, on_gpu, n, handle, capturing, checked, held, event)
                 launched = True
             elif path == "dma":
                 sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs or looked)
@@ -258,40 +292,39 @@ class PreparedSwap:
         finally:
             if held:
                 sw._launcher.release(held, event if recorded else None, handle)
-            if ticket is not None and not recorded:
-                ticket.abandon(launched)
+            if slot >= 0 and not recorded:
+                ring.forget(slot, event)  # the caller gets no event: nobody is told its verdict
             if launched and on_gpu is not None:  # the kernel reads the caller's rows: hold them
                 if recorded:
                     sw._launcher.keep_until_done(event, on_gpu.keep)
                 else:
                     release.keep_for_process(on_gpu.keep)  # no event to wait for
-        if ticket is not None:
-            event.check, event.seq = ticket, ticket.seq
         sw.last_path = path
         return event
 
-    def _launch_kernel(self, op: _Decided, rows, on_gpu, n: int, handle: int, capturing: bool, checked, held):
-        """The one kernel launch of a swap; its status ticket when the launch
-        checks the rows.  Eager: the rows (or where the GPU rows are) into a
-        free slot, the kernel launched over it (:mod:`.cuda.slots`)."""
+    def _launch_kernel(
+        self, op: _Decided, rows, on_gpu, n: int, handle: int, capturing: bool, checked, held, event
+    ) -> int:
+        """The one kernel launch of a swap; its ring slot when the launch
+        checks the rows (its verdict comes back there: :mod:`.cuda.slots`),
+        else -1.  Eager: the rows (or where the GPU rows are) into a free
+        slot, the kernel launched over it."""
         sw = self._swapper
         lau = sw._launcher
         if capturing:
             op.kernel.launch_captured(rows, n, handle)  # rows checked on the host: fixed for every replay
-            return None
+            return -1
         if not lau.slots_ok:  # pinned memory not mapped: GPU -> GPU through the descriptor ring
             op.kernel.launch_descriptor(rows, n, handle, held)
-            return None
+            return -1
         ring = lau.slots
         i = ring.take()
-        ticket = None
         launched = False
         try:
             if checked:
-                ticket = sw._status.take(self._outcomes, op.layout)
-                status, seq = ticket.address, ticket.seq
+                seq, status = ring.checked_seq(), ring.status_at[i]
             else:
-                status, seq = 0, ring.unchecked_seq()
+                seq, status = ring.unchecked_seq(), 0
             control = ring.controls[i]
             if on_gpu is None:
                 if type(rows) is list:
@@ -306,6 +339,9 @@ class PreparedSwap:
                     on_gpu.step,
                 )
             control[N_PAIRS], control[STATUS], control[SEQ] = n, status, seq
+            if checked:  # who is told its verdict: known before the launch can write it
+                event.check, event.seq, event.slot = ring, seq, i
+                ring.claim(i, seq, (self._outcomes, op.layout, threading.current_thread()), event)
             op.kernel.launch_slot(i, handle)
             launched = True
         finally:
@@ -313,9 +349,7 @@ class PreparedSwap:
                 ring.launched(i, seq)
             else:
                 ring.give_back(i)
-                if ticket is not None:
-                    ticket.abandon(False)
-        return ticket
+        return i if checked else -1
 
     def _path(self, op: _Decided, rows, on_gpu, n: int, mode, check) -> tuple[str, bool]:
         """``(path, looked)``: what serves a swap of ``n`` rows, and whether

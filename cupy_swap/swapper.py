@@ -22,7 +22,6 @@ from .cuda.arrays import convert_array
 from .cuda.availability import translate_unavailable
 from .cuda.copy_engine import DmaCopier
 from .cuda.launcher import Launcher
-from .cuda.outcomes import StatusBoard
 from .cuda.resolve import resolve_layout
 from .cuda.settings import load_calibration
 from .cuda.stager import Stager
@@ -140,7 +139,6 @@ class BlockSwapper:
         with cupy.cuda.Device(self.device), capture.relaxed():
             self._launcher = Launcher(self.device, self.max_parts, self.max_blocks, ring_size, max_ctas)
             self._events = EventPool()
-            self._status = StatusBoard(self.device)
         self._ops = OpCache(_OP_CACHE_SIZE)
         # Bound once: the hot path calls these on every swap.
         self._get_device, self._set_device = runtime.getDevice, runtime.setDevice

@@ -55,6 +55,8 @@ __device__ __forceinline__ unsigned* checked_rows(u64 n_pairs) {
 // board's alarm word after it.
 __device__ void report(u64 status, i64 seq, i64 kind, i64 row, i64 value) {
     volatile SwapStatus* out = reinterpret_cast<SwapStatus*>(status);
+    out->seq = 0;  // first: a reader of a reused record (a ring slot's) sees it change under it
+    __threadfence_system();
     out->kind = kind;
     out->row = row;
     out->value = value;
@@ -80,7 +82,41 @@ struct Rows {
     i64 count;       // that count as it came
     bool have_first;
     i64 first_src, first_dst;
+    bool padded;  // rows of -1 are padding: skipped (captured replays)
+    i64 ring;     // captured replays: records in the failure ring at status (else 0)
 };
+
+// A captured replay's verdict.  Only a failure is written: into record
+// f % ring of the ring at r.status, f being the failure's number (one more
+// than the count in the ring's last row, which it then becomes), with f in
+// the record's word 4 and the replay's number (seq) last.  Good replays write
+// nothing, so however many run between two reads, no failure is pushed out
+// by them.  Replays of one captured swap run one after another (its control
+// record's seq says so too), so one thread's read-and-increment suffices.
+__device__ void report_replay(const Rows& r, i64 kind, i64 row, i64 value) {
+    if (!kind) return;
+    volatile i64* failures = reinterpret_cast<volatile i64*>(r.status + (u64)r.ring * sizeof(SwapStatus));
+    const i64 f = *failures + 1;
+    volatile SwapStatus* out = reinterpret_cast<SwapStatus*>(r.status + (u64)(f % r.ring) * sizeof(SwapStatus));
+    out->seq = 0;  // first: a reader sees the record change under it
+    __threadfence_system();
+    out->kind = kind;
+    out->row = row;
+    out->value = value;
+    out->alarm = (u64)f;
+    __threadfence_system();
+    out->seq = r.seq;
+    __threadfence_system();
+    *failures = f;  // last: a reader that sees f finds record f landed
+}
+
+__device__ __forceinline__ void report_verdict(const Rows& r, i64 kind, i64 row, i64 value) {
+    if (r.ring) {
+        report_replay(r, kind, row, value);
+    } else {
+        report(r.status, r.seq, kind, row, value);
+    }
+}
 
 __device__ bool check_rows(const SwapHeader& h, const Rows& r) {
     extern __shared__ unsigned table[];
@@ -101,6 +137,11 @@ __device__ bool check_rows(const SwapHeader& h, const Rows& r) {
         const bool ahead = r.have_first && i == threadIdx.x;
         const i64 s = ahead ? r.first_src : r.src_index[i * r.step];
         const i64 d = ahead ? r.first_dst : r.dst_index[i * r.step];
+        if (r.padded && (s == -1 || d == -1)) {  // padding: no byte moves, no block is claimed
+            kept[2 * i] = CUPY_SWAP_EMPTY;
+            kept[2 * i + 1] = CUPY_SWAP_EMPTY;
+            continue;
+        }
         kept[2 * i] = (unsigned)s;
         kept[2 * i + 1] = (unsigned)d;
         if (s < 0 || s >= h.src_limit) {
@@ -129,11 +170,16 @@ __device__ bool check_rows(const SwapHeader& h, const Rows& r) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         const i64 kind = verdict == ~0ull ? 0 : (i64)(verdict & 3);
         const u64 row = verdict >> 2;
-        report(r.status, r.seq, kind, kind ? (i64)row : 0,
-               kind == 1 ? r.src_index[row * r.step] : kind ? r.dst_index[row * r.step] : 0);
+        report_verdict(r, kind, kind ? (i64)row : 0,
+                       kind == 1 ? r.src_index[row * r.step] : kind ? r.dst_index[row * r.step] : 0);
     }
     return verdict == ~0ull;
 }
+
+// A kept row the check marked as padding (kept rows only: a block index
+// below 2^32 - 1 is never CUPY_SWAP_EMPTY).
+__device__ __forceinline__ bool padding(unsigned index) { return index == CUPY_SWAP_EMPTY; }
+__device__ __forceinline__ bool padding(i64) { return false; }
 
 // Copy units [0, n_pairs * units_per_pair): `parts` in shared memory,
 // block indices anywhere the SM can read (kernel parameters, device memory,
@@ -172,6 +218,7 @@ __device__ __forceinline__ void copy_units(const SwapPart* parts, int n_parts, u
                     pair = unit / units_per_pair;
                     rest = unit - pair * units_per_pair;
                 }
+                if (padding(src_index[pair * step])) continue;
                 const SwapPart& part = parts[find_part(parts, n_parts, rest)];
                 const u64 in_block = rest - part.first_unit;
                 src[k] = reinterpret_cast<const T*>(part.src + (u64)src_index[pair * step] * part.src_stride) + in_block;
@@ -196,7 +243,7 @@ template <typename T>
 __device__ __forceinline__ bool check_and_copy(const SwapHeader& h, const SwapPart* parts, int n_parts,
                                                u64 units_per_pair, const Rows& r) {
     if (r.count_bad) {  // report it, read no row
-        if (r.status && blockIdx.x == 0 && threadIdx.x == 0) report(r.status, r.seq, 4, 0, r.count);
+        if (r.status && blockIdx.x == 0 && threadIdx.x == 0) report_verdict(r, 4, 0, r.count);
         return false;
     }
     if (!r.status) {
@@ -236,7 +283,7 @@ __device__ __forceinline__ void swap_descriptor(const u64* __restrict__ desc, in
     const i64* pairs = reinterpret_cast<const i64*>(desc + CUPY_SWAP_HEADER_WORDS + (u64)n_parts * CUPY_SWAP_PART_WORDS);
     // Checked launches cover the whole descriptor (first_pair 0).
     const i64* first = pairs + 2 * first_pair;
-    const Rows rows = {n_pairs, first, first + 1, 2, header.status, header.seq, false, 0, false, 0, 0};
+    const Rows rows = {n_pairs, first, first + 1, 2, header.status, header.seq, false, 0, false, 0, 0, false};
     check_and_copy<T>(header, parts, n_parts, units_per_pair, rows);
 }
 
@@ -254,7 +301,7 @@ __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
     const u64 capacity = (u64)h.n_pairs;
     const i64* word = reinterpret_cast<const i64*>(a.control);
     load_parts(parts, a.parts, n_parts);
-    Rows r = {capacity, a.src_index, a.dst_index, (int)a.index_step, h.status, h.seq, false, 0, false, 0, 0};
+    Rows r = {capacity, a.src_index, a.dst_index, (int)a.index_step, h.status, h.seq, false, 0, false, 0, 0, false};
     if (word) {
         if (threadIdx.x < capacity) {
             r.first_src = a.src_index[threadIdx.x * r.step];
@@ -276,17 +323,27 @@ __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
             r.dst_index = reinterpret_cast<const i64*>(c.dst_index);
             r.step = (int)c.index_step;
         }
+        if (c.replays > 0) {  // a captured replay: its number, the failure ring, padding skipped
+            r.seq = c.seq + 1;
+            r.ring = c.replays;
+            r.padded = true;
+        }
     }
     check_and_copy<T>(h, parts, n_parts, h.units_per_pair, r);
     if (h.arrivals) {  // slot launches: the slot is free once every CTA is past it
         __syncthreads();
         if (threadIdx.x == 0) {
-            __threadfence();
+            // System scope: this CTA's verdict (pinned memory) is seen by the
+            // host before the done word the last CTA writes (the host reads a
+            // record that lacks its number after the done word as lost).
+            __threadfence_system();
             unsigned* arrivals = reinterpret_cast<unsigned*>(h.arrivals);
             if (atomicAdd(arrivals, 1u) == gridDim.x - 1) {
                 *reinterpret_cast<volatile unsigned*>(arrivals) = 0;  // for the slot's next launch
                 __threadfence_system();
-                reinterpret_cast<volatile i64*>(a.control)[3] = r.seq;  // SwapControl::done
+                volatile i64* done = reinterpret_cast<volatile i64*>(a.control);
+                if (control[7] > 0) done[2] = r.seq;  // SwapControl::seq: the next replay's is one more
+                done[3] = r.seq;                      // SwapControl::done
             }
         }
     }

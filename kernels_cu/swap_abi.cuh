@@ -86,6 +86,16 @@ struct SwapStatus {
 // at the parameter's addresses; else at src_index / dst_index, index_step
 // words apart (a mapping on the GPU).  done: the kernel's last CTA writes seq
 // here after every CTA has stopped reading the record and the rows.
+//
+// replays > 0: a swap captured into the caller's CUDA graph, its record in
+// device memory at a fixed address, its count (and rows) written there by
+// the caller's kernels before each replay.  Replay k (k = seq + 1 when it
+// starts) writes a failed check's verdict into a ring of `replays` SwapStatus
+// records at status (record f % replays for its f-th failure; the count of
+// failures in the word after the ring; good replays write nothing), skips
+// rows whose source or destination
+// is -1 (padding), and its last CTA writes k into seq and done: a stream
+// outside the graph can wait for done >= k (cuStreamWaitValue64).
 struct SwapControl {
     i64 n_pairs;
     u64 status;
@@ -94,7 +104,7 @@ struct SwapControl {
     u64 src_index;
     u64 dst_index;
     i64 index_step;
-    i64 unused;
+    i64 replays;
 };
 
 template <int P>

@@ -19,7 +19,6 @@ import numpy as np
 from cupy_swap.core.parts import DEVICE, Part, as_parts
 from cupy_swap.core.route import Policy
 from cupy_swap.cuda import abi, memory
-from cupy_swap.cuda.outcomes import StatusBoard
 from cupy_swap.cuda.slots import DONE, N_PAIRS, SEQ, SRC_INDEX, STATUS, SlotRing
 
 
@@ -118,23 +117,36 @@ class FakeEvent:
 
 
 class FakeKernel:
-    """A bound kernel that records its launches and, for a slot launch,
-    completes at once (writes the slot's done word, as the last CTA does):
-    ``("kernel", flat rows, stream, capturing, status, seq)`` (seq 0 when
-    unchecked), ``("rows", n, ...)`` for a mapping on the GPU."""
+    """A bound kernel that records its launches and plays the kernel's part
+    of a slot launch: ``("kernel", flat rows, stream, capturing, status,
+    seq)`` (status and seq 0 when unchecked), ``("rows", n, ...)`` for a
+    mapping on the GPU.  A slot launch completes at once, checking host rows
+    as the kernel does (the verdict into the slot's record, ``seq`` last,
+    the alarm on a failure, then the done word), unless ``held``: then it
+    completes when a test calls :func:`land`."""
 
     def __init__(self, calls: list, ring: SlotRing):
         self.calls, self.ring = calls, ring
+        self.layout, self.held = None, False
+
+    def bind(self, layout):
+        self.layout = layout
+        return self
 
     def launch_slot(self, i, stream):
         c = self.ring.controls[i]
         n, status, seq = c[N_PAIRS], c[STATUS], c[SEQ]
         if c[SRC_INDEX]:
             self.calls.append(("rows", n, stream, False, status, seq))
+            verdict = (0, 0, 0)
         else:
             flat = self.ring.words[i, abi.CONTROL_WORDS : abi.CONTROL_WORDS + 2 * n].tolist()
             self.calls.append(("kernel", flat, stream, False, status, seq if status else 0))
-        c[DONE] = seq
+            verdict = _fake_check(flat, self.layout)
+        if not self.held:
+            complete(self.ring, i, seq, *(verdict if status else (0, 0, 0)), checked=bool(status))
+        else:
+            _HELD.append((self.ring, i, seq))
 
     def launch_captured(self, pairs, n, stream):
         flat = list(pairs) if type(pairs) is list else pairs.reshape(-1).tolist()
@@ -145,41 +157,80 @@ class FakeKernel:
         self.calls.append(("descriptor", flat, stream, False, 0, 0))
 
 
+_HELD: list = []  # (ring, slot, seq) of launches tests held
+
+
+def finish_held() -> None:
+    """Complete every held launch a test left running (a dropped ring's
+    release waits for its launches, as on a GPU)."""
+    while _HELD:
+        ring, i, seq = _HELD.pop()
+        if ring._pending[i] == seq and ring.words[i, DONE] != seq:
+            complete(ring, i, seq)
+
+
+def _fake_check(flat: list, layout) -> tuple:
+    """The kernel's check of rows ``[s0, d0, ...]``: ``(kind, row, value)``
+    of the first bad row (1 source out of range, 2 destination out of range,
+    3 a destination again), ``(0, 0, 0)`` when every row is good."""
+    src_limit = layout.src_limit if layout is not None else 1 << 62
+    dst_limit = layout.dst_limit if layout is not None else 1 << 62
+    seen: set = set()
+    for row in range(len(flat) // 2):
+        s, d = flat[2 * row], flat[2 * row + 1]
+        if not 0 <= s < src_limit:
+            return 1, row, s
+        if not 0 <= d < dst_limit:
+            return 2, row, d
+        if d in seen:
+            return 3, row, d
+        seen.add(d)
+    return 0, 0, 0
+
+
 def fake_ring(size: int = 4, capacity: int = 64) -> SlotRing:
     """A real slot ring over NumPy memory claiming device address 0x9000."""
-    words = np.zeros((size, abi.CONTROL_WORDS + 2 * capacity), np.int64)
+    words = np.zeros((size + 1, SlotRing.row_words(capacity)), np.int64)
     return SlotRing(0, size, capacity, words=words, base=0x9000)
 
 
-def host_board(base: int = 0x5000, slots: int = 64) -> StatusBoard:
-    """A real status board over NumPy memory at device address ``base``
-    (0: not mapped); tests write what a launch would with :func:`land`."""
-    return StatusBoard(0, slots, records=np.zeros((slots + 1, abi.STATUS_WORDS), np.int64), base=base)
+def complete(
+    ring: SlotRing, i: int, seq: int, kind=0, row=0, value=0, checked=True, verdict=True, done=True
+) -> None:
+    """What slot ``i``'s launch ``seq`` writes when it ends: its verdict
+    (``seq`` last; none with ``verdict=False``: a lost one), the alarm on a
+    failure, then the done word (not with ``done=False``: other CTAs run on)."""
+    w = ring.words
+    at = ring._status
+    if checked and verdict:
+        w[i, at + 1 : at + 4] = kind, row, value
+        w[i, at] = seq
+        if kind:
+            w[ring.size, 0] = seq
+    if done:
+        w[i, DONE] = seq
 
 
-def land(board: StatusBoard, seq: int, kind: int = 0, row: int = 0, value: int = 0) -> None:
-    """Write swap ``seq``'s verdict into its record as its launch does: the
-    verdict, ``seq`` last, then on a failure the alarm word."""
-    index = next(i for i, t in enumerate(board._tickets) if t is not None and t.seq == seq)
-    board.records[index, 1:4] = kind, row, value
-    board.records[index, 0] = seq
-    if kind:
-        board.records[board.slots, 0] = seq
+def land(ring: SlotRing, seq: int, kind=0, row=0, value=0, verdict: bool = True, done: bool = True) -> None:
+    """Complete the held launch ``seq`` (see :func:`complete`)."""
+    i = ring._pending.index(seq)
+    complete(ring, i, seq, kind, row, value, verdict=verdict, done=done)
 
 
 class FakeSwapper:
     """What ``PreparedSwap`` reads of a swapper; ``calls`` records the waits,
     capture queries, launches, copies and event records of each call."""
 
-    def __init__(self, calls: list, board: StatusBoard | None = None, slots_ok: bool = True):
+    def __init__(self, calls: list, slots_ok: bool = True, mapped: bool = True, ring_size: int = 4):
         self.calls = calls
         self.device, self.max_blocks, self.mode, self.timing = 0, 64, "auto", False
         self.policy, self.last_path, self._closed = Policy(), None, False
-        self._status = host_board() if board is None else board
-        ring = fake_ring(capacity=self.max_blocks)
-        kernel = FakeKernel(calls, ring)
+        ring = fake_ring(ring_size, capacity=self.max_blocks)
+        if not mapped:  # no launch can report: every mapping is checked on the host
+            ring.mapped = False
+        self.kernel = kernel = FakeKernel(calls, ring)
         self._launcher = types.SimpleNamespace(
-            bind=lambda layout: kernel,
+            bind=kernel.bind,
             slots=ring,
             slots_ok=slots_ok,
             check_rows_max=8192,

@@ -64,7 +64,7 @@ def test_control_record_matches_the_slot_words():
 
     assert int(_define("CUPY_SWAP_CONTROL_WORDS")) == abi.CONTROL_WORDS
     control = [n for _, n in _struct_fields("SwapControl")]
-    assert control == ["n_pairs", "status", "seq", "done", "src_index", "dst_index", "index_step", "unused"]
+    assert control == ["n_pairs", "status", "seq", "done", "src_index", "dst_index", "index_step", "replays"]
     where = (
         slots.N_PAIRS,
         slots.STATUS,

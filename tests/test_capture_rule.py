@@ -34,9 +34,11 @@ SENSITIVE_ATTRIBUTES = {"done"}  # cupy.cuda.Event.done: cudaEventQuery
 OFF_CAPTURE = {
     ("cuda/release.py", "device_free"): "the releaser thread only, relaxed for good",
     ("cuda/release.py", "drain"): "threading.Event, not a CUDA event",
+    ("cuda/graph_builder.py", "kernel_graph"): "the builder thread only, inside its relaxed block",
+    ("cuda/graph_builder.py", "destroy_graphs"): "releaser release (a dropped BoundKernel)",
+    ("cuda/graph_builder.py", "Builder.drain"): "threading.Event, not a CUDA event",
     ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
     ("cuda/slots.py", "SlotRing.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
-    ("cuda/outcomes.py", "StatusBoard.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
     ("cuda/stager.py", "_wait_for_users"): "releaser gate",
     ("graph.py", "_wait_all"): "releaser gate",
     ("cuda/streams.py", "swap_event_class.SwapEvent.device_time"): "SwapEvent.synchronize, relaxed inside",

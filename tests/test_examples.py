@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The examples of the README's Examples section (examples/ may hold others, with their own tests).
 NAMES = (
     "cuda_graph_swap.py",
+    "inside_cuda_graph.py",
     "layer_overlap.py",
     "sglang_layout.py",
     "shared_pool.py",

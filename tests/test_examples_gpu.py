@@ -51,6 +51,14 @@ def test_cuda_graph_swap_with_torch():
     )
 
 
+def test_inside_cuda_graph():
+    """Issue 40: a decode step captured once (pick kernel, captured swap,
+    consumer kernel), replayed with new scores, every replay checked."""
+    lines = _run("inside_cuda_graph.py", "--replays", "200")
+    assert len(lines) == 1 and lines[0].startswith("ok: 200 replays of one graph (pick, swap, consume), ")
+    assert lines[0].endswith("blocks loaded: bit-exact")
+
+
 def test_layer_overlap():
     lines = _run("layer_overlap.py")
     assert len(lines) == 2 and all(line.startswith("ok: ") and line.endswith("bit-exact") for line in lines)

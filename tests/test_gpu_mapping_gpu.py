@@ -145,12 +145,10 @@ def test_gpu_mapping_needs_no_host_synchronization(rng):
 
 
 def test_status_records_wrap(rng):
-    """More swaps than status records: every one lands, failures before and
-    after the wrap are reported by their events and by the next call."""
-    from cupy_swap.cuda.outcomes import StatusBoard
-
-    sw = cs.BlockSwapper(max_blocks=8)
-    sw._status = StatusBoard(sw.device, slots=8)
+    """More swaps than ring slots (each owns a status record): every one
+    lands, failures before and after the wrap are reported by their events
+    and by the next call."""
+    sw = cs.BlockSwapper(max_blocks=8, ring_size=8)
     host = cs.empty_pinned((64, 128), np.uint8)
     gpu = cp.empty((64, 128), cp.uint8)
     rand_fill(host, rng)

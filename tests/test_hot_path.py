@@ -10,19 +10,29 @@ import cupy_swap.prepared as prepared
 from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.core.parts import as_parts
 from cupy_swap.cuda.gpu_mapping import DeviceRows
-from cupy_swap.cuda.outcomes import Ticket
+from cupy_swap.cuda.slots import SlotRing
 from cupy_swap.prepared import PreparedSwap
 
-from .fakes import FakeSwapper, host_board, land
+from .fakes import FakeSwapper, land
 
 pytest.importorskip("cupy", reason="wait_handle tells CuPy events apart")
 
 
-def _op(calls: list, fake_gpu, board=None, blocks: int = 8, **kw) -> PreparedSwap:
+def _op(calls: list, fake_gpu, blocks: int = 8, **kw) -> PreparedSwap:
     host = np.zeros((blocks, 64), np.uint8)
     gpu = fake_gpu.parts(np.zeros((blocks, 64), np.uint8), "dst")
     layout = layout_from_parts(as_parts(host, "src"), gpu)
-    return PreparedSwap(FakeSwapper(calls, board=board, **kw), layout, (host,))
+    return PreparedSwap(FakeSwapper(calls, **kw), layout, (host,))
+
+
+def _sync(event) -> None:
+    """What ``SwapEvent.synchronize()`` does once the swap completed."""
+    if event.check is not None:
+        event.check.raise_on_event(event)
+
+
+def _ring(op):
+    return op._swapper._launcher.slots
 
 
 @pytest.fixture
@@ -35,8 +45,10 @@ def test_the_launch_checks_the_rows_and_gets_a_status_record(fake_gpu, not_captu
     op = _op(calls, fake_gpu)
     # A repeated destination: the launch finds it, the host does not look.
     event = op([(1, 2), (3, 2)], check="launch")
-    assert calls == [("kernel", [1, 2, 3, 2], 77, False, 0x5000, 1), ("record", 0xE0, 77)]
-    assert event.seq == 1 and isinstance(event.check, Ticket)
+    assert calls == [("kernel", [1, 2, 3, 2], 77, False, _ring(op).status_at[0], 1), ("record", 0xE0, 77)]
+    assert event.seq == 1 and isinstance(event.check, SlotRing) and event.slot == 0
+    with pytest.raises(ValueError, match="swap #1: .*block 2 again in row 1"):
+        _sync(event)  # the launch found it
     calls.clear()
     op((np.array([5, 6]), np.array([0, 1])), check="launch")  # two 1-D index arrays, as SGLang keeps them
     assert calls[0][:2] == ("kernel", [5, 0, 6, 1])
@@ -56,7 +68,7 @@ def test_check_host_raises_before_anything_is_launched(fake_gpu, not_capturing):
     assert calls[0] == ("kernel", [1, 2, 3, 4], 77, False, 0, 0)  # checked: no status record
     calls.clear()
     op([(1, 2), (3, 2)])  # the default at every row count: the launch checks
-    assert calls[0][:2] == ("kernel", [1, 2, 3, 2]) and calls[0][4] == 0x5000
+    assert calls[0][:2] == ("kernel", [1, 2, 3, 2]) and calls[0][4] in _ring(op).status_at
 
 
 def test_a_tuple_of_two_sequences_is_the_pair_form(fake_gpu, not_capturing):
@@ -76,27 +88,27 @@ def test_a_tuple_of_two_sequences_is_the_pair_form(fake_gpu, not_capturing):
 
 def test_a_failed_launch_check_is_raised_by_the_next_call_once(fake_gpu, not_capturing):
     calls: list = []
-    board = host_board()
-    op = _op(calls, fake_gpu, board=board)
+    op = _op(calls, fake_gpu)
+    op._swapper.kernel.held = True
     bad = op([(1, 2), (3, 2)], check="launch")
     good = op([(1, 2), (3, 4)], check="launch")
-    land(board, 1, 3, 1, 2)  # what the launch wrote: block 2 again in row 1
-    land(board, 2)
+    land(_ring(op), 1, 3, 1, 2)  # what the launch wrote: block 2 again in row 1
+    land(_ring(op), 2)
     with pytest.raises(ValueError, match=r"earlier swap \(swap #1.*got block 2 again in row 1.*not launched"):
         op([(1, 2)])
     op([(1, 2)])  # raised once: the next call goes ahead
     with pytest.raises(ValueError, match="swap #1: .*block 2 again in row 1"):
-        bad.check.raise_on_event()  # the event of the failed swap raises every time it is asked
-    good.check.raise_on_event()  # the good one never
+        _sync(bad)  # the event of the failed swap raises every time it is asked
+    _sync(good)  # the good one never
 
 
 def test_a_check_not_yet_run_is_left_for_later(fake_gpu, not_capturing):
     calls: list = []
-    board = host_board()
-    op = _op(calls, fake_gpu, board=board)
+    op = _op(calls, fake_gpu)
+    op._swapper.kernel.held = True
     op([(1, 2), (0, 0)], check="launch")
     op([(1, 3), (0, 0)], check="launch")  # the first launch has not written its record yet: nothing to say
-    land(board, 2, 2, 0, 30)  # the second ran first (another stream): its failure is not held up
+    land(_ring(op), 2, 2, 0, 30)  # the second ran first (another stream): its failure is not held up
     with pytest.raises(IndexError, match="swap #2.*destination block index 30 in row 0"):
         op([(1, 4), (0, 0)], check="launch")
 
@@ -128,8 +140,8 @@ def test_a_rebind_under_a_thread_inside_a_call(fake_gpu, not_capturing, monkeypa
     a pending failure was lost.  Now a rebind replaces the decided state as
     a whole; a call keeps the state it read, and verdicts stay on the op."""
     calls: list = []
-    board = host_board()
-    op = _op(calls, fake_gpu, board=board)
+    op = _op(calls, fake_gpu)
+    op._swapper.kernel.held = True
     op([(1, 2), (0, 0)], check="launch")  # seq 1, unread
     old = op._decided
     swapper = op._swapper
@@ -146,7 +158,7 @@ def test_a_rebind_under_a_thread_inside_a_call(fake_gpu, not_capturing, monkeypa
     old.kernel.launch_slot = rebind_midway
     op([(5, 6), (0, 0)], check="launch")
     assert ("kernel-old-state", [5, 6, 0, 0]) in calls and op._decided is not old
-    land(board, 1, 1, 0, 9)
+    land(_ring(op), 1, 1, 0, 9)
     with pytest.raises(IndexError, match="source block index 9"):  # the pending failure survived
         op([(1, 2)])
 
@@ -161,8 +173,8 @@ def test_a_mapping_on_the_gpu_needs_a_status_record(fake_gpu, not_capturing, mon
     calls: list = []
     op = _op(calls, fake_gpu)
     op(object())
-    assert calls[0] == ("rows", 3, 77, False, 0x5000, 1)
-    unmapped = _op([], fake_gpu, board=host_board(base=0))
+    assert calls[0] == ("rows", 3, 77, False, _ring(op).status_at[0], 1)
+    unmapped = _op([], fake_gpu, mapped=False)
     with pytest.raises(ValueError, match="cannot be mapped"):
         unmapped(object())
     monkeypatch.setattr(prepared, "device_rows", lambda m, device, max_blocks: None)
@@ -256,9 +268,12 @@ def test_auto_sends_one_long_run_to_the_copy_engines(fake_gpu, not_capturing):
         # Issue 38: ends that span 4 blocks on both sides but no single run would
         # be copied block by block; the kernel is faster (and checks the rows).
         ([(2, 3), (4, 5), (3, 4), (5, 6)], "kernel"),
-        ([(2, 3), (3, 3), (4, 5), (5, 6)], "kernel"),
     ):
         assert op(np.array(rows, np.int64)).path == path
+    lying = op(np.array([(2, 3), (3, 3), (4, 5), (5, 6)], np.int64))  # the kernel checks it
+    assert lying.path == "kernel"
+    with pytest.raises(ValueError, match="block 3 again in row 1"):
+        _sync(lying)
     assert op(np.array([(2, 3), (3, 4), (4, 5), (5, 6)], np.int64), mode="kernel").path == "kernel"
     with pytest.raises(ValueError, match="distinct destination blocks"):  # the copy engines' host check
         op(np.array([(2, 3), (3, 3), (4, 5), (5, 6)], np.int64), mode="dma")

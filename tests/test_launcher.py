@@ -40,6 +40,12 @@ class _Launcher:
         words = np.ctypeslib.as_array((ctypes.c_int64 * 12).from_address(struct_ptr)).copy()
         self.launches.append(("plain", fn, grid, threads, stream, words))
 
+    def graph_launch(self, exec_, stream):
+        self.launches.append(("graph", exec_, stream))
+
+    def make_current(self):
+        pass
+
 
 def _layout(fake_gpu, parts: int, block: int = 4096):
     def gpu(name):
@@ -77,6 +83,122 @@ def test_a_new_cta_budget_changes_the_grid(fake_gpu):
     lau.max_ctas = 2
     bound.launch_slot(0, stream=1)
     assert lau.launches[0][2] > 2 and lau.launches[1][2] <= 2
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    """The graphs the builder thread makes: ``(fn, grid, threads, smem,
+    header and index words as the driver copies them)``; exec handles
+    0x200 + k; destroyed ones recorded in ``graphs.destroyed``."""
+    from cupy_swap.cuda import graph_builder
+
+    made: list = []
+
+    def kernel_graph(fn, grid, threads, smem, args_ptr):
+        (struct_ptr,) = (ctypes.c_void_p * 1).from_address(args_ptr)
+        words = np.ctypeslib.as_array((ctypes.c_int64 * 12).from_address(struct_ptr)).copy()
+        made.append((fn, grid, threads, smem, words))
+        return 0x100 + len(made), 0x200 + len(made)
+
+    destroyed: list = []
+    monkeypatch.setattr(graph_builder, "kernel_graph", kernel_graph)
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
+    made_list = type("Made", (list,), {})()
+    made_list.made, made_list.destroyed = made, destroyed
+    return made_list
+
+
+def test_an_op_launches_plainly_until_its_graphs_are_built_off_the_call_path(fake_gpu, graphs):
+    """Issue 38 (NOTES 61): a graph build can wait for the whole device, so
+    no call builds one; after BUILD_AFTER calls the builder thread builds one
+    per slot, each pointing at its slot, and later calls launch them."""
+    from cupy_swap.cuda import graph_builder
+
+    lau = _Launcher()
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    for k in range(graph_builder.BUILD_AFTER - 1):
+        bound.launch_slot(k % 3, stream=5)
+    assert graph_builder.builder.drain(5) and graphs.made == []  # not asked for yet
+    bound.launch_slot(0, stream=5)  # the BUILD_AFTER-th call: the builder is asked
+    assert graph_builder.builder.drain(5) and len(graphs.made) == 3
+    assert all(launch[0] == "slot" for launch in lau.launches)  # every call so far plain
+    ring = lau.slots
+    for i, (fn, _, _, _, words) in enumerate(graphs.made):
+        rows = ring.aliases[i] + 8 * abi.CONTROL_WORDS
+        assert fn == 0xF00 and words[7] == ring.arrivals[i]
+        assert words[8:12].tolist() == [rows, rows + 8, 2, ring.aliases[i]]
+    lau.launches.clear()
+    bound.launch_slot(1, stream=6)
+    assert lau.launches == [("graph", 0x202, 6)]
+    lau.max_ctas = 2  # another CTA budget: plain launches until the graphs of it are built
+    bound.launch_slot(1, stream=6)
+    assert lau.launches[-1][0] == "slot"
+
+
+def test_a_dropped_op_destroys_its_graphs(fake_gpu, graphs):
+    from cupy_swap.cuda import graph_builder, release
+
+    lau = _Launcher()
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    for k in range(graph_builder.BUILD_AFTER):
+        bound.launch_slot(k % 3, stream=5)
+    assert graph_builder.builder.drain(5)
+    del bound
+    assert release.drain(5)
+    assert sorted(graphs.destroyed) == [(0x101, 0x201), (0x102, 0x202), (0x103, 0x203)]
+
+
+def test_a_failed_graph_build_leaves_the_op_on_plain_launches(fake_gpu, monkeypatch):
+    from cupy_swap.cuda import graph_builder
+
+    def refuses(*args):
+        raise RuntimeError("cudaGraphInstantiate failed")
+
+    monkeypatch.setattr(graph_builder, "kernel_graph", refuses)
+    lau = _Launcher()
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    with pytest.warns(UserWarning, match="slot graphs could not be built .cudaGraphInstantiate failed"):
+        for k in range(graph_builder.BUILD_AFTER):
+            bound.launch_slot(k % 3, stream=5)
+        assert graph_builder.builder.drain(5)
+    for k in range(3 * graph_builder.BUILD_AFTER):
+        bound.launch_slot(k % 3, stream=5)
+    assert all(launch[0] == "slot" for launch in lau.launches)
+
+
+def test_no_call_raises_after_its_launch_was_enqueued(fake_gpu, graphs, monkeypatch):
+    """Review of issue 38: the builder could not be asked (no thread could be
+    started) after the launch was enqueued; the caller then gave back a slot
+    a queued kernel reads.  Now the call returns and launches stay plain;
+    a graph launch that fails falls back to a plain one."""
+    from cupy_swap.cuda import graph_builder
+
+    def cannot(bound):
+        raise RuntimeError("can't start new thread")
+
+    lau = _Launcher()
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    monkeypatch.setattr(graph_builder.builder, "request", cannot)
+    with pytest.warns(UserWarning, match="builder could not be asked .can't start new thread"):
+        for k in range(graph_builder.BUILD_AFTER):
+            bound.launch_slot(k % 3, stream=5)
+    assert len(lau.launches) == graph_builder.BUILD_AFTER and bound._execs is None
+    monkeypatch.undo()
+    monkeypatch.setattr(graph_builder, "kernel_graph", lambda *args: (0x100, 0x200))
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: None)  # made-up handles
+    other = BoundKernel(lau, _layout(fake_gpu, 1))
+    for k in range(graph_builder.BUILD_AFTER):
+        other.launch_slot(k % 3, stream=5)
+    assert graph_builder.builder.drain(5) and other._execs is not None
+
+    def broken(exec_, stream):
+        raise RuntimeError("cudaGraphLaunch failed")
+
+    lau.graph_launch = broken
+    lau.launches.clear()
+    with pytest.warns(UserWarning, match="a graph launch failed"):
+        other.launch_slot(1, stream=6)
+    assert [launch[0] for launch in lau.launches] == ["slot"] and other._execs is None
 
 
 def test_a_captured_launch_keeps_rows_of_its_own(fake_gpu, monkeypatch):

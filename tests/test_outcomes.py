@@ -1,7 +1,8 @@
-"""The outcome rule (``cupy_swap/cuda/outcomes.py``) on the CPU: a real
-status board over NumPy memory, launches stood in by ``board.land`` (what
-the kernel writes), ops by tests/fakes.py.  Each test names the review
-finding of issue 32 it would have caught."""
+"""The outcome rule (``cupy_swap/cuda/outcomes.py``, ``cuda/slots.py``) on
+the CPU: a real slot ring over NumPy memory, launches stood in by the fake
+kernel of tests/fakes.py (it checks rows as the kernel does and writes the
+slot's record; ``held`` launches complete when a test calls ``land``).
+Each test names the review finding of issue 32 it would have caught."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from cupy_swap.core.parts import as_parts
 from cupy_swap.op_cache import OpCache
 from cupy_swap.prepared import PreparedSwap
 
-from .fakes import FakeSwapper, host_board, land
+from .fakes import FakeSwapper, land
 
 pytest.importorskip("cupy", reason="wait_handle tells CuPy events apart")
 
@@ -26,65 +27,145 @@ def not_capturing(monkeypatch):
     monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: False)
 
 
-def _op(fake_gpu, board, channel=None) -> PreparedSwap:
+def _op(fake_gpu, sw, channel=None) -> PreparedSwap:
     host = np.zeros((64, 64), np.uint8)
     gpu = fake_gpu.parts(np.zeros((64, 64), np.uint8), "dst")
     layout = layout_from_parts(as_parts(host, "src"), gpu)
-    return PreparedSwap(FakeSwapper([], board=board), layout, (host,), outcomes=channel)
+    return PreparedSwap(sw, layout, (host,), outcomes=channel)
+
+
+def _sync(event) -> None:
+    """What ``SwapEvent.synchronize()`` does once the swap completed."""
+    if event.check is not None:
+        event.check.raise_on_event(event)
 
 
 BAD = [(1, 10), (2, 10)]  # block 10 as destination twice
 GOOD = [(1, 10), (2, 11)]
 
 
-def test_a_record_is_never_reused_while_its_verdict_is_unread(fake_gpu):
+def test_a_slot_is_never_reused_while_its_verdict_is_unread(fake_gpu):
     """Finding 1: a swap queued behind long work kept its record number
     (seq % 4096); later swaps wrapped round and a late check rewrote the
-    record a bad swap shared with it, so the bad swap read as success."""
-    board = host_board(slots=4)
-    op = _op(fake_gpu, board)
-    late = op(GOOD, check="launch")  # its check has not run: its record stays reserved
-    for _ in range(50):  # many more swaps than records: they cycle through the other three
-        land(board, op(GOOD, check="launch").seq)
-    bad = op(BAD, check="launch")
-    assert bad.check.address != late.check.address
-    land(board, late.seq)  # the late check runs now: it writes its own record only
-    land(board, bad.seq, 3, 1, 10)
-    late.check.raise_on_event()
+    record a bad swap shared with it, so the bad swap read as success.  Now
+    a record is its slot's, and the slot waits for its launch."""
+    sw = FakeSwapper([])
+    op = _op(fake_gpu, sw)
+    sw.kernel.held = True
+    late = op(GOOD)  # its check has not run: its slot stays taken
+    sw.kernel.held = False
+    for _ in range(50):  # many more swaps than slots: they cycle through the other three
+        _sync(op(GOOD))
+    bad = op(BAD)
+    assert bad.slot != late.slot
+    land(sw._launcher.slots, late.seq)  # the late check runs now: it writes its own record only
+    _sync(late)
     with pytest.raises(ValueError, match=f"swap #{bad.seq}: .*block 10 again in row 1"):
-        bad.check.raise_on_event()
+        _sync(bad)
+    with pytest.raises(ValueError, match=f"swap #{bad.seq}"):
+        _sync(bad)  # every time: the event is that swap
 
 
 def test_a_verdict_never_read_is_not_lost_and_a_lost_one_is_never_success(fake_gpu):
     """Finding 2: after 4096 later swaps a verdict never read read as
-    success.  Now it stays until read; an event that completed without its
-    verdict raises a lost verdict."""
-    board = host_board(slots=4)
-    op, other = _op(fake_gpu, board), _op(fake_gpu, board)
-    first = op(BAD, check="launch")
-    land(board, first.seq, 3, 1, 10)
-    for _ in range(20):  # another op's swaps: records collected and reused, the failure kept
-        land(board, other(GOOD, check="launch").seq)
+    success.  Now a slot's verdict is read before the slot is taken again;
+    a launch that ended without writing its verdict is a lost verdict, from
+    its event and, if nobody asked it, from the next call."""
+    sw = FakeSwapper([])
+    op, other = _op(fake_gpu, sw), _op(fake_gpu, sw)
+    first = op(BAD)
+    for _ in range(20):  # another op's swaps take the slots again, the failure kept
+        other(GOOD)
     with pytest.raises(ValueError, match=f"earlier swap \\(swap #{first.seq}"):
-        op(GOOD, check="launch")
-    never = op(GOOD, check="launch")
+        op(GOOD)
+    ring = sw._launcher.slots
+    sw.kernel.held = True
+    never = op(GOOD)
+    land(ring, never.seq, verdict=False)  # its launch "completed" and its record holds no verdict
     with pytest.raises(RuntimeError, match=f"swap #{never.seq}: .*lost verdict"):
-        never.check.raise_on_event()  # its event "completed" and its record holds no verdict
+        _sync(never)
+    unasked = op(GOOD)
+    land(ring, unasked.seq, verdict=False)
+    sw.kernel.held = False
+    for _ in range(8):
+        other(GOOD)  # its slot is taken again: read there, told to its op's next call
+    with pytest.raises(RuntimeError, match=f"swap #{unasked.seq}: .*lost verdict.*not launched"):
+        op(GOOD)
 
 
 def test_each_failure_is_raised_once_whoever_asks_first(fake_gpu):
     """Finding 3: 'reported' was a high-water mark, so raising the second
     failure (its event) swallowed the first for good."""
-    board = host_board()
-    op = _op(fake_gpu, board)
-    one, two = op(BAD, check="launch"), op(BAD, check="launch")
-    land(board, one.seq, 3, 1, 10)
-    land(board, two.seq, 3, 1, 10)
-    with pytest.raises(ValueError, match=f"swap #{two.seq}"):
-        two.check.raise_on_event()
+    sw = FakeSwapper([])
+    op = _op(fake_gpu, sw)
+    one, two = op(BAD), None
     with pytest.raises(ValueError, match=f"earlier swap \\(swap #{one.seq}"):
-        op(GOOD)  # the first is still told, by the next call
-    op(GOOD)  # and only once; the second was told by its event, so never again here
+        two = op(BAD)  # the alarm moved: the first is told by the next call
+    two = op(BAD)
+    with pytest.raises(ValueError, match=f"swap #{two.seq}"):
+        _sync(two)
+    op(GOOD)  # the second was told by its event, so never again here
+    with pytest.raises(ValueError, match=f"swap #{one.seq}"):
+        _sync(one)  # and the first's event still says so
+
+
+def test_a_failure_is_told_as_soon_as_its_verdict_landed(fake_gpu):
+    """The alarm moves when CTA 0 wrote the verdict, before the launch's last
+    CTA writes the done word: the next call reads the verdict then."""
+    sw = FakeSwapper([])
+    op = _op(fake_gpu, sw)
+    sw.kernel.held = True
+    bad = op(BAD)
+    land(sw._launcher.slots, bad.seq, 3, 1, 10, done=False)
+    with pytest.raises(ValueError, match=f"earlier swap \\(swap #{bad.seq}.*block 10 again in row 1"):
+        op(GOOD)
+    with pytest.raises(ValueError, match=f"swap #{bad.seq}"):
+        _sync(bad)
+
+
+def test_a_failed_call_never_erases_the_verdict_of_the_swap_that_took_its_slot(fake_gpu):
+    """Review of issue 38: a call whose event record failed after its launch
+    cleared the slot's owner; another thread had taken the slot meanwhile and
+    launched a bad swap, which then read as success."""
+    sw = FakeSwapper([], ring_size=1)
+    op_a, op_b = _op(fake_gpu, sw), _op(fake_gpu, sw)
+    got = {}
+
+    def record(ptr, stream):  # A's record: B takes the (finished) slot first, then A's record fails
+        sw._record = lambda ptr, stream: None
+        t = threading.Thread(target=lambda: got.__setitem__("b", op_b(BAD)))
+        t.start()
+        t.join()
+        raise RuntimeError("cudaEventRecord failed")
+
+    sw._record = record
+    with pytest.raises(RuntimeError, match="cudaEventRecord failed"):
+        op_a(GOOD)
+    with pytest.raises(ValueError, match=f"swap #{got['b'].seq}: .*block 10 again"):
+        _sync(got["b"])
+
+
+def test_a_verdict_that_lands_before_its_call_marked_the_slot_is_found(fake_gpu):
+    """Review of issue 38: a bad swap's kernel wrote its verdict and the
+    alarm before its call marked the slot launched; another thread's call
+    used up the alarm and skipped the slot, so the next call of the bad
+    swap's thread went ahead."""
+    sw = FakeSwapper([])
+    op_a, op_b = _op(fake_gpu, sw), _op(fake_gpu, sw)
+    ring = sw._launcher.slots
+    real = ring.launched
+
+    def launched(i, seq):  # between A's launch and its marking the slot: B calls
+        ring.launched = real
+        t = threading.Thread(target=lambda: op_b(GOOD))
+        t.start()
+        t.join()
+        real(i, seq)
+
+    ring.launched = launched
+    bad = op_a(BAD)
+    with pytest.raises(ValueError, match=f"earlier swap \\(swap #{bad.seq}"):
+        op_a(GOOD)
 
 
 def test_a_failure_is_told_to_the_thread_that_made_the_swap(fake_gpu):
@@ -92,11 +173,10 @@ def test_a_failure_is_told_to_the_thread_that_made_the_swap(fake_gpu):
     thread B's failure as if its own mapping were bad."""
     import concurrent.futures
 
-    board = host_board()
-    op = _op(fake_gpu, board)
+    sw = FakeSwapper([])
+    op = _op(fake_gpu, sw)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as thread_b:  # one thread, both calls
-        bad = thread_b.submit(op, BAD, check="launch").result()
-        land(board, bad.seq, 3, 1, 10)
+        bad = thread_b.submit(op, BAD).result()
         op(GOOD)  # thread A: not its failure
         with pytest.raises(ValueError) as info:
             thread_b.submit(op, GOOD).result()
@@ -106,12 +186,11 @@ def test_a_failure_is_told_to_the_thread_that_made_the_swap(fake_gpu):
 def test_the_error_of_a_later_call_names_the_earlier_swap(fake_gpu):
     """Finding 5: the next call raised an earlier swap's failure as if its
     own valid one-row mapping were bad, with no word of an earlier swap."""
-    board = host_board()
-    op = _op(fake_gpu, board)
-    bad = op([(1, 99)] + [(i, i) for i in range(20)], check="launch")
-    land(board, bad.seq, 2, 0, 99)
+    sw = FakeSwapper([])
+    op = _op(fake_gpu, sw)
+    bad = op([(1, 99)] + [(i, i) for i in range(20)])
     with pytest.raises(IndexError) as info:
-        op([(3, 4)])
+        op([(3, 4), (5, 6)])
     text = str(info.value)
     assert f"earlier swap (swap #{bad.seq}" in text and "this call was not launched" in text
     assert "destination block index 99 in row 0" in text and info.value.swap_seq == bad.seq
@@ -140,57 +219,72 @@ def test_the_channel_of_a_key_dies_with_its_arrays():
 
 
 def test_a_failure_outlives_every_op_of_its_channel(fake_gpu):
-    board = host_board()
+    sw = FakeSwapper([])
     cache = OpCache()
     keep = np.zeros(4)  # the arrays of the key, alive
-    op = _op(fake_gpu, board, cache.channel("key", keep, keep))
-    bad = op(BAD, check="launch")
-    del op  # evicted, cleared or rebuilt: the ticket and the board keep the channel
-    land(board, bad.seq, 3, 1, 10)
-    again = _op(fake_gpu, board, cache.channel("key", keep, keep))
+    op = _op(fake_gpu, sw, cache.channel("key", keep, keep))
+    sw.kernel.held = True
+    bad = op(BAD)
+    del op  # evicted, cleared or rebuilt: the ring keeps the channel
+    land(sw._launcher.slots, bad.seq, 3, 1, 10)
+    sw.kernel.held = False
+    again = _op(fake_gpu, sw, cache.channel("key", keep, keep))
     with pytest.raises(ValueError, match=f"swap #{bad.seq}"):
         again(GOOD)
 
 
-def test_a_full_board_waits_for_the_first_record_to_land(fake_gpu):
-    """The queueing rule for records: with every record reserved by a check
-    that has not run, a checked swap waits for the first to land."""
-    board = host_board(slots=2)
-    op = _op(fake_gpu, board)
-    first, second = op(GOOD, check="launch"), op(GOOD, check="launch")
+def test_a_full_ring_waits_for_the_first_slot_to_finish(fake_gpu):
+    """The queueing rule: with every slot's launch still queued, a swap
+    waits for the first to finish, and reads its verdict before reusing it."""
+    sw = FakeSwapper([], ring_size=2)
+    op = _op(fake_gpu, sw)
+    ring = sw._launcher.slots
+    sw.kernel.held = True
+    first, second = op(BAD), op(GOOD)
+    assert second.slot != first.slot
     got = []
-    t = threading.Thread(target=lambda: got.append(op(GOOD, check="launch")))
+    t = threading.Thread(target=lambda: got.append(op(GOOD)))
     t.start()
-    while board.waits == 0 and t.is_alive():  # a condition, not a clock: it is waiting
+    while ring.waits == 0 and t.is_alive():  # a condition, not a clock: it is waiting
         threading.Event().wait(0.001)
-    land(board, second.seq)  # the second lands first: its record is the one taken
+    land(ring, first.seq, 3, 1, 10)  # the first finishes: its slot is the one taken
     t.join()
-    assert got[0].check.address == second.check.address and first.check.verdict is None
+    assert got[0].slot == first.slot and op._outcomes.failed[0].seq == first.seq
+    with pytest.raises(ValueError, match=f"swap #{first.seq}"):
+        _sync(first)
 
 
-def test_an_abandoned_ticket_tells_nobody(fake_gpu):
-    board = host_board()
-    op = _op(fake_gpu, board)
-    ticket = board.take(op._outcomes, op._decided.layout)
-    ticket.abandon(launched=True)  # queued after all: its record comes back once written
-    land(board, ticket.seq, 3, 1, 10)
-    board.collect_if_alarmed()
-    op(GOOD, check="host")  # the swap raised: its caller was told that, not this
-    assert op._outcomes.open == 0 and ticket.index in board._free
+def test_a_swap_whose_call_failed_after_its_launch_tells_nobody(fake_gpu):
+    sw = FakeSwapper([])
+    op = _op(fake_gpu, sw)
+
+    def refuses(ptr, stream):
+        raise RuntimeError("cudaEventRecord failed")
+
+    sw._record = refuses
+    with pytest.raises(RuntimeError, match="cudaEventRecord"):
+        op(BAD)
+    sw._record = lambda ptr, stream: None
+    op(GOOD)
+    op(GOOD)  # the failed call's bad rows are not told: its caller was told the call failed
+    assert op._outcomes.failed == []
 
 
-def test_a_swap_whose_launch_raised_gives_its_record_back(fake_gpu):
+def test_a_swap_whose_launch_raised_gives_its_slot_back(fake_gpu):
     """Review of issue 32: a checked swap whose launch raised (a kernel that
     cannot load, an interrupt) kept its record for good; after as many as
-    the board holds, every checked swap waited for ever."""
-    board = host_board(slots=2)
-    op = _op(fake_gpu, board)
+    the board held, every checked swap waited for ever."""
+    sw = FakeSwapper([], ring_size=2)
+    op = _op(fake_gpu, sw)
 
     def refuses(*args):
         raise RuntimeError("cuModuleLoadData failed")
 
-    op._decided.kernel.launch_slot = refuses
+    real = sw.kernel.launch_slot
+    sw.kernel.launch_slot = refuses
     for _ in range(5):
         with pytest.raises(RuntimeError, match="cuModuleLoadData"):
-            op([(i, i) for i in range(20)], check="launch")
-    assert len(board._free) == 2 and op._outcomes.open == 0
+            op([(i, i) for i in range(20)])
+    sw.kernel.launch_slot = real
+    assert sw._launcher.slots.busy() == 0
+    _sync(op(GOOD))

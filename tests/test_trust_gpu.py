@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import cupy_swap as cs
-from cupy_swap.cuda.outcomes import StatusBoard
 from cupy_swap.tools.bench import random_mapping
 
 from .gpu_helpers import Gate, another_thread_capturing, poison, rand_fill, require_gpu
@@ -41,9 +40,9 @@ def test_a_late_check_never_rewrites_another_swaps_verdict(rng):
     """Finding 1: a good swap queued behind long work, then as many checked
     swaps as there are records and a bad one on another stream: the late
     check rewrote the record the bad swap shared with it, and the bad swap
-    read as success (block 10 untouched)."""
+    read as success (block 10 untouched).  (Records are the ring slots' now:
+    the late swap's slot waits for it; the others cycle through the rest.)"""
     sw = cs.BlockSwapper(max_blocks=ROWS)
-    sw._status = StatusBoard(sw.device, slots=64)
     host, gpu = _pools(rng)
     op = sw.prepare(host, gpu)
     a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
@@ -64,9 +63,8 @@ def test_a_late_check_never_rewrites_another_swaps_verdict(rng):
 
 def test_a_verdict_never_read_is_raised_after_many_later_swaps(rng):
     """Finding 2: after as many later checked swaps as records, a verdict
-    never read read as success."""
+    never read read as success (now: its slot taken again reads it first)."""
     sw = cs.BlockSwapper(max_blocks=ROWS)
-    sw._status = StatusBoard(sw.device, slots=8)
     host, gpu = _pools(rng)
     op, other = sw.prepare(host, gpu), sw.prepare(host, cp.empty_like(gpu))
     bad = op(_bad(rng))

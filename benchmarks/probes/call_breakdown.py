@@ -68,7 +68,7 @@ def breakdown(direction, block, n, parts, rng, stream, t) -> None:
         "host check": lambda: check_mapping_for(layout, m, sw.max_blocks),
         "stream_on_device": lambda: stream_on_device(stream, 0),
         "stream_is_capturing": lambda: stream_is_capturing(handle),
-        "status take (and give back)": lambda: sw._status.take(None, layout).abandon(launched=False),
+        "checked seq": sw._launcher.slots.checked_seq,
         "events.take": lambda: sw._events.take(False),
         "event record": lambda: sw._record(sw._events.take(False).ptr, handle),
     }

@@ -15,7 +15,7 @@ trees alternately and compare minima:
 """
 
 import collections
-import itertools
+import contextlib
 import os
 import sys
 import timeit
@@ -46,7 +46,7 @@ def _no_op(*_args):
 
 
 class _Event:
-    __slots__ = ("ptr", "path", "nbytes", "start", "check", "seq")
+    __slots__ = ("ptr", "path", "nbytes", "start", "check", "seq", "slot")
     done = True  # a ring slot's last swap has completed
 
     def __init__(self, disable_timing=True):
@@ -55,50 +55,38 @@ class _Event:
 
 class _Launcher:
     """What a call reads of the launcher: a slot ring over NumPy words whose
-    launches complete at once (the stand-in writes each slot's done word as
-    the kernel's last CTA would), graphs that launch nothing."""
+    launches complete at once (the stand-in writes each slot's verdict and
+    done word as the kernel would), launches that launch nothing."""
 
-    def __init__(self, board):
+    def __init__(self):
         from cupy_swap.cuda.slots import DONE, STATUS, SlotRing
 
         self.device, self.max_ctas, self.check_rows_max, self.slots_ok = 0, 8, 8192, True
-        words = np.zeros((16, abi.CONTROL_WORDS + 2 * 4096), np.int64)
+        words = np.zeros((17, SlotRing.row_words(4096)), np.int64)
         ring = self.slots = SlotRing(0, 16, 4096, words=words, base=0x7000)
         launched = ring.launched
 
-        def done(i, seq):  # the kernel's part: the verdict (valid), then the slot's done word
-            status = ring.controls[i][STATUS]
-            if status:
-                board.records[(status - board.base) // (8 * abi.STATUS_WORDS), 0] = seq
+        def done(i, seq):  # the kernel's part: a good verdict, then the done word
+            if ring.controls[i][STATUS]:
+                words[i, ring._status] = seq
             ring.controls[i][DONE] = seq
             launched(i, seq)
 
         ring.launched = done
-        self._launch = _no_op
+        self._launch = self.graph_launch = _no_op
+        launcher.graph_builder.kernel_graph = lambda *args: (1, 2)  # the slot graphs the builder makes
 
     def bind(self, layout):
         return launcher.BoundKernel(self, layout)
+
+    def on_own_device(self):
+        return contextlib.nullcontext()
 
     def byref_args(self, layout):
         return abi.ByRefArgs(16 if len(layout.src) <= 16 else 256, layout, 1234)
 
     def function(self, name):
         return 1234
-
-
-def _board():
-    """A status board over NumPy records (the tree before issue 32 had status.py)."""
-    try:
-        from cupy_swap.cuda import outcomes
-    except ImportError:
-        from cupy_swap.cuda import status
-
-        board = status.StatusBoard.__new__(status.StatusBoard)
-        board.slots, board.records = status.SLOTS, np.zeros((status.SLOTS, abi.STATUS_WORDS), np.int64)
-        board.base, board._numbers, board._item = 0x1000, itertools.count(1), board.records.item
-        return board
-    records = np.zeros((outcomes.SLOTS + 1, abi.STATUS_WORDS), np.int64)
-    return outcomes.StatusBoard(0, outcomes.SLOTS, records=records, base=0x1000)
 
 
 def _swapper():
@@ -109,9 +97,7 @@ def _swapper():
     dma = DmaCopier()
     dma._memcpy, dma._batch = _no_op, (_no_op, False)
     current = types.SimpleNamespace(ptr=7)
-    board = _board()
     return types.SimpleNamespace(
-        _status=board,
         device=0,
         _closed=False,
         max_blocks=4096,
@@ -123,7 +109,7 @@ def _swapper():
         _current_stream=lambda: current,
         _events=events,
         _record=_no_op,
-        _launcher=_Launcher(board),
+        _launcher=_Launcher(),
         _dma=dma,
     )
 

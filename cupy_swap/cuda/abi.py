@@ -25,7 +25,7 @@ import ctypes
 import numpy as np
 
 HEADER_WORDS = 8  # n_pairs, n_parts, units_per_pair, src_limit, dst_limit, status, seq, arrivals
-CONTROL_WORDS = 8  # SwapControl: n_pairs, status, seq, done, src_index, dst_index, index_step, unused
+CONTROL_WORDS = 8  # SwapControl: n_pairs, status, seq, done, src_index, dst_index, index_step, replays
 PART_WORDS = 6  # src, dst, src_stride, dst_stride, units, first_unit
 MAX_PARTS = 256  # descriptor kernels keep the part table in shared memory
 UNROLL = 4  # 16-byte loads in flight per thread

@@ -78,3 +78,34 @@ def memcpy_batch():
             found = (fn, takes_fail)
             break
     return found
+
+
+@functools.cache
+def _wait_value64():
+    """``cuStreamWaitValue64_v2`` (any CUDA 12 or later device), else the
+    unversioned symbol, or None."""
+    lib = libcuda()
+    for name in ("cuStreamWaitValue64_v2", "cuStreamWaitValue64"):
+        fn = getattr(lib, name, None) if lib is not None else None
+        if fn is not None:
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            return fn
+    return None
+
+
+def stream_wait_geq(stream: int, address: int, value: int) -> None:
+    """Enqueue on ``stream`` a wait until the int64 at device ``address`` is
+    at least ``value`` (``cuStreamWaitValue64``, ``CU_STREAM_WAIT_VALUE_GEQ``:
+    the GPU polls, the host does not wait).  Capturable.
+
+    Raises
+    ------
+    RuntimeError
+        No driver with stream memory operations, or the driver refused."""
+    fn = _wait_value64()
+    if fn is None:
+        raise RuntimeError("cuStreamWaitValue64: libcuda or the symbol could not be loaded")
+    status = fn(stream, address, value, 0)  # 0: CU_STREAM_WAIT_VALUE_GEQ
+    if status:
+        raise RuntimeError(f"cuStreamWaitValue64: expected CUDA_SUCCESS, got CUresult {status}")

@@ -89,3 +89,25 @@ def _check(d, device: int) -> None:
         raise ValueError(
             f"block_mapping: expected a mapping on GPU {device} (the swapper's), got one on GPU {owner}"
         )
+
+
+def device_word(obj, device: int, name: str) -> int:
+    """The device address of ``obj``, one int64 on GPU ``device`` (a CuPy
+    array or torch tensor of one element).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming ``name``: not a GPU array, not int64, not one element, or on
+        another GPU."""
+    d = _describe(obj)
+    if d is None:
+        raise TypeError(f"{name}: expected a CuPy array or torch CUDA tensor, got {type(obj).__name__}")
+    owner, ptr, _, int64, shape = d
+    if not int64:
+        raise TypeError(f"{name}: expected int64, got {getattr(obj, 'dtype', None)}")
+    if int(np.prod(shape, dtype=np.int64)) != 1:
+        raise ValueError(f"{name}: expected one element (shape () or (1,)), got shape {shape}")
+    if owner != device:
+        raise ValueError(f"{name}: expected an array on GPU {device} (the swapper's), got one on GPU {owner}")
+    return ptr

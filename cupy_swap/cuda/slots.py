@@ -1,20 +1,24 @@
-"""The slot ring: where a kernel swap's rows wait for its launch.
+"""The slot ring: where a kernel swap's rows wait for its launch, and where
+its verdict comes back.
 
-**Invariant.**  A slot (pinned words: a ``SwapControl`` record, then room for
-``capacity`` rows) is written only by the one call that took it, and taken
-again only after the kernel of its last launch wrote that launch's number
-into the record's ``done`` word (the kernel's last CTA, after every CTA
-stopped reading the slot: ``kernels_cu/block_swap.cu``).  So a free slot is
-told by one read of pinned memory: no event query, no driver call, nothing
-that could touch another thread's capture.  A call that took a slot and
-launched nothing gives it back at once (:meth:`SlotRing.give_back`).
+**Invariant.**  A slot (pinned words: a ``SwapControl`` record, room for
+``capacity`` rows, then the slot's own ``SwapStatus`` record) is written
+only by the one call that took it, and taken again only after the kernel of
+its last launch wrote that launch's number into the record's ``done`` word
+(the kernel's last CTA, after every CTA stopped reading the slot and after
+the verdict landed: ``kernels_cu/block_swap.cu``) and the host read that
+verdict (:mod:`.outcomes`).  So a free slot is told by one read of pinned
+memory: no event query, no driver call, nothing that could touch another
+thread's capture.  A call that took a slot and launched nothing gives it
+back at once (:meth:`SlotRing.give_back`).
 
 **Queueing.**  :meth:`SlotRing.take` returns the first free slot from the
 ring's next; only when every slot waits for its kernel does it wait, for
 the first to free, polling those words.
 
 **Lifetime.**  The ring's memory goes back (on the releaser thread) once
-every launched slot's kernel has finished.
+every launched slot's kernel has finished and nothing (an event, a failure)
+can read it.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ import time
 import numpy as np
 
 from . import abi, memory, release
+from .outcomes import LOST, Failure
 
 # SwapControl words (kernels_cu/swap_abi.cuh).
 N_PAIRS, STATUS, SEQ, DONE, SRC_INDEX, DST_INDEX, INDEX_STEP = range(7)
+# SwapStatus words (the kernel's report()): seq last written, verdict, alarm address.
+_V_SEQ, _V_KIND, _V_ROW, _V_VALUE, _V_ALARM = range(5)
 _TAKEN = -(1 << 62)  # pending value of a slot a call holds and has not launched
 _POLL_FIRST, _POLL_MAX = 5e-6, 100e-6  # seconds between looks at a full ring
 
@@ -40,28 +47,42 @@ class SlotRing:
 
     Attributes
     ----------
-    words : numpy.ndarray of int64, shape (size, CONTROL_WORDS + 2 * capacity)
-        Pinned; row ``i`` is slot ``i``: its control record, then its rows
-        ``(src, dst)`` at words ``CONTROL_WORDS + 2 r``, ``+ 1``.
+    words : numpy.ndarray of int64, shape (size + 1, row_words(capacity))
+        Pinned; row ``i < size`` is slot ``i``: its control record, its rows
+        ``(src, dst)`` at words ``CONTROL_WORDS + 2 r``, ``+ 1``, then its
+        status record; word 0 of the last row is the ring's alarm.
     aliases : list of int
         Device address of each slot (the kernel reads it there).
+    status_at : list of int
+        Device address of each slot's status record (0 where not mapped).
     arrivals : list of int
         Device address of each slot's count of finished CTAs (zeroed; the
         last CTA of a launch sets it back to 0).
     mapped : bool
         False where pinned memory cannot be mapped into the GPU's address
         space: then no slot can be read by a kernel.
+    lock : threading.Lock
+        Guards the slots' states, the verdicts read from them and the
+        channels' failure lists.
+    failing : set of Channel
+        Channels holding failures nobody raised (kept alive until raised).
     waits : int
         Times a call found every slot busy.
     """
+
+    @staticmethod
+    def row_words(capacity: int) -> int:
+        """Words of one slot: control record, ``capacity`` rows, status record."""
+        return abi.CONTROL_WORDS + 2 * capacity + abi.STATUS_WORDS
 
     def __init__(
         self, device: int, size: int, capacity: int, *, words: np.ndarray | None = None, base: int = 0
     ):
         self.size, self.capacity = size, capacity
+        row = self.row_words(capacity)
         counters = 0
         if words is None:  # else tests play the kernel's part over NumPy memory at device address ``base``
-            words = memory.zeros_pinned_for_gpu((size, abi.CONTROL_WORDS + 2 * capacity), np.int64, device)
+            words = memory.zeros_pinned_for_gpu((size + 1, row), np.int64, device)
             base = memory.host_alias(words.ctypes.data, words.nbytes)
             counters = _zeroed_counters(device, size)
         self.words = words
@@ -73,16 +94,30 @@ class SlotRing:
             (ctypes.c_int64 * (2 * capacity)).from_buffer(words[i], 8 * abi.CONTROL_WORDS)
             for i in range(size)
         ]
-        self.rows = [words[i, abi.CONTROL_WORDS :].reshape(capacity, 2) for i in range(size)]
+        self.rows = [
+            words[i, abi.CONTROL_WORDS : abi.CONTROL_WORDS + 2 * capacity].reshape(capacity, 2)
+            for i in range(size)
+        ]
         self._flat = words.reshape(-1)  # .item on flat indices: the cheapest read
-        self._row_words = words.shape[1]
+        self._row_words = row
+        self._status = abi.CONTROL_WORDS + 2 * capacity  # a slot's status record, from its first word
+        self._alarm = size * row  # flat index of the alarm word
         self.mapped = bool(base)
-        self.aliases = [base + i * 8 * self._row_words if base else 0 for i in range(size)]
+        self.aliases = [base + i * 8 * row if base else 0 for i in range(size)]
+        self.status_at = [base + 8 * (i * row + self._status) if base else 0 for i in range(size)]
+        if base:  # every record's alarm field points at the alarm word (written once)
+            words[:size, self._status + _V_ALARM] = base + 8 * self._alarm
         self.arrivals = [counters + 4 * i if counters else 0 for i in range(size)]
         self._pending = [0] * size  # the done value each slot waits for; 0: free
+        self._owners: list = [None] * size  # (channel, layout, thread) of a checked launch not read yet
+        self._seqs = [0] * size  # that launch's number
+        self._events: list = [None] * size  # that launch's event
+        self._alarm_seen = 0
+        self.failing: set = set()
         self._next = 0
-        self._lock = threading.Lock()
-        self._unchecked = itertools.count(-1, -1)  # numbers of unchecked launches (checked: the ticket's)
+        self.lock = self._lock = threading.Lock()
+        self._checked = itertools.count(1)  # numbers of checked launches (errors name them)
+        self._unchecked = itertools.count(-1, -1)  # numbers of unchecked launches
         self.waits = 0
         free = functools.partial(_free_counters, counters, device, words)
         gate = functools.partial(_wait_all, self._pending, self._flat, self._row_words)
@@ -116,15 +151,31 @@ class SlotRing:
                     i -= size
                 want = pending[i]
                 if want == 0 or (want != _TAKEN and item(i * row + DONE) == want):
+                    if self._owners[i] is not None:
+                        self._read(i)  # its verdict, before anything rewrites the slot
                     pending[i] = _TAKEN
                     self._next = i + 1 if i + 1 < size else 0
                     return i
         return -1
 
+    def checked_seq(self) -> int:
+        """A number for a launch that writes a verdict (positive; its errors
+        name it)."""
+        return next(self._checked)
+
     def unchecked_seq(self) -> int:
-        """A number for a launch with no status record (negative: never a
-        ticket's)."""
+        """A number for a launch with no verdict (negative: never a checked
+        launch's)."""
         return next(self._unchecked)
+
+    def claim(self, i: int, seq: int, owner: tuple, event) -> None:
+        """Before its launch: slot ``i`` (taken) will carry the checked swap
+        ``seq`` of ``owner`` ``(channel, layout, thread)``, whose ``event``
+        has its ``check``, ``seq`` and ``slot`` set.  Known before the launch,
+        so a verdict that lands before :meth:`launched` is found."""
+        self._seqs[i] = seq
+        self._events[i] = event
+        self._owners[i] = owner  # last: a look that sees it sees the rest
 
     def launched(self, i: int, seq: int) -> None:
         """Slot ``i`` was launched as swap ``seq``: free once its kernel says so."""
@@ -132,7 +183,82 @@ class SlotRing:
 
     def give_back(self, i: int) -> None:
         """Slot ``i`` was taken and nothing that reads it was launched."""
-        self._pending[i] = 0
+        with self._lock:
+            self._owners[i] = self._events[i] = None
+            self._pending[i] = 0
+
+    def forget(self, i: int, event) -> None:
+        """The call whose swap launched from slot ``i`` with ``event`` failed
+        after the launch (the event never reached its caller, who was told
+        the call failed): nobody is told its verdict.  Another swap that has
+        taken the slot since keeps its own."""
+        with self._lock:
+            if self._events[i] is event:
+                self._owners[i] = self._events[i] = None
+            elif isinstance(event.check, Failure):  # read already: its channel must not raise it
+                event.check.mark_raised()
+
+    # ------------------------------------------------------------ verdicts
+    def _read(self, i: int) -> Failure | None:
+        """Under the lock, slot ``i``'s launch finished: read its verdict
+        (once) and hand a failure to its channel and its event."""
+        owner = self._owners[i]
+        event = self._events[i]
+        self._owners[i] = self._events[i] = None
+        seq = self._seqs[i]
+        item = self._flat.item
+        at = i * self._row_words + self._status
+        if item(at + _V_SEQ) != seq:
+            verdict = (LOST, 0, 0)
+        else:
+            kind = item(at + _V_KIND)
+            if not kind:
+                return None
+            verdict = (kind, item(at + _V_ROW), item(at + _V_VALUE))
+        failure = Failure(self, seq, verdict, owner)
+        channel = owner[0]
+        if channel is not None:
+            channel.failed.append(failure)
+            self.failing.add(channel)
+        if event is not None and event.seq == seq:
+            event.check = failure  # its synchronize() raises it from now on
+        return failure
+
+    def raise_on_event(self, event) -> None:
+        """``event`` (a checked swap's, launched from ``event.slot``) has
+        completed: raise its failure if its verdict says so."""
+        with self._lock:
+            i = event.slot
+            if self._events[i] is event:  # not read yet
+                self._read(i)
+        check = event.check
+        if check is not self and check is not None:
+            check.raise_on_event()  # the verdict read (now or when its slot was taken again): a failure
+
+    def alarmed(self) -> bool:
+        """A failing launch wrote the alarm word since the last look."""
+        return self._flat.item(self._alarm) != self._alarm_seen
+
+    def collect_if_alarmed(self) -> None:
+        """Read every finished checked launch's verdict if a launch reported a
+        failure since the last look."""
+        item = self._flat.item
+        alarm = item(self._alarm)
+        if alarm == self._alarm_seen:
+            return
+        with self._lock:
+            self._alarm_seen = alarm
+            row, status = self._row_words, self._status
+            for i in range(self.size):
+                if self._owners[i] is None:
+                    continue
+                want = self._seqs[i]
+                # Its verdict landed (seq is written last; maybe before its call
+                # marked the slot launched), or its launch ended without one.
+                if item(i * row + status + _V_SEQ) == want or (
+                    self._pending[i] == want and item(i * row + DONE) == want
+                ):
+                    self._read(i)
 
     def busy(self) -> int:
         """Slots whose kernel has not finished (or that a call holds)."""

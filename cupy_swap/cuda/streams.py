@@ -41,9 +41,9 @@ def swap_event_class():
             Bytes the swap moves.
         start : cupy.cuda.Event or None
             Recorded before the copies when timing was asked for.
-        check : Ticket or None
+        check : SlotRing, Failure or None
             For a swap whose launch checked its rows, where its verdict is
-            found (:mod:`cupy_swap.cuda.outcomes`).
+            found (:mod:`cupy_swap.cuda.outcomes`); ``slot`` is its ring slot.
         seq : int or None
             That swap's number, which its errors name.
         """
@@ -56,7 +56,7 @@ def swap_event_class():
             with capture.relaxed():  # legal while another thread captures
                 super().synchronize()
             if self.check is not None:
-                self.check.raise_on_event()
+                self.check.raise_on_event(self)
 
         @property
         def done(self) -> bool:

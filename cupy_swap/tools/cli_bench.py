@@ -1,7 +1,9 @@
 """``bench``: the default table (swap in / out of 1 and 1250 blocks of 32 KiB)
 or any sweep asked for, and its parts: ``--peers`` (other ways to swap, one
 part), ``--engines`` (engine-shaped swaps against the engines' own
-patterns), ``--bidir``, ``--gpus``, ``--host-time``, ``--with-gemm``; charts
+patterns), ``--captured`` (a replay of a swap captured into a CUDA graph
+against the eager op: :mod:`cupy_swap.tools.captured_bench`), ``--bidir``,
+``--gpus``, ``--host-time``, ``--with-gemm``; charts
 (``--plot``, also from a stored run: ``--from-json``).  ``bench --remote``
 is :mod:`cupy_swap.tools.remote_bench`'s, dispatched by :func:`.cli.main`.
 
@@ -17,7 +19,7 @@ import os
 import sys
 import tempfile
 
-from . import bench, engines
+from . import bench, captured_bench, engines
 from . import cli_common as common
 from .bench import HOST_LAYOUTS, SwapCase
 from .cli_demo import BLOCK_BYTES, BLOCK_TEXT
@@ -110,6 +112,7 @@ PART_TAKES = {
     "--gpus": {"block_bytes"},
     "--host-time": {"counts"},
     "--engines": {"counts", "directions"},
+    "--captured": {"counts", "directions"},
 }
 # What each part measures instead, said in its refusal.
 PART_MEASURES = {
@@ -120,6 +123,7 @@ PART_MEASURES = {
     "--gpus": "--gpu-blocks blocks per GPU in every direction, one part, mode auto",
     "--host-time": "swap-in of 32 KiB x 1 part and 4 KiB x 64 parts in every mode",
     "--engines": "its own engine shapes (64 x 32 KiB, 61 x 72 KiB, 1 x 2 MiB), random blocks, mode auto",
+    "--captured": "its own engine shapes (64 x 32 KiB, 61 x 72 KiB, 1 x 2 MiB), random blocks, device time",
 }
 # Options that mean something to one part only.
 OWNED = {"bidir_blocks": "--bidir", "bidir_rounds": "--bidir", "gpu_blocks": "--gpus", "drivers": "--gpus"}
@@ -138,6 +142,7 @@ def bench_parts(args) -> list[str]:
         "--gpus": args.gpus is not None,
         "--host-time": args.host_time,
         "--engines": args.engines,
+        "--captured": args.captured,
     }
     parts = [name for name, on in flags.items() if on]
     if args.sweep:
@@ -305,6 +310,9 @@ def cmd_bench(args) -> int:
     if args.engines:
         report["engines"] = rows = _bench_engines(args, report)
         ok &= all(r.get(name + "_ok", False) for r in rows for name in engines.CONTENDERS)
+    if args.captured:
+        report["captured"] = rows = _bench_captured(args, report)
+        ok &= all(r["replay_ok"] and r["eager_ok"] for r in rows)
     if "the table" in bench_parts(args) or args.sweep:
         report["results"] = results = _bench_table(args)
         ok &= all(r["verified"] for r in results)
@@ -526,10 +534,41 @@ def _bench_engines(args, report: dict) -> list:
     return rows
 
 
+def _bench_captured(args, report: dict) -> list:
+    """``bench --captured``: each row printed as it is measured, and with
+    ``--json`` stored at once; ``--reps`` (when given) is the launches per
+    timed batch."""
+    given = getattr(args, "given", frozenset())
+    counts = args.counts if "counts" in given else captured_bench.COUNTS
+    replays = args.reps if "reps" in given else captured_bench.REPLAYS
+    print()
+    for line in captured_bench.legend_lines(replays):
+        print(line)
+    print(captured_bench.table_head(), flush=True)
+    rows: list = []
+    report["captured"] = rows
+
+    def on_row(row):
+        rows.append(row)
+        print(captured_bench.table_line(row), flush=True)
+        if args.json:
+            common.write_report(args.json, report)
+
+    def on_skip(shape, n, why):
+        print(captured_bench.skip_line(shape, n, why), flush=True)
+
+    captured_bench.run_captured(
+        counts=counts, directions=args.directions, replays=replays, on_row=on_row, on_skip=on_skip
+    )
+    print(captured_bench.summary_line(rows))
+    return rows
+
+
 def bench_examples(prog: str) -> str:
     lines = [
         ("--block-bytes 4k,2m --counts 16", "the table for your cases"),
         ("--engines --json engines.json --plot engines.png", "engine-shaped swaps, stored and charted"),
+        ("--captured --json captured.json", "a captured swap's replay against the eager op, device time"),
         ("--peers --json peers.json --plot peers.png", "compare, store the figures, chart them"),
         ("--from-json peers.json --plot peers.png", "chart a stored run again (no GPU needed)"),
     ]
@@ -579,6 +618,15 @@ def add_arguments(b) -> None:
         "where memory allows, in and out, against the patterns engines use (the pull request's kernel "
         "once per part, vLLM V1's pointer lists + cuMemcpyBatchAsync) and the memcpy ceiling: GB/s and "
         "host us per call (--counts, --directions change that)",
+    )
+    what.add_argument(
+        "--captured",
+        action=common.GivenFlag,
+        help="device time of one replay of a swap captured into a CUDA graph (PreparedSwap.captured) "
+        "against the same swap by the prepared op with its rows on the GPU: engine shapes (64 parts of "
+        "32 KiB, 61 MLA parts of 72 KiB, one part of 2 MiB) x 16, 256 blocks, in and out; CUDA events "
+        f"around {captured_bench.REPLAYS} launches back to back, every case checked bit for bit "
+        "(--counts, --directions, --reps change that)",
     )
     what.add_argument(
         "--remote",
@@ -648,7 +696,8 @@ def add_arguments(b) -> None:
         type=common.positive_int,
         default=30,
         action=common.Given,
-        help="timed repetitions per figure",
+        help="timed repetitions per figure (--captured: launches per timed batch, default "
+        f"{captured_bench.REPLAYS})",
     )
     parts = b.add_argument_group("options of one part")
     parts.add_argument(

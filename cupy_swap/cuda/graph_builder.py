@@ -1,0 +1,157 @@
+"""Slot graphs, built off the call path.
+
+**Invariant.**  No swap call builds a graph: building one can wait for the
+whole device (``benchmarks/NOTES.md`` item 61: a build returned after 298 ms,
+when another stream's work ended).  An op's slot launches go through
+``cuLaunchKernel`` until its graphs exist; after :data:`BUILD_AFTER` calls
+the builder thread (relaxed capture mode, like the releaser) builds one
+single-kernel graph per ring slot, each with that slot's parameter, and
+publishes them together; a call then launches its slot's graph
+(``cudaGraphLaunch``: 1.40 µs of host time against 4.15 for
+``cuLaunchKernel`` of the same parameter on the H200's host).  A graph is
+destroyed by the releaser, after the op's last launch of it finished.
+A build that fails leaves the op on ``cuLaunchKernel`` for good, with one
+warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import queue
+import threading
+import warnings
+import weakref
+
+from . import capture
+from .driver import libcuda
+
+# Calls of an op before its graphs are built: ops called once or twice (a
+# fresh view's swap()) never pay for graphs.
+BUILD_AFTER = 8
+
+
+class KernelNodeParams(ctypes.Structure):
+    """``CUDA_KERNEL_NODE_PARAMS`` in the layout the unversioned driver
+    symbols take (the ``_v2`` ones add two fields)."""
+
+    _fields_ = [
+        ("func", ctypes.c_void_p),
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("kernelParams", ctypes.c_void_p),
+        ("extra", ctypes.c_void_p),
+    ]
+
+
+@functools.cache
+def _graph_calls() -> tuple | None:
+    """``(cuCtxGetCurrent, cuGraphCreate, cuGraphAddKernelNode)`` or None
+    where libcuda cannot be loaded or lacks them."""
+    lib = libcuda()
+    names = ("cuCtxGetCurrent", "cuGraphCreate", "cuGraphAddKernelNode")
+    if lib is None or not all(hasattr(lib, name) for name in names):
+        return None
+    ptr = ctypes.c_void_p
+    current, create, add = (getattr(lib, name) for name in names)
+    current.argtypes, current.restype = [ptr], ctypes.c_int
+    create.argtypes, create.restype = [ptr, ctypes.c_uint], ctypes.c_int
+    add.argtypes, add.restype = [ptr, ptr, ptr, ctypes.c_size_t, ptr], ctypes.c_int
+    return current, create, add
+
+
+def kernel_graph(fn: int, grid: int, threads: int, smem: int, args_ptr: int) -> tuple[int, int]:
+    """``(graph, exec)``: a graph of one launch of ``fn`` (``smem`` bytes of
+    dynamic shared memory), instantiated.  The driver copies the parameter
+    (``args_ptr``, a ``void**``) when the node is made."""
+    from cupy.cuda import runtime
+
+    calls = _graph_calls()
+    if calls is None:
+        raise RuntimeError("kernel graphs: libcuda or its graph calls could not be loaded")
+    current, create, add = calls
+    context = ctypes.c_void_p()
+    if current(ctypes.byref(context)) or not context.value:  # the node call crashes without one
+        raise RuntimeError("kernel graphs: no CUDA context is current in this thread")
+    params = KernelNodeParams(fn, grid, 1, 1, threads, 1, 1, smem, args_ptr, None)
+    graph, node = ctypes.c_void_p(), ctypes.c_void_p()
+    status = create(ctypes.byref(graph), 0)
+    if status:
+        raise RuntimeError(f"cuGraphCreate: expected CUDA_SUCCESS, got CUresult {status}")
+    try:
+        status = add(ctypes.byref(node), graph, None, 0, ctypes.byref(params))
+        if status:
+            raise RuntimeError(f"cuGraphAddKernelNode: expected CUDA_SUCCESS, got CUresult {status}")
+        return graph.value, runtime.graphInstantiate(graph.value)
+    except BaseException:
+        runtime.graphDestroy(graph.value)
+        raise
+
+
+def destroy_graphs(device: int, graphs: list) -> None:
+    """The releaser's half of a dropped op (after its gate): its graphs."""
+    if not graphs:
+        return  # never built: no CUDA call
+    from cupy.cuda import runtime
+
+    runtime.setDevice(device)
+    for graph, exec_ in graphs:
+        runtime.graphExecDestroy(exec_)
+        runtime.graphDestroy(graph)
+
+
+class Builder:
+    """One thread that builds the slot graphs of the ops :meth:`request`
+    names, one op at a time, in relaxed capture mode."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def request(self, bound) -> None:
+        """Build ``bound``'s graphs soon (``bound.build_graphs()`` on the
+        builder thread; a dropped op is skipped)."""
+        self._queue.put(weakref.ref(bound))
+        self._ensure_thread()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every request made before this call was served."""
+        done = threading.Event()
+        self._queue.put(done.set)
+        self._ensure_thread()
+        return done.wait(timeout)
+
+    def _ensure_thread(self) -> None:
+        thread = self._thread
+        if thread is None or not thread.is_alive():  # first use, or after a fork
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name="cupy_swap-graphs", daemon=True)
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if not isinstance(item, weakref.ref):
+                item()  # a drain marker
+                continue
+            bound = item()
+            if bound is None:
+                continue
+            try:
+                with capture.relaxed():  # legal while another thread captures
+                    bound.build_graphs()
+            except Exception as e:  # the op stays on cuLaunchKernel
+                warnings.warn(
+                    f"cupy_swap: slot graphs could not be built ({e}); launches stay plain", stacklevel=1
+                )
+            del bound, item  # this thread must not keep a dropped op alive
+
+
+builder = Builder()
