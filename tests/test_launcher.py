@@ -101,6 +101,7 @@ def graphs(monkeypatch):
         return 0x100 + len(made), 0x200 + len(made)
 
     destroyed: list = []
+    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (off by default)
     monkeypatch.setattr(graph_builder, "kernel_graph", kernel_graph)
     monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
     made_list = type("Made", (list,), {})()
@@ -148,8 +149,29 @@ def test_a_dropped_op_destroys_its_graphs(fake_gpu, graphs):
     assert sorted(graphs.destroyed) == [(0x101, 0x201), (0x102, 0x202), (0x103, 0x203)]
 
 
+def test_slot_graphs_are_off_by_default():
+    """NOTES 68: a build holds the process's launches while the device is
+    busy; graphs are opt-in (CUPY_SWAP_SLOT_GRAPHS=1)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from cupy_swap.cuda import graph_builder as g; print(g.BUILD_AFTER)"
+    env = {k: v for k, v in os.environ.items() if k != "CUPY_SWAP_SLOT_GRAPHS"}
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    on = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "CUPY_SWAP_SLOT_GRAPHS": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert off.stdout.split() == ["0"] and on.stdout.split() == ["8"]
+
+
 def test_a_failed_graph_build_leaves_the_op_on_plain_launches(fake_gpu, monkeypatch):
     from cupy_swap.cuda import graph_builder
+
+    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (off by default)
 
     def refuses(*args):
         raise RuntimeError("cudaGraphInstantiate failed")
@@ -184,6 +206,7 @@ def test_no_call_raises_after_its_launch_was_enqueued(fake_gpu, graphs, monkeypa
             bound.launch_slot(k % 3, stream=5)
     assert len(lau.launches) == graph_builder.BUILD_AFTER and bound._execs is None
     monkeypatch.undo()
+    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)
     monkeypatch.setattr(graph_builder, "kernel_graph", lambda *args: (0x100, 0x200))
     monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: None)  # made-up handles
     other = BoundKernel(lau, _layout(fake_gpu, 1))

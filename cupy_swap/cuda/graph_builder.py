@@ -3,7 +3,8 @@
 **Invariant.**  No swap call builds a graph: building one can wait for the
 whole device (``benchmarks/NOTES.md`` item 61: a build returned after 298 ms,
 when another stream's work ended).  An op's slot launches go through
-``cuLaunchKernel`` until its graphs exist; after :data:`BUILD_AFTER` calls
+``cuLaunchKernel`` until its graphs exist; with slot graphs on
+(``CUPY_SWAP_SLOT_GRAPHS=1``; off by default), after :data:`BUILD_AFTER` calls
 the builder thread (relaxed capture mode, like the releaser) builds one
 single-kernel graph per ring slot, each with that slot's parameter, and
 publishes them together; a call then launches its slot's graph
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import queue
 import threading
 import warnings
@@ -26,9 +28,12 @@ import weakref
 from . import capture
 from .driver import libcuda
 
-# Calls of an op before its graphs are built: ops called once or twice (a
-# fresh view's swap()) never pay for graphs.
-BUILD_AFTER = 8
+# Calls of an op before its graphs are built (ops called once or twice, a
+# fresh view's swap(), never pay for graphs); 0: never, the default.  On the
+# H200 a build waited for a busy device and held the process's launches that
+# long (291 ms), and two tests failed under load with builds on (NOTES 68):
+# slot graphs are opt-in (CUPY_SWAP_SLOT_GRAPHS=1) for 2-4 µs a call.
+BUILD_AFTER = 8 if os.environ.get("CUPY_SWAP_SLOT_GRAPHS") == "1" else 0
 
 
 class KernelNodeParams(ctypes.Structure):
