@@ -14,13 +14,13 @@ import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
 from .gpu_helpers import (
+    Gate,
     another_thread_capturing,
     capture_graph_swap,
     poison,
     rand_fill,
     require_gpu,
     require_torch_cuda,
-    spin,
 )
 
 pytestmark = pytest.mark.gpu
@@ -204,22 +204,26 @@ def test_host_rows_are_checked_by_the_launch_by_default(rng):
 
 
 def test_a_busy_stream_and_many_queued_checked_swaps(rng):
-    """Checked swaps queued behind a spin on one stream: each reports its own
+    """Checked swaps queued behind a gate on one stream: each reports its own
     verdict once it ran, the good ones land.  (A ring larger than the queue:
     a call that waited for a slot would meet an earlier failure, which the
-    next call raises by contract.)"""
+    next call raises by contract.  A gate the test opens, not a spin: a
+    spin that ended before the last call would let an earlier failure reach
+    a later call, as it did under load in soak s45-4.)"""
     sw = cs.BlockSwapper(max_blocks=64, ring_size=64)
     host, gpu = _pools(rng, blocks=256, block=128)
     stream = cp.cuda.Stream(non_blocking=True)
     op = sw.prepare(host, gpu)
     op([(0, 0), (1, 1)], stream=stream).synchronize()
-    spin(stream, 100)
+    gate = Gate(stream)
     events = []
     for i in range(40):
         m = random_mapping(8, 256, 256, rng)
         if i % 7 == 3:
             m[5, 1] = m[2, 1]
         events.append(op(m, stream=stream, check="launch"))
+    assert gate.closed  # every call was made before any of them ran
+    gate.open()
     for i, ev in enumerate(events):
         if i % 7 == 3:
             with pytest.raises(ValueError, match="again in row 5"):
