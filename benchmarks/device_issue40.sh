@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 40 (and issue 38's two soak failures), everything one device call
-# needs (about 5 minutes):  bash benchmarks/device_issue40.sh
+# Issue 40 (and issue 38's two soak failures and duplex), everything one
+# device call needs (about 6 minutes):  bash benchmarks/device_issue40.sh
 set -u
 source "$(dirname "$0")/device_env.sh"
 # 1. The two tests that failed under load with slot graphs on (NOTES 68), looped
@@ -23,3 +23,6 @@ cat /tmp/load_p*.log | sort | uniq -c | tee "$OUT/load.txt"
 CUPY_SWAP_BENCH_HOST_BYTES=100e9 timeout 120 $PY -m cupy_swap bench --captured --reps 30 \
     --json "$OUT/captured.json" > "$OUT/captured.log" 2>&1
 echo "bench rc=$?"; tail -20 "$OUT/captured.log"
+# 4. Issue 38: duplex with random, host-run and contiguous blocks (32 KiB).
+timeout 120 $PY -m cupy_swap bench --bidir > "$OUT/bidir.log" 2>&1
+echo "bidir rc=$?"; tail -12 "$OUT/bidir.log"
