@@ -122,13 +122,7 @@ class CapturedSwap:
         """Launch the swap on ``stream`` (capture it there once): it copies
         ``count`` rows of ``rows`` as they are when it runs.  No allocation,
         no host check, no event."""
-        sw = self._op._swapper
-        if stream is not None:
-            handle = stream_on_device(stream, sw.device)
-        elif self._op._decided.default_stream is not None:
-            handle = self._op._decided.default_stream()
-        else:
-            handle = sw._current_stream().ptr
+        handle = self._handle(stream)
         if self._count_from is not None:  # the caller's count, read when the replay gets here
             from cupy.cuda import runtime
 
@@ -146,9 +140,17 @@ class CapturedSwap:
         Default-stream semantics of ``stream=None`` as in :meth:`launch`."""
         if type(replay) is not int or replay < 1:
             raise ValueError(f"replay: expected an int >= 1 (replays are numbered from 1), got {replay!r}")
+        stream_wait_geq(self._handle(stream), self.done_ptr, replay)
+
+    def _handle(self, stream) -> int:
+        """The raw handle of a ``stream=`` argument; None: torch's current
+        stream for an op over torch tensors, else CuPy's current stream."""
         sw = self._op._swapper
-        handle = stream_on_device(stream, sw.device) if stream is not None else sw._current_stream().ptr
-        stream_wait_geq(handle, self.done_ptr, replay)
+        if stream is not None:
+            return stream_on_device(stream, sw.device)
+        if self._op._decided.default_stream is not None:
+            return self._op._decided.default_stream()
+        return sw._current_stream().ptr
 
     def failures(self) -> list[Exception]:
         """The failures of the replays that finished since the last call,

@@ -290,3 +290,18 @@ def test_wait_done_enqueues_a_gpu_wait_on_the_completion_word(made, monkeypatch)
         with pytest.raises(ValueError, match="replay: expected an int >= 1"):
             cs.wait_done(stream=5, replay=bad)
     assert len(waits) == 1
+
+
+def test_stream_none_means_the_same_stream_for_launch_and_wait_done(made, monkeypatch):
+    """No ``stream=``: CuPy's current stream (77 in the stand-in), or torch's
+    current stream for an op over torch tensors, for both calls alike."""
+    waits = []
+    monkeypatch.setattr(captured_module, "stream_wait_geq", lambda *a: waits.append(a))
+    cs = captured_module.CapturedSwap(made.op, 8, 4, alloc=made.alloc)
+    cs.launch()
+    cs.wait_done(None, 1)
+    made.op._decided.default_stream = lambda: 55  # torch's current stream
+    cs.launch()
+    cs.wait_done(None, 2)
+    assert [launch[4] for launch in made.lau.launches] == [77, 55]
+    assert waits == [(77, cs.done_ptr, 1), (55, cs.done_ptr, 2)]

@@ -41,6 +41,7 @@ def test_every_replay_copies_the_rows_written_in_it(rng, direction):
     staged_rows = cp.zeros((MAX_ROWS, 2), cp.int64)
     staged_count = cp.zeros((), cp.int64)
     graph = _graph(cap, stream, staged_rows, staged_count)
+    cp.cuda.Device().synchronize()  # the fills above, on the legacy stream, done before `stream` reads
     for replay in range(1, 201):
         n = int(rng.integers(0, MAX_ROWS + 1))
         m = np.full((MAX_ROWS, 2), -1, np.int64)
@@ -82,6 +83,7 @@ def test_a_bad_replay_writes_nothing_and_is_reported_once(rng):
     staged_rows = cp.zeros((MAX_ROWS, 2), cp.int64)
     staged_count = cp.zeros((), cp.int64)
     graph = _graph(cap, stream, staged_rows, staged_count)
+    cp.cuda.Device().synchronize()  # the fills above, on the legacy stream, done before `stream` reads
     good = np.stack([np.arange(8), np.arange(8) + 100], 1)
     bad = good.copy()
     bad[5, 1] = bad[2, 1]
