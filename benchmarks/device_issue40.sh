@@ -13,8 +13,9 @@ for p in 1 2 3 4; do
         > "/tmp/load_p$p.log") &
 done
 # 2. The captured swap's GPU tests and the example.
-timeout 240 $PY -m pytest -q -p no:cacheprovider -n 4 --dist loadfile --durations=10 \
-    tests/test_captured_gpu.py tests/test_captured_layouts_gpu.py tests/test_examples_gpu.py \
+timeout 300 $PY -m pytest -q -p no:cacheprovider -n 4 --dist loadfile --durations=10 -rfE \
+    tests/test_captured_gpu.py tests/test_captured_layouts_gpu.py \
+    tests/test_examples_gpu.py::test_inside_cuda_graph \
     > "$OUT/captured_tests.log" 2>&1
 echo "captured tests rc=$?"; tail -1 "$OUT/captured_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/captured_tests.log" | head -20
 wait

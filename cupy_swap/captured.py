@@ -135,8 +135,10 @@ class CapturedSwap:
     def wait_done(self, stream: Stream, replay: int) -> None:
         """Make ``stream`` (one outside the graph, or one being captured)
         wait on the GPU until replay number ``replay`` or a later one has
-        copied its rows: ``cuStreamWaitValue64`` on the completion word, no
-        host involved.  Replays are numbered from 1 in the order they run.
+        finished: copied its rows, or, when its check failed, copied nothing
+        (:meth:`failures` says which).  ``cuStreamWaitValue64`` on the
+        completion word, no host involved.  Replays are numbered from 1 in
+        the order they run.
         Default-stream semantics of ``stream=None`` as in :meth:`launch`."""
         if type(replay) is not int or replay < 1:
             raise ValueError(f"replay: expected an int >= 1 (replays are numbered from 1), got {replay!r}")
