@@ -27,3 +27,6 @@ echo "bench rc=$?"; tail -20 "$OUT/captured.log"
 # 4. Issue 38: duplex with random, host-run and contiguous blocks (32 KiB).
 timeout 120 $PY -m cupy_swap bench --bidir > "$OUT/bidir.log" 2>&1
 echo "bidir rc=$?"; tail -12 "$OUT/bidir.log"
+# 5. Issue 38: which step of a slot-graph build waits for a busy GPU (about 10 s).
+timeout 60 $PY benchmarks/probes/graph_build_stall.py > "$OUT/graph_build_stall.log" 2>&1
+echo "stall probe rc=$?"; cat "$OUT/graph_build_stall.log"
