@@ -221,7 +221,9 @@ def test_a_write_waiting_for_send_slots_holds_no_lock(two):
         except Exception as e:
             error = e
         elapsed = time.monotonic() - start
-        assert elapsed < 1.2 and isinstance(error, TimeoutError), (elapsed, error)  # the old lock: 5 s
+        # The old lock held it for the other write's 5 s; 3 s leaves a loaded
+        # 2-core CI machine room and still tells the two apart.
+        assert elapsed < 3.0 and isinstance(error, TimeoutError), (elapsed, error)
         a.poll()  # and the agent answers other calls too
         assert writer.is_alive() and not out  # still waiting, as it should
     finally:
