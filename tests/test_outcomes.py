@@ -17,7 +17,7 @@ from cupy_swap.core.parts import as_parts
 from cupy_swap.op_cache import OpCache
 from cupy_swap.prepared import PreparedSwap
 
-from .fakes import FakeSwapper, land
+from .fakes import FakeSwapper, fake_ring, land
 
 pytest.importorskip("cupy", reason="wait_handle tells CuPy events apart")
 
@@ -288,3 +288,85 @@ def test_a_swap_whose_launch_raised_gives_its_slot_back(fake_gpu):
     sw.kernel.launch_slot = real
     assert sw._launcher.slots.busy() == 0
     _sync(op(GOOD))
+
+
+def test_a_ring_closed_while_a_call_takes_a_slot_waits_for_that_slot():
+    """Second review of issue 38: close() ran between a look's closed check
+    and its take; the releaser's gate found every slot free and freed the
+    ring's counters while the call went on to launch over its slot."""
+    ring = fake_ring(2)
+    _, _, (_, gate, _), _ = ring._finalizer.peek()
+    ring._finalizer.detach()  # this test plays close() and the releaser itself
+    released = threading.Event()
+    releaser = threading.Thread(target=lambda: (gate(), released.set()), daemon=True)
+
+    class Closing:
+        """close() runs right after the look read ``alive``: the releaser's
+        gate runs then (given 0.2 s), while the look goes on to take a slot."""
+
+        reads = 0
+
+        @property
+        def alive(self):
+            self.reads += 1
+            if self.reads == 1:
+                releaser.start()
+                releaser.join(0.2)
+                return True
+            return False
+
+    ring._finalizer = Closing()
+    i = ring.take()
+    assert not released.is_set()  # the gate waits for the slot a call holds
+    ring.give_back(i)
+    assert released.wait(5)
+    with pytest.raises(RuntimeError, match="closed"):
+        ring.take()
+
+
+def test_an_event_that_read_its_failure_is_the_only_one_to_raise_it(fake_gpu):
+    """Second review of issue 38: another thread synchronized a bad swap's
+    event; between its read of the verdict and its raise (two holds of the
+    lock), the swap's own thread called again and was refused for it too,
+    told that nobody synchronized the event: one failure raised twice."""
+    sw = FakeSwapper([])
+    op = _op(fake_gpu, sw)
+    ring = sw._launcher.slots
+    sw.kernel.held = True
+    bad = op(BAD)
+    sw.kernel.held = False
+    land(ring, bad.seq, 3, 1, 10)
+    real = ring._lock
+    read, called = threading.Event(), threading.Event()
+
+    class Lock:
+        """The ring's lock; thread B's first release lets thread A call."""
+
+        def __enter__(self):
+            real.acquire()
+
+        def __exit__(self, *exc):
+            real.release()
+            if threading.current_thread() is b and not read.is_set():
+                read.set()
+                called.wait(5)
+
+    ring.lock = ring._lock = Lock()
+    raised = []
+
+    def sync():
+        try:
+            _sync(bad)
+        except ValueError as e:
+            raised.append(("event", e.swap_seq))
+
+    b = threading.Thread(target=sync)
+    b.start()
+    assert read.wait(5)
+    try:
+        op(GOOD)
+    except ValueError as e:
+        raised.append(("call", e.swap_seq))
+    called.set()
+    b.join(5)
+    assert raised == [("event", bad.seq)]

@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from . import abi, memory, release
-from .outcomes import LOST, Failure
+from .outcomes import LOST, Failure, mapping_error
 
 # SwapControl words (kernels_cu/swap_abi.cuh).
 N_PAIRS, STATUS, SEQ, DONE, SRC_INDEX, DST_INDEX, INDEX_STEP = range(7)
@@ -120,7 +120,7 @@ class SlotRing:
         self._unchecked = itertools.count(-1, -1)  # numbers of unchecked launches
         self.waits = 0
         free = functools.partial(_free_counters, counters, device, words)
-        gate = functools.partial(_wait_all, self._pending, self._flat, self._row_words)
+        gate = functools.partial(_wait_all, self._lock, self._pending, self._flat, self._row_words)
         self._finalizer = release.when_dropped(self, free, gate, f"slot ring of GPU {device}")
 
     def take(self) -> int:
@@ -231,9 +231,13 @@ class SlotRing:
             i = event.slot
             if self._events[i] is event:  # not read yet
                 self._read(i)
-        check = event.check
-        if check is not self and check is not None:
-            check.raise_on_event()  # the verdict read (now or when its slot was taken again): a failure
+            check = event.check
+            if check is self or check is None:
+                return
+            # A failure (read now or when its slot was taken again): raised here,
+            # marked under the lock that read it, so its channel never raises it too.
+            check.mark_raised()
+        raise mapping_error(check)
 
     def alarmed(self) -> bool:
         """A failing launch wrote the alarm word since the last look."""
@@ -274,9 +278,11 @@ class SlotRing:
         self._finalizer()
 
 
-def _wait_all(pending: list, flat: np.ndarray, row_words: int) -> None:
+def _wait_all(lock, pending: list, flat: np.ndarray, row_words: int) -> None:
     """The releaser's gate: every launched slot's kernel has finished (a
     slot a call still holds is waited for until it launched or gave it back)."""
+    with lock:  # a look that read the ring open before close() has marked its slot taken by now
+        pass
     for i in range(len(pending)):
         while True:
             want = pending[i]
