@@ -224,6 +224,27 @@ def test_no_call_raises_after_its_launch_was_enqueued(fake_gpu, graphs, monkeypa
     assert [launch[0] for launch in lau.launches] == ["slot"] and other._execs is None
 
 
+def test_a_warning_made_an_error_never_raises_after_the_launch_was_enqueued(fake_gpu, graphs, monkeypatch):
+    """Second review of issue 38: with warnings as errors (``-W error``) the
+    one warning that the builder could not be asked raised after the launch
+    was enqueued; the caller then gave back a slot a queued kernel reads."""
+    import warnings
+
+    from cupy_swap.cuda import graph_builder
+
+    def cannot(bound):
+        raise RuntimeError("can't start new thread")
+
+    lau = _Launcher()
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    monkeypatch.setattr(graph_builder.builder, "request", cannot)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in range(graph_builder.BUILD_AFTER + 2):
+            bound.launch_slot(k % 3, stream=5)
+    assert len(lau.launches) == graph_builder.BUILD_AFTER + 2 and bound._execs is None
+
+
 def test_a_captured_launch_keeps_rows_of_its_own(fake_gpu, monkeypatch):
     """A captured swap's rows live in pinned words of its own, kept for the
     process (a replay may run at any time); the launch reads them there."""

@@ -195,7 +195,10 @@ class BoundKernel:
             try:
                 graph_builder.builder.request(self)
             except Exception as e:  # e.g. no thread could be started
-                self._give_up_graphs(f"the builder could not be asked ({e})")
+                try:
+                    self._give_up_graphs(f"the builder could not be asked ({e})")
+                except Exception:  # its warning made an error (-W error): graphs are off all the same
+                    pass
 
     def _give_up_graphs(self, why: str) -> None:
         """Plain launches for good (one warning)."""
