@@ -17,7 +17,6 @@ launch's verdict reaches its caller: :mod:`.cuda.outcomes`.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,7 +27,7 @@ from .core.mapping import check_rows_for, host_rows, run_starts
 from .core.route import check_mode, prepared_route, run_route, run_rows, staged_plan, staged_refusal
 from .cuda import abi, capture, memory, release
 from .cuda.gpu_mapping import device_rows
-from .cuda.outcomes import Channel
+from .cuda.outcomes import Channel, caller
 from .cuda.slots import DST_INDEX, INDEX_STEP, N_PAIRS, SEQ, SRC_INDEX, STATUS
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 from .op_cache import listed
@@ -341,7 +340,7 @@ class PreparedSwap:
             control[N_PAIRS], control[STATUS], control[SEQ] = n, status, seq
             if checked:  # who is told its verdict: known before the launch can write it
                 event.check, event.seq, event.slot = ring, seq, i
-                ring.claim(i, seq, (self._outcomes, op.layout, threading.current_thread()), event)
+                ring.claim(i, seq, (self._outcomes, op.layout, caller()), event)
             op.kernel.launch_slot(i, handle)
             launched = True
         finally:

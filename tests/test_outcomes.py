@@ -370,3 +370,41 @@ def test_an_event_that_read_its_failure_is_the_only_one_to_raise_it(fake_gpu):
     called.set()
     b.join(5)
     assert raised == [("event", bad.seq)]
+
+
+def test_a_thread_threading_did_not_start_never_gets_an_earlier_ones_failure(fake_gpu):
+    """Second review of issue 38: a failure named its thread by
+    ``threading.current_thread()``, which for threads started by C code is
+    one stand-in per thread id, kept after the thread ends: the next such
+    thread with the same id got the dead one's failure as its own, and the
+    dead one never read as ended."""
+    import _thread
+
+    sw = FakeSwapper([])
+    op = _op(fake_gpu, sw)
+    got: list = []
+
+    def in_a_c_thread(fn):
+        done = threading.Event()
+
+        def run():
+            try:
+                got.append((threading.current_thread(), fn()))
+            except Exception as e:
+                got.append((threading.current_thread(), e))
+            done.set()
+
+        _thread.start_new_thread(run, ())
+        assert done.wait(5)
+        threading.Event().wait(0.05)  # the thread is gone
+        return got[-1]
+
+    first, bad = in_a_c_thread(lambda: op(BAD))
+    second, outcome = in_a_c_thread(lambda: op(GOOD))
+    if first is not second:
+        pytest.skip("this platform gave the second thread another id")
+    assert not isinstance(outcome, Exception)  # not its failure
+    op(GOOD)  # the main thread's call: the dead thread's failure is dropped from the channel ...
+    assert op._outcomes.failed == []
+    with pytest.raises(ValueError, match=f"swap #{bad.seq}"):
+        _sync(bad)  # ... its event still tells it

@@ -24,8 +24,32 @@ its slot is taken again, its event is synchronized or the alarm moved.
 from __future__ import annotations
 
 import threading
+import weakref
 
 LOST = -1  # the kind of a verdict that never landed (the record does not hold the launch's number)
+
+
+class _Caller:
+    """What names one thread to its failures: an object of that thread's
+    own, dropped when it ends (``threading.current_thread()`` is, for a
+    thread that C code started, one stand-in per thread id, kept after the
+    thread ends and handed to the next thread with its id)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_here = threading.local()
+
+
+def caller() -> weakref.ref:
+    """The calling thread's name for its failures: a weak reference to an
+    object of its own (one per thread; dead once the thread ended)."""
+    try:
+        return _here.ref
+    except AttributeError:
+        _here.caller = mine = _Caller()
+        _here.ref = ref = weakref.ref(mine)
+        return ref
 
 
 class Channel:
@@ -45,14 +69,14 @@ class Channel:
         ring.collect_if_alarmed()
         if not self.failed:
             return
-        me = threading.current_thread()
+        me = caller()
         with ring.lock:
             failure = None
             for f in list(self.failed):
                 if f.thread is me:
                     failure = f
                     break
-                if not f.thread.is_alive():
+                if f.thread() is None:
                     f.mark_raised()  # its thread ended: only its event can still tell it
             if failure is None:
                 return
@@ -62,7 +86,8 @@ class Channel:
 
 class Failure:
     """A checked swap whose launch found a bad row (or whose verdict never
-    landed): ``verdict`` is ``(kind, row, value)``."""
+    landed): ``verdict`` is ``(kind, row, value)``; ``thread``: its
+    thread's :func:`caller`."""
 
     __slots__ = ("ring", "seq", "verdict", "channel", "layout", "thread", "raised")
 
