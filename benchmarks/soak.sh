@@ -11,7 +11,7 @@ PROCS=${PROCS:-4}
 ROUNDS=${ROUNDS:-3}
 FILES=${FILES:-"tests/test_slot_path_gpu.py tests/test_row_slots_gpu.py tests/test_lifetimes_gpu.py
     tests/test_torch_gpu.py tests/test_threads_gpu.py tests/test_launch_checks_gpu.py tests/test_trust_gpu.py
-    tests/test_gpu_mapping_gpu.py tests/test_dtypes_gpu.py"}
+    tests/test_gpu_mapping_gpu.py tests/test_dtypes_gpu.py tests/test_exactly_once_gpu.py"}
 MEMCHECK=${MEMCHECK:-"tests/test_lifetimes_gpu.py tests/test_slot_path_gpu.py tests/test_torch_gpu.py"}
 status=0
 for round in $(seq "$ROUNDS"); do
