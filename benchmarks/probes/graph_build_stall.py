@@ -27,21 +27,13 @@ import time
 import cupy as cp
 import numpy as np
 from cupy.cuda import runtime
+from graph_build_thread import SPIN, SPIN_MS  # this folder: run as a script
 
 import cupy_swap as cs
 from cupy_swap.cuda import graph_builder
 
-SPIN_MS = float(os.environ.get("SPIN_MS", "300"))
 N = int(os.environ.get("N", "64"))
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
-SPIN = cp.RawKernel(
-    r"""extern "C" __global__ void spin(unsigned long long ns) {
-    unsigned long long s, n;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(s));
-    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(n)); } while (n - s < ns);
-}""",
-    "spin",
-)
 
 
 def _node_graph(kernel, i):

@@ -17,6 +17,9 @@ import os
 import statistics
 import time
 
+# Slot graphs are opt-in (NOTES 68); this probe measures them.
+os.environ.setdefault("CUPY_SWAP_SLOT_GRAPHS", "1")
+
 import cupy as cp
 import numpy as np
 

@@ -9,7 +9,11 @@ Decides whether the builder thread earns its place (NOTES item 68).
 
 import cProfile
 import functools
+import os
 import pstats
+
+# Slot graphs are opt-in (NOTES 68); this probe measures them.
+os.environ.setdefault("CUPY_SWAP_SLOT_GRAPHS", "1")
 
 import cupy as cp
 import numpy as np

@@ -514,24 +514,39 @@ def _bench_engines(args, report: dict) -> list:
         "latency (submit + synchronize); host us = submit alone"
     )
     print(engines.table_head(), flush=True)
-    rows: list = []
-    report["engines"] = rows
-
-    def on_row(row):
-        rows.append(row)
-        print(engines.table_line(row), flush=True)
-        if args.json:
-            common.write_report(args.json, report)
-
-    def on_skip(shape, n, why):
-        print(f"{shape.label():<17} {n:>5}  left out: {why}", flush=True)
-
+    rows, on_row, on_skip = _streamed_rows(
+        args,
+        report,
+        "engines",
+        engines.table_line,
+        lambda shape, n, why: f"{shape.label():<17} {n:>5}  left out: {why}",
+    )
     measured = engines.run_engines(
         counts=counts, directions=args.directions, reps=args.reps, on_row=on_row, on_skip=on_skip
     )
     assert len(measured) == len(rows)
     _print_engines_summary(rows)
     return rows
+
+
+def _streamed_rows(args, report: dict, key: str, line, skip_line) -> tuple:
+    """``(rows, on_row, on_skip)`` for a mode that measures row by row:
+    each row printed (``line(row)``) as it comes and, with ``--json``, the
+    report stored at once (``report[key]`` is ``rows``); a case left out
+    printed as ``skip_line(shape, n, why)``."""
+    rows: list = []
+    report[key] = rows
+
+    def on_row(row):
+        rows.append(row)
+        print(line(row), flush=True)
+        if args.json:
+            common.write_report(args.json, report)
+
+    def on_skip(shape, n, why):
+        print(skip_line(shape, n, why), flush=True)
+
+    return rows, on_row, on_skip
 
 
 def _bench_captured(args, report: dict) -> list:
@@ -545,18 +560,9 @@ def _bench_captured(args, report: dict) -> list:
     for line in captured_bench.legend_lines(replays):
         print(line)
     print(captured_bench.table_head(), flush=True)
-    rows: list = []
-    report["captured"] = rows
-
-    def on_row(row):
-        rows.append(row)
-        print(captured_bench.table_line(row), flush=True)
-        if args.json:
-            common.write_report(args.json, report)
-
-    def on_skip(shape, n, why):
-        print(captured_bench.skip_line(shape, n, why), flush=True)
-
+    rows, on_row, on_skip = _streamed_rows(
+        args, report, "captured", captured_bench.table_line, captured_bench.skip_line
+    )
     captured_bench.run_captured(
         counts=counts, directions=args.directions, replays=replays, on_row=on_row, on_skip=on_skip
     )
