@@ -41,7 +41,7 @@ from .cuda.driver import stream_wait_geq
 from .cuda.gpu_mapping import device_rows, device_word
 from .cuda.launcher import launch_shape
 from .cuda.replay_verdicts import ReplayVerdicts, ring_words
-from .cuda.streams import on_device, stream_on_device
+from .cuda.streams import enqueue_and_wait, on_device, stream_on_device
 
 _H2D, _D2D = 1, 3
 
@@ -95,7 +95,7 @@ class CapturedSwap:
             control[1], control[6], control[7] = alias, 2, ring  # failure ring, index step, its size
             if their_rows is not None:  # the kernel reads the caller's rows where they are
                 control[4:7] = their_rows.src, their_rows.dst, their_rows.step
-            self._upload(base, control)
+            self._upload(base, control, sw.device)
         rows_at = base + 8 * abi.CONTROL_WORDS
         arrivals = rows_at + 16 * max_rows
         self._args = lau.byref_args(decided.layout).copy()
@@ -113,10 +113,15 @@ class CapturedSwap:
         release.keep_for_process((op, rows, count))  # what a replay reads or writes, at any time
 
     @staticmethod
-    def _upload(base: int, control: np.ndarray) -> None:
+    def _upload(base: int, control: np.ndarray, device: int) -> None:
+        """The control record into device memory, finished before it
+        returns (a private stream: never the legacy one)."""
         from cupy.cuda import runtime
 
-        runtime.memcpy(base, control.ctypes.data, control.nbytes, _H2D)
+        enqueue_and_wait(
+            device,
+            lambda stream: runtime.memcpyAsync(base, control.ctypes.data, control.nbytes, _H2D, stream),
+        )
 
     def launch(self, stream: Stream = None) -> None:
         """Launch the swap on ``stream`` (capture it there once): it copies

@@ -23,7 +23,13 @@ from .api_types import Mapping, Stream
 from .core.mapping import check_mapping_for
 from .cuda import capture, release
 from .cuda.abi import descriptor_words
-from .cuda.streams import on_device, stream_is_capturing, stream_on_device, torch_stream_getter
+from .cuda.streams import (
+    enqueue_and_wait,
+    on_device,
+    stream_is_capturing,
+    stream_on_device,
+    torch_stream_getter,
+)
 
 
 class GraphSwap:
@@ -64,7 +70,10 @@ class GraphSwap:
         self._lock = threading.Lock()
         # Zero pairs until the first set_mapping, written and finished before
         # any stream can use the buffer (so no stream ordering is needed).
-        _zero_now(self._state.ptr, nbytes, self.device)
+        from cupy.cuda import runtime
+
+        ptr = self._state.ptr
+        enqueue_and_wait(self.device, lambda stream: runtime.memsetAsync(ptr, 0, nbytes, stream))
         with on_device(self.device):
             self._fn, self._grid, self._threads, self._args = launcher.replay_args(
                 layout, self._state.ptr, max_blocks
@@ -183,17 +192,3 @@ def _drop_descriptor(state: _DescriptorState) -> None:
 def _wait_all(events: list) -> None:
     for event in events:
         event.synchronize()
-
-
-def _zero_now(ptr: int, nbytes: int, device: int) -> None:
-    """Zero device memory and wait for it, on a private stream (legal while
-    another stream captures)."""
-    from cupy.cuda import runtime
-
-    with on_device(device), capture.relaxed():
-        stream = runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
-        try:
-            runtime.memsetAsync(ptr, 0, nbytes, stream)
-            runtime.streamSynchronize(stream)
-        finally:
-            runtime.streamDestroy(stream)

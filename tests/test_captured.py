@@ -137,7 +137,9 @@ def made(fake_gpu, monkeypatch):
     monkeypatch.setattr(memory, "host_alias", lambda ptr, nbytes: 0xA000)
     monkeypatch.setattr(release, "keep_for_process", kept.append)
     monkeypatch.setattr(
-        captured_module.CapturedSwap, "_upload", staticmethod(lambda base, c: uploads.append(c.copy()))
+        captured_module.CapturedSwap,
+        "_upload",
+        staticmethod(lambda base, c, device: uploads.append(c.copy())),
     )
     monkeypatch.setattr(captured_module, "_device_view", lambda ptr, shape, device, owner: (ptr, shape))
     monkeypatch.setattr(captured_module, "on_device", lambda device: _Null())

@@ -218,6 +218,25 @@ def on_device(device: int):
             runtime.setDevice(prev)
 
 
+def enqueue_and_wait(device: int, enqueue) -> None:
+    """Run ``enqueue(stream)`` on a private non-blocking stream of GPU
+    ``device`` and wait for it: a one-time write (zeroing, a record's
+    upload) finished before it returns, never on the legacy stream, whose
+    implicit synchronization would break another thread's capture of a
+    blocking stream; legal while any stream captures."""
+    from cupy.cuda import runtime
+
+    from . import capture
+
+    with on_device(device), capture.relaxed():
+        stream = runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
+        try:
+            enqueue(stream)
+            runtime.streamSynchronize(stream)
+        finally:
+            runtime.streamDestroy(stream)
+
+
 def stream_is_capturing(stream: int) -> bool:
     """True while ``stream`` (a raw handle) is capturing a CUDA graph;
     RuntimeError when the driver refuses the query."""
