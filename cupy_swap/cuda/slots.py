@@ -296,11 +296,13 @@ def _zeroed_counters(device: int, size: int) -> int:
     between launches)."""
     from cupy.cuda import runtime
 
-    from .streams import on_device
+    from .streams import enqueue_and_wait
 
     counters = release.device_malloc(4 * size, device)
-    with on_device(device):
-        runtime.memset(counters, 0, 4 * size)
+    # Finished before any launch can read them; not on the legacy stream
+    # (a synchronous cudaMemset there can break another thread's capture of a
+    # blocking stream).
+    enqueue_and_wait(device, lambda stream: runtime.memsetAsync(counters, 0, 4 * size, stream))
     return counters
 
 
