@@ -143,7 +143,9 @@ class CapturedSwap:
         finished: copied its rows, or, when its check failed, copied nothing
         (:meth:`failures` says which).  ``cuStreamWaitValue64`` on the
         completion word, no host involved.  Replays are numbered from 1 in
-        the order they run.
+        the order they run.  The GPU waits with no deadline: a replay that
+        is never launched holds ``stream`` for good, so wait only for
+        replays already launched (or launched in the same graph).
         Default-stream semantics of ``stream=None`` as in :meth:`launch`."""
         if type(replay) is not int or replay < 1:
             raise ValueError(f"replay: expected an int >= 1 (replays are numbered from 1), got {replay!r}")
