@@ -10,7 +10,8 @@
 ``--page`` writes the current results page from the stored run in a
 folder: ``peers.json`` (``bench --peers --json``, measured at COMMIT) and,
 where present, ``peers_chart.png``, ``engines.json`` (``bench --engines
---json``, the same call) with ``engines_chart.png``, ``host_time.log`` and
+--json``, the same call) with ``engines_chart.png``, ``host_time.log``,
+``captured.log`` (``bench --captured``) and
 ``pytest.log``.
 Every figure the README quotes is a copy of one on that page.
 """
@@ -415,6 +416,16 @@ def results_page(folder: Path, commit: str) -> list:
             "",
         ]
         out += ["```", *(folder / "host_time.log").read_text().rstrip().splitlines(), "```", ""]
+    if (folder / "captured.log").exists():
+        out += [
+            "## Inside a CUDA graph",
+            "",
+            "`captured.log` (`python -m cupy_swap bench --captured --reps 30`; its first line names the commit "
+            "it measured): a replay of a graph holding `PreparedSwap.captured`'s launch against the same op "
+            "called eagerly with its rows on the GPU.",
+            "",
+        ]
+        out += ["```", *(folder / "captured.log").read_text().rstrip().splitlines(), "```", ""]
     if (folder / "pytest.log").exists():
         out += ["## The test suite on the GPU", "", *_log_summary(folder / "pytest.log"), ""]
     out += [
@@ -437,7 +448,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs=2,
         metavar=("DIR", "COMMIT"),
         help="the current results page from DIR (peers.json measured at COMMIT; peers_chart.png, "
-        "host_time.log, pytest.log where present)",
+        "host_time.log, captured.log, pytest.log where present)",
     )
     what.add_argument(
         "--peers", metavar="FILE", help="the README's performance table from bench --peers --json"
