@@ -5,6 +5,7 @@
 # Looks for a launch failure that shows only under load; exits nonzero on any
 # failed test or sanitizer error.  Logs go to $OUT (or ./device-out).
 #   bash benchmarks/soak.sh            # PROCS=4 ROUNDS=3 FILES="<the default set>"
+#   MEMCHECK=none bash benchmarks/soak.sh   # the rounds only (a call too short for both)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 PROCS=${PROCS:-4}
@@ -30,7 +31,9 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 grep -h "cudaErrorLaunchFailure\|illegal memory access" "$OUT"/soak_*.log && status=1
-if command -v compute-sanitizer >/dev/null || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
+if [[ $MEMCHECK == none ]]; then
+    echo "soak: memcheck skipped (MEMCHECK=none)"
+elif command -v compute-sanitizer >/dev/null || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     # shellcheck disable=SC2086
     $san --tool memcheck --error-exitcode 9 --target-processes all \

@@ -26,6 +26,7 @@ class _Launcher:
         self.device, self.max_ctas, self.check_rows_max = 0, 8, 8192
         self.slots = fake_ring(ring_size, capacity)
         self.launches: list = []
+        self.graphs_ok = True  # prewarmed (graph_builder.prewarm)
 
     def byref_args(self, layout):
         return abi.ByRefArgs(16, layout, fn=0xF00)
@@ -101,7 +102,7 @@ def graphs(monkeypatch):
         return 0x100 + len(made), 0x200 + len(made)
 
     destroyed: list = []
-    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (off by default)
+    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (whatever the environment says)
     monkeypatch.setattr(graph_builder, "kernel_graph", kernel_graph)
     monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
     made_list = type("Made", (list,), {})()
@@ -149,29 +150,27 @@ def test_a_dropped_op_destroys_its_graphs(fake_gpu, graphs):
     assert sorted(graphs.destroyed) == [(0x101, 0x201), (0x102, 0x202), (0x103, 0x203)]
 
 
-def test_slot_graphs_are_off_by_default():
-    """NOTES 68: a build holds the process's launches while the device is
-    busy; graphs are opt-in (CUPY_SWAP_SLOT_GRAPHS=1)."""
+def test_slot_graphs_are_on_by_default_and_off_with_0():
+    """NOTES 71: with the driver's one wait taken by prewarm, builds no
+    longer wait for a busy device; CUPY_SWAP_SLOT_GRAPHS=0 turns them off."""
     import os
     import subprocess
     import sys
 
     code = "from cupy_swap.cuda import graph_builder as g; print(g.BUILD_AFTER)"
     env = {k: v for k, v in os.environ.items() if k != "CUPY_SWAP_SLOT_GRAPHS"}
-    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    on = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**env, "CUPY_SWAP_SLOT_GRAPHS": "1"},
-        capture_output=True,
-        text=True,
-    )
-    assert off.stdout.split() == ["0"] and on.stdout.split() == ["8"]
+
+    def build_after(**extra) -> list:
+        run = subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True)
+        return run.stdout.split()
+
+    assert build_after() == ["8"] and build_after(CUPY_SWAP_SLOT_GRAPHS="0") == ["0"]
 
 
 def test_a_failed_graph_build_leaves_the_op_on_plain_launches(fake_gpu, monkeypatch):
     from cupy_swap.cuda import graph_builder
 
-    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (off by default)
+    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (whatever the environment says)
 
     def refuses(*args):
         raise RuntimeError("cudaGraphInstantiate failed")
@@ -441,3 +440,52 @@ def test_a_kept_gpu_mapping_is_held_first_and_released_by_relaxed_queries(captur
     lau._kept.appendleft((Broken(), "broken"))
     Launcher.keep_until_done(lau, done, "third")  # never raises: it keeps what it cannot query
     assert [k for _, k in lau._kept] == ["broken", "second", "third"]
+
+
+def test_prewarm_makes_and_destroys_its_executables_once_per_gpu(monkeypatch):
+    """The driver's one wait for the device (past about 32 live executables,
+    NOTES 71) is taken by prewarm, once per process and GPU."""
+    from cupy_swap.cuda import graph_builder
+
+    made, destroyed = [], []
+    monkeypatch.setattr(graph_builder, "_prewarmed", {})
+    monkeypatch.setattr(graph_builder, "kernel_graph", lambda *a: made.append(a) or (len(made), -len(made)))
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
+    assert graph_builder.prewarm(3, 0xF00, 0x1234) is True
+    n = graph_builder.PREWARM_EXECS
+    assert n > 32 and len(made) == n and {a[0] for a in made} == {0xF00} and {a[-1] for a in made} == {0x1234}
+    assert sorted(destroyed) == sorted((k, -k) for k in range(1, n + 1))  # every one destroyed
+    assert graph_builder.prewarm(3, 0xF00, 0x1234) is True and len(made) == n  # once per GPU
+    assert graph_builder.prewarm(4, 0xF00, 0x1234) is True and len(made) == 2 * n
+
+
+def test_a_failed_prewarm_destroys_what_it_made_and_keeps_slot_graphs_off(monkeypatch):
+    from cupy_swap.cuda import graph_builder
+
+    made, destroyed = [], []
+
+    def kernel_graph(*args):
+        if len(made) == 40:
+            raise RuntimeError("cudaErrorMemoryAllocation")
+        made.append(args)
+        return len(made), -len(made)
+
+    monkeypatch.setattr(graph_builder, "_prewarmed", {})
+    monkeypatch.setattr(graph_builder, "kernel_graph", kernel_graph)
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
+    with pytest.warns(UserWarning, match=r"slot graphs off on GPU 0: cudaErrorMemoryAllocation"):
+        assert graph_builder.prewarm(0, 0xF00, 0x1234) is False
+    assert len(destroyed) == 40
+    assert graph_builder.prewarm(0, 0xF00, 0x1234) is False and len(made) == 40  # not tried again
+
+
+def test_an_op_never_asks_for_graphs_where_the_prewarm_failed(fake_gpu, graphs):
+    from cupy_swap.cuda import graph_builder
+
+    lau = _Launcher()
+    lau.graphs_ok = False
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    for k in range(graph_builder.BUILD_AFTER + 2):
+        bound.launch_slot(0, stream=1)
+    assert graph_builder.builder.drain(5)
+    assert graphs.made == [] and bound._execs is None

@@ -83,6 +83,7 @@ def test_the_results_page_is_made_from_the_stored_run():
 def test_only_current_files_and_the_history_folder_sit_in_results():
     assert sorted(p.name for p in RESULTS.iterdir()) == [
         "README.md",
+        "captured.log",
         "engines.json",
         "engines_chart.png",
         "history",

@@ -3,8 +3,8 @@
 **Invariant.**  No swap call builds a graph: building one can wait for the
 whole device (``benchmarks/NOTES.md`` item 61: a build returned after 298 ms,
 when another stream's work ended).  An op's slot launches go through
-``cuLaunchKernel`` until its graphs exist; with slot graphs on
-(``CUPY_SWAP_SLOT_GRAPHS=1``; off by default), after :data:`BUILD_AFTER` calls
+``cuLaunchKernel`` until its graphs exist.  Slot graphs are on by default
+(``CUPY_SWAP_SLOT_GRAPHS=0`` turns them off): after :data:`BUILD_AFTER` calls
 the builder thread (relaxed capture mode, like the releaser) builds one
 single-kernel graph per ring slot, each with that slot's parameter, and
 publishes them together; a call then launches its slot's graph
@@ -13,6 +13,17 @@ publishes them together; a call then launches its slot's graph
 destroyed by the releaser, after the op's last launch of it finished.
 A build that fails leaves the op on ``cuLaunchKernel`` for good, with one
 warning.
+
+**Why builds do not stall.**  The driver waits for the whole device once,
+when a process's live graph executables first pass about 32 (NOTES 71: in
+a fresh process the 34th instantiate waited 2 s for another stream's spin;
+after 1,024 made and destroyed while idle, 1,024 more built on a busy
+device never waited).  :func:`prewarm` takes that wait where a
+wait is harmless: a swapper's construction makes and destroys
+:data:`PREWARM_EXECS` executables, once per process and GPU, before any of
+its calls (a builder thread that waited would hold every other thread's
+launches, and a thread whose own stream waits on the host would never see
+the device idle).
 """
 
 from __future__ import annotations
@@ -29,11 +40,15 @@ from . import capture
 from .driver import libcuda
 
 # Calls of an op before its graphs are built (ops called once or twice, a
-# fresh view's swap(), never pay for graphs); 0: never, the default.  On the
-# H200 a build waited for a busy device and held the process's launches that
-# long (291 ms), and two tests failed under load with builds on (NOTES 68):
-# slot graphs are opt-in (CUPY_SWAP_SLOT_GRAPHS=1) for 2-4 µs a call.
-BUILD_AFTER = 8 if os.environ.get("CUPY_SWAP_SLOT_GRAPHS") == "1" else 0
+# fresh view's swap(), never pay for graphs); 0: never (CUPY_SWAP_SLOT_GRAPHS=0).
+# A graph launch saves 2.2-4.0 µs a call (NOTES 68); prewarm() keeps builds
+# from waiting for a busy device (NOTES 71).
+BUILD_AFTER = 0 if os.environ.get("CUPY_SWAP_SLOT_GRAPHS") == "0" else 8
+# Executables made and destroyed by prewarm(): past the driver's one wait
+# (about 32) with room for 4 rings of 64 slots.
+PREWARM_EXECS = 256
+_prewarmed: dict[int, bool] = {}  # GPU -> prewarm succeeded
+_prewarm_lock = threading.Lock()
 
 
 class KernelNodeParams(ctypes.Structure):
@@ -96,6 +111,30 @@ def kernel_graph(fn: int, grid: int, threads: int, smem: int, args_ptr: int) -> 
     except BaseException:
         runtime.graphDestroy(graph.value)
         raise
+
+
+def prewarm(device: int, fn: int, args_ptr: int) -> bool:
+    """Once per process and GPU (later calls return the first answer): make
+    :data:`PREWARM_EXECS` executables of one launch of ``fn`` (its parameter
+    at ``args_ptr``; never launched), then destroy them, so that the
+    driver's one wait for the device happens here, in the caller's thread,
+    and not in a build.  False, with one warning, where that failed: slot
+    graphs stay off on ``device``."""
+    with _prewarm_lock:
+        done = _prewarmed.get(device)
+        if done is not None:
+            return done
+        built: list = []
+        try:
+            with capture.relaxed():  # legal while another thread captures
+                for _ in range(PREWARM_EXECS):
+                    built.append(kernel_graph(fn, 1, 32, 0, args_ptr))
+        except Exception as e:
+            warnings.warn(f"cupy_swap: slot graphs off on GPU {device}: {e}", stacklevel=3)
+        finally:
+            destroy_graphs(device, built)
+        done = _prewarmed[device] = len(built) == PREWARM_EXECS
+        return done
 
 
 def destroy_graphs(device: int, graphs: list) -> None:

@@ -191,7 +191,7 @@ class BoundKernel:
         lau._launch(args.fn, shape[1], 1, 1, shape[2], 1, 1, shape[3], stream, args.ptr, 0)
         # Enqueued: nothing below may raise (the caller would give the slot back).
         calls = self._calls = self._calls + 1
-        if calls == graph_builder.BUILD_AFTER:
+        if calls == graph_builder.BUILD_AFTER and lau.graphs_ok:
             try:
                 graph_builder.builder.request(self)
             except Exception as e:  # e.g. no thread could be started
@@ -311,6 +311,15 @@ class Launcher:
         self.check_rows_max = _check_rows_max(device)
         self._kept: collections.deque = collections.deque()  # (event, arrays) of GPU-mapping swaps
         self._kept_lock = threading.Lock()
+        self.graphs_ok = bool(graph_builder.BUILD_AFTER) and self.slots_ok and self._prewarm()
+
+    def _prewarm(self) -> bool:
+        """The driver's one wait for the device, taken now (graph_builder.prewarm)."""
+        import ctypes
+
+        words = (ctypes.c_uint64 * 3)()  # cupy_swap_fetch(src, dst, n16) of nothing
+        args = (ctypes.c_void_p * 3)(*(ctypes.addressof(words) + 8 * i for i in range(3)))
+        return graph_builder.prewarm(self.device, self.function(abi.FETCH_KERNEL), ctypes.addressof(args))
 
     def _ring(self) -> list:
         """The descriptor ring's slots, allocated on first use (under the
