@@ -161,7 +161,9 @@ def test_slot_graphs_are_on_by_default_and_off_with_0():
     env = {k: v for k, v in os.environ.items() if k != "CUPY_SWAP_SLOT_GRAPHS"}
 
     def build_after(**extra) -> list:
-        run = subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True)
+        run = subprocess.run(
+            [sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True
+        )
         return run.stdout.split()
 
     assert build_after() == ["8"] and build_after(CUPY_SWAP_SLOT_GRAPHS="0") == ["0"]
@@ -485,7 +487,7 @@ def test_an_op_never_asks_for_graphs_where_the_prewarm_failed(fake_gpu, graphs):
     lau = _Launcher()
     lau.graphs_ok = False
     bound = BoundKernel(lau, _layout(fake_gpu, 1))
-    for k in range(graph_builder.BUILD_AFTER + 2):
+    for _ in range(graph_builder.BUILD_AFTER + 2):
         bound.launch_slot(0, stream=1)
     assert graph_builder.builder.drain(5)
     assert graphs.made == [] and bound._execs is None

@@ -72,7 +72,9 @@ def trial(sw, warm, host, gpu, builds: bool) -> tuple:
 def main() -> None:
     t = time.perf_counter()
     sw = cs.BlockSwapper(max_blocks=64)
-    print(f"swapper made in {(time.perf_counter() - t) * 1e3:.1f} ms (graph_builder.prewarm: {sw._launcher.graphs_ok})")
+    print(
+        f"swapper made in {(time.perf_counter() - t) * 1e3:.1f} ms (graph_builder.prewarm: {sw._launcher.graphs_ok})"
+    )
     host = cs.empty_pinned((64, 32768), np.uint8)
     gpu = cp.empty((80, 32768), cp.uint8)
     warm = sw.prepare(host, gpu[:64])
