@@ -102,7 +102,7 @@ def graphs(monkeypatch):
         return 0x100 + len(made), 0x200 + len(made)
 
     destroyed: list = []
-    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (whatever the environment says)
+    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (off by default)
     monkeypatch.setattr(graph_builder, "kernel_graph", kernel_graph)
     monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
     made_list = type("Made", (list,), {})()
@@ -150,9 +150,10 @@ def test_a_dropped_op_destroys_its_graphs(fake_gpu, graphs):
     assert sorted(graphs.destroyed) == [(0x101, 0x201), (0x102, 0x202), (0x103, 0x203)]
 
 
-def test_slot_graphs_are_on_by_default_and_off_with_0():
-    """NOTES 71: with the driver's one wait taken by prewarm, builds no
-    longer wait for a busy device; CUPY_SWAP_SLOT_GRAPHS=0 turns them off."""
+def test_slot_graphs_are_off_by_default():
+    """NOTES 72: a build past the prewarmed high-water mark of executables
+    can wait for a busy device and hold the process's launches meanwhile;
+    graphs are opt-in (CUPY_SWAP_SLOT_GRAPHS=1)."""
     import os
     import subprocess
     import sys
@@ -166,13 +167,13 @@ def test_slot_graphs_are_on_by_default_and_off_with_0():
         )
         return run.stdout.split()
 
-    assert build_after() == ["8"] and build_after(CUPY_SWAP_SLOT_GRAPHS="0") == ["0"]
+    assert build_after() == ["0"] and build_after(CUPY_SWAP_SLOT_GRAPHS="1") == ["8"]
 
 
 def test_a_failed_graph_build_leaves_the_op_on_plain_launches(fake_gpu, monkeypatch):
     from cupy_swap.cuda import graph_builder
 
-    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (whatever the environment says)
+    monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (off by default)
 
     def refuses(*args):
         raise RuntimeError("cudaGraphInstantiate failed")

@@ -3,8 +3,8 @@
 **Invariant.**  No swap call builds a graph: building one can wait for the
 whole device (``benchmarks/NOTES.md`` item 61: a build returned after 298 ms,
 when another stream's work ended).  An op's slot launches go through
-``cuLaunchKernel`` until its graphs exist.  Slot graphs are on by default
-(``CUPY_SWAP_SLOT_GRAPHS=0`` turns them off): after :data:`BUILD_AFTER` calls
+``cuLaunchKernel`` until its graphs exist.  Slot graphs are opt-in
+(``CUPY_SWAP_SLOT_GRAPHS=1``): after :data:`BUILD_AFTER` calls
 the builder thread (relaxed capture mode, like the releaser) builds one
 single-kernel graph per ring slot, each with that slot's parameter, and
 publishes them together; a call then launches its slot's graph
@@ -14,16 +14,17 @@ destroyed by the releaser, after the op's last launch of it finished.
 A build that fails leaves the op on ``cuLaunchKernel`` for good, with one
 warning.
 
-**Why builds do not stall.**  The driver waits for the whole device once,
-when a process's live graph executables first pass about 32 (NOTES 71: in
-a fresh process the 34th instantiate waited 2 s for another stream's spin;
-after 1,024 made and destroyed while idle, 1,024 more built on a busy
-device never waited).  :func:`prewarm` takes that wait where a
-wait is harmless: a swapper's construction makes and destroys
-:data:`PREWARM_EXECS` executables, once per process and GPU, before any of
-its calls (a builder thread that waited would hold every other thread's
-launches, and a thread whose own stream waits on the host would never see
-the device idle).
+**Where builds wait.**  The driver waits for the whole device whenever a
+process's live graph executables pass a new high-water mark (NOTES 71-72:
+in a fresh process the 34th instantiate waited 2 s for another stream's
+spin; after 256 made and destroyed while idle, the 290th did; after 1,024,
+1,024 more never waited), and while it waits other threads' launches wait
+too.  :func:`prewarm` takes the first of those waits where a wait is
+harmless, at a swapper's construction (:data:`PREWARM_EXECS` executables,
+made and destroyed once per process and GPU): a warm op's longest call
+while builds ran on a busy device fell from 291.7 ms to 191 µs.  Past that
+mark a build can still wait, behind a stream that waits on the host for as
+long as that wait: so graphs are opt-in.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ from . import capture
 from .driver import libcuda
 
 # Calls of an op before its graphs are built (ops called once or twice, a
-# fresh view's swap(), never pay for graphs); 0: never (CUPY_SWAP_SLOT_GRAPHS=0).
-# A graph launch saves 2.2-4.0 µs a call (NOTES 68); prewarm() keeps builds
-# from waiting for a busy device (NOTES 71).
-BUILD_AFTER = 0 if os.environ.get("CUPY_SWAP_SLOT_GRAPHS") == "0" else 8
+# fresh view's swap(), never pay for graphs); 0: never, the default.  A graph
+# launch saves 2.2-4.0 µs a call (NOTES 68), but the driver waits for the
+# device whenever live executables pass a new high-water mark (NOTES 72):
+# slot graphs are opt-in (CUPY_SWAP_SLOT_GRAPHS=1).
+BUILD_AFTER = 8 if os.environ.get("CUPY_SWAP_SLOT_GRAPHS") == "1" else 0
 # Executables made and destroyed by prewarm(): past the driver's one wait
 # (about 32) with room for 4 rings of 64 slots.
 PREWARM_EXECS = 256
