@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
-# Issue 38, branch slot-verdicts: everything one device call needs to judge it
-# (about 8 minutes).  Carry .probes (host_floor.py copied from ../shared/probes).
-#   bash benchmarks/device_issue38.sh
+# Issue 38 on the GPU, in two device calls of at most 10 minutes (carry .probes:
+# host_floor.py copied from ../shared/probes):
+#   PART=1 bash benchmarks/device_issue38.sh   # the suite, soak rounds 1-2, host time beside the floor
+#   PART=2 bash benchmarks/device_issue38.sh   # soak round 3, memcheck, bench --peers
+# At most 8 files come back: soak logs are summarised into soak_*_tails.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
-git log --oneline -1 > "$OUT/commit.txt" 2>/dev/null
-# 1. Does a graph build on the builder thread hold up another thread's calls?
-timeout 60 $PY benchmarks/probes/graph_build_thread.py > "$OUT/graph_build_thread.log" 2>&1
-echo "probe rc=$?"; cat "$OUT/graph_build_thread.log"
-# 2. The GPU suite.
-timeout 300 $PY -m pytest -q -p no:cacheprovider -n 8 --dist loadfile --durations=10 tests \
-    --ignore=tests/test_remote.py --ignore=tests/test_remote_issue39.py --ignore=tests/test_remote_peers.py \
-    > "$OUT/suite.log" 2>&1
-echo "suite rc=$?"; grep -E "passed|failed" "$OUT/suite.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -20
-# 3. Host time beside the floor design.
-if [[ -f .probes/host_floor.py ]]; then
-    (cd .probes && CUPY_SWAP_SRC=.. BLOCKS=4096,32768 ITERS=60 timeout 100 $PY host_floor.py) > "$OUT/host_floor.log" 2>&1
-    grep -o "^[a-z]* *[0-9]* x [0-9]* \|slot+devcheck [0-9.]* GB/s (host [0-9.]* us)\|prepared [0-9.]* GB/s (host [0-9.]* us)" \
-        "$OUT/host_floor.log" | paste - - -
+PART=${PART:-1}
+soak() {  # soak <rounds> <memcheck files or none> <name>
+    rm -rf /tmp/soak
+    OUT=/tmp/soak PROCS=4 ROUNDS=$1 MEMCHECK=$2 timeout "$3" bash "$(dirname "$0")/soak.sh" > "$OUT/soak_$4.txt" 2>&1
+    echo "soak rc=$?"; cat "$OUT/soak_$4.txt"
+    for f in /tmp/soak/soak_r*_p*.log; do echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$f" | tail -4; done \
+        > "$OUT/soak_$4_tails.txt"
+    [[ -f /tmp/soak/memcheck.log ]] && tail -40 /tmp/soak/memcheck.log > "$OUT/memcheck.log"
+}
+if [[ $PART == 1 ]]; then
+    # 1. The GPU suite.
+    timeout 240 $PY -m pytest -q -p no:cacheprovider -n 8 --dist loadfile --durations=10 -rfE tests \
+        --ignore=tests/test_remote.py --ignore=tests/test_remote_issue39.py --ignore=tests/test_remote_peers.py \
+        > "$OUT/suite.log" 2>&1
+    echo "suite rc=$?"; tail -1 "$OUT/suite.log"; grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -20
+    # 2. Soak rounds 1 and 2 (about 135 s each).
+    soak 2 none 300 r12
+    # 3. Host time beside the floor design.
+    if [[ -f .probes/host_floor.py ]]; then
+        (cd .probes && CUPY_SWAP_SRC=.. BLOCKS=4096,32768 ITERS=60 timeout 100 $PY host_floor.py) > "$OUT/host_floor.log" 2>&1
+        tail -30 "$OUT/host_floor.log"
+    fi
+else
+    # 4. Soak round 3 and memcheck.
+    soak 1 "tests/test_lifetimes_gpu.py tests/test_slot_path_gpu.py tests/test_torch_gpu.py" 400 r3
+    # 5. One part against the peers.
+    timeout 100 $PY -m cupy_swap bench --peers --block-bytes 4K,32K --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
+    tail -16 "$OUT/peers.log"
 fi
-# 4. One part against the peers.
-timeout 100 $PY -m cupy_swap bench --peers --block-bytes 4K,32K --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1
-tail -16 "$OUT/peers.log"
