@@ -34,8 +34,11 @@ SENSITIVE_ATTRIBUTES = {"done"}  # cupy.cuda.Event.done: cudaEventQuery
 OFF_CAPTURE = {
     ("cuda/release.py", "device_free"): "the releaser thread only, relaxed for good",
     ("cuda/release.py", "drain"): "threading.Event, not a CUDA event",
-    ("cuda/graph_builder.py", "kernel_graph"): "the builder thread only, inside its relaxed block",
-    ("cuda/graph_builder.py", "destroy_graphs"): "releaser release (a dropped BoundKernel)",
+    ("cuda/graph_builder.py", "kernel_graph"): "the builder thread and prewarm, inside their relaxed blocks",
+    (
+        "cuda/graph_builder.py",
+        "destroy_graphs",
+    ): "releaser release (a dropped BoundKernel); prewarm's relaxed block",
     ("cuda/graph_builder.py", "Builder.drain"): "threading.Event, not a CUDA event",
     ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
     ("cuda/slots.py", "SlotRing.__init__"): "built inside BlockSwapper.__init__'s relaxed block",

@@ -4,6 +4,7 @@ launched as it is; the descriptor ring's slots are taken and freed by the
 queueing rule (over parts that claim to be GPU memory: ``fake_gpu``)."""
 
 import ctypes
+import gc
 import threading
 
 import numpy as np
@@ -91,8 +92,10 @@ def graphs(monkeypatch):
     """The graphs the builder thread makes: ``(fn, grid, threads, smem,
     header and index words as the driver copies them)``; exec handles
     0x200 + k; destroyed ones recorded in ``graphs.destroyed``."""
-    from cupy_swap.cuda import graph_builder
+    from cupy_swap.cuda import graph_builder, release
 
+    gc.collect()  # earlier tests' ops released first: their graphs are not this test's
+    assert release.drain(5)
     made: list = []
 
     def kernel_graph(fn, grid, threads, smem, args_ptr):
@@ -105,9 +108,13 @@ def graphs(monkeypatch):
     monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (off by default)
     monkeypatch.setattr(graph_builder, "kernel_graph", kernel_graph)
     monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
+    monkeypatch.setattr(graph_builder, "_prewarmed", {0: True})
+    monkeypatch.setattr(graph_builder, "_live", {})
     made_list = type("Made", (list,), {})()
     made_list.made, made_list.destroyed = made, destroyed
-    return made_list
+    yield made_list
+    gc.collect()  # this test's ops released while the fakes stand in
+    assert graph_builder.builder.drain(5) and release.drain(5)
 
 
 def test_an_op_launches_plainly_until_its_graphs_are_built_off_the_call_path(fake_gpu, graphs):
@@ -179,6 +186,8 @@ def test_a_failed_graph_build_leaves_the_op_on_plain_launches(fake_gpu, monkeypa
         raise RuntimeError("cudaGraphInstantiate failed")
 
     monkeypatch.setattr(graph_builder, "kernel_graph", refuses)
+    monkeypatch.setattr(graph_builder, "_prewarmed", {0: True})
+    monkeypatch.setattr(graph_builder, "_live", {})
     lau = _Launcher()
     bound = BoundKernel(lau, _layout(fake_gpu, 1))
     with pytest.warns(UserWarning, match="slot graphs could not be built .cudaGraphInstantiate failed"):
@@ -209,6 +218,8 @@ def test_no_call_raises_after_its_launch_was_enqueued(fake_gpu, graphs, monkeypa
     assert len(lau.launches) == graph_builder.BUILD_AFTER and bound._execs is None
     monkeypatch.undo()
     monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)
+    monkeypatch.setattr(graph_builder, "_prewarmed", {0: True})
+    monkeypatch.setattr(graph_builder, "_live", {})
     monkeypatch.setattr(graph_builder, "kernel_graph", lambda *args: (0x100, 0x200))
     monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: None)  # made-up handles
     other = BoundKernel(lau, _layout(fake_gpu, 1))
@@ -492,3 +503,43 @@ def test_an_op_never_asks_for_graphs_where_the_prewarm_failed(fake_gpu, graphs):
         bound.launch_slot(0, stream=1)
     assert graph_builder.builder.drain(5)
     assert graphs.made == [] and bound._execs is None
+
+
+def test_slot_graphs_stay_below_the_prewarmed_mark(fake_gpu, graphs, monkeypatch):
+    """NOTES 72: past the mark prewarm set, an instantiate waits for a busy
+    device; an op that would pass it launches plainly, and a dropped op's
+    graphs give their room back."""
+    from cupy_swap.cuda import graph_builder, release
+
+    monkeypatch.setattr(graph_builder, "PREWARM_EXECS", 6)  # two rings of 3
+    lau = _Launcher(ring_size=3)
+    ops = [BoundKernel(lau, _layout(fake_gpu, 1)) for _ in range(3)]
+    for op in ops:
+        for _ in range(graph_builder.BUILD_AFTER):
+            op.launch_slot(0, stream=1)
+    assert graph_builder.builder.drain(5)
+    assert [op._execs is not None for op in ops] == [True, True, False]
+    assert len(graphs.made) == 6 and graph_builder._live == {0: 6}
+    ops[2].launch_slot(0, stream=1)
+    assert lau.launches[-1][0] == "slot"  # the third stays plain
+    del ops[0]
+    gc.collect()
+    assert release.drain(5)
+    assert len(graphs.destroyed) == 3 and graph_builder._live == {0: 3}
+    fresh = BoundKernel(lau, _layout(fake_gpu, 1))
+    for _ in range(graph_builder.BUILD_AFTER):
+        fresh.launch_slot(0, stream=1)
+    assert graph_builder.builder.drain(5)
+    assert fresh._execs is not None and graph_builder._live == {0: 6}
+
+
+def test_a_gpu_without_a_prewarm_builds_no_slot_graph(fake_gpu, graphs, monkeypatch):
+    from cupy_swap.cuda import graph_builder
+
+    monkeypatch.setattr(graph_builder, "_prewarmed", {0: False})
+    lau = _Launcher()
+    op = BoundKernel(lau, _layout(fake_gpu, 1))
+    for _ in range(graph_builder.BUILD_AFTER):
+        op.launch_slot(0, stream=1)
+    assert graph_builder.builder.drain(5)
+    assert op._execs is None and graphs.made == [] and graph_builder._live.get(0, 0) == 0

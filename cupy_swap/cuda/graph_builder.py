@@ -22,9 +22,10 @@ spin; after 256 made and destroyed while idle, the 290th did; after 1,024,
 too.  :func:`prewarm` takes the first of those waits where a wait is
 harmless, at a swapper's construction (:data:`PREWARM_EXECS` executables,
 made and destroyed once per process and GPU): a warm op's longest call
-while builds ran on a busy device fell from 291.7 ms to 191 µs.  Past that
-mark a build can still wait, behind a stream that waits on the host for as
-long as that wait: so graphs are opt-in.
+while builds ran on a busy device fell from 291.7 ms to 191 µs.  Slot
+graphs stay below that mark (:func:`reserve`: an op past it launches
+plainly), but graphs the application instantiates after the prewarm count
+too, and the reserve's safety is not yet shown by a soak: graphs are opt-in.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ from .driver import libcuda
 # device whenever live executables pass a new high-water mark (NOTES 72):
 # slot graphs are opt-in (CUPY_SWAP_SLOT_GRAPHS=1).
 BUILD_AFTER = 8 if os.environ.get("CUPY_SWAP_SLOT_GRAPHS") == "1" else 0
-# Executables made and destroyed by prewarm(): past the driver's one wait
-# (about 32) with room for 4 rings of 64 slots.
+# Executables made and destroyed by prewarm(), and the most slot graphs alive
+# at once on a GPU (reserve()): 16 rings of the default 16 slots.
 PREWARM_EXECS = 256
 _prewarmed: dict[int, bool] = {}  # GPU -> prewarm succeeded
+_live: dict[int, int] = {}  # GPU -> slot executables reserved (built or being built)
 _prewarm_lock = threading.Lock()
 
 
@@ -127,20 +129,47 @@ def prewarm(device: int, fn: int, args_ptr: int) -> bool:
         if done is not None:
             return done
         built: list = []
-        try:
-            with capture.relaxed():  # legal while another thread captures
+        with capture.relaxed():  # legal while another thread captures
+            try:
                 for _ in range(PREWARM_EXECS):
                     built.append(kernel_graph(fn, 1, 32, 0, args_ptr))
-        except Exception as e:
-            warnings.warn(f"cupy_swap: slot graphs off on GPU {device}: {e}", stacklevel=3)
-        finally:
-            destroy_graphs(device, built)
+            except Exception as e:
+                warnings.warn(f"cupy_swap: slot graphs off on GPU {device}: {e}", stacklevel=3)
+            finally:
+                destroy_graphs(device, built)
         done = _prewarmed[device] = len(built) == PREWARM_EXECS
         return done
 
 
+def reserve(device: int, n: int) -> bool:
+    """Room for ``n`` more slot executables on ``device`` below the mark its
+    prewarm set (so no build of ours passes it and waits for the device);
+    False where there is none or no prewarm succeeded: the op stays on
+    plain launches.  :func:`unreserve` gives the room back."""
+    with _prewarm_lock:
+        live = _live.get(device, 0)
+        if not _prewarmed.get(device) or live + n > PREWARM_EXECS:
+            return False
+        _live[device] = live + n
+        return True
+
+
+def unreserve(device: int, n: int) -> None:
+    with _prewarm_lock:
+        _live[device] = _live.get(device, 0) - n
+
+
+def destroy_slot_graphs(device: int, graphs: list) -> None:
+    """The releaser's half of a dropped op (after its gate): its graphs, and
+    their room below the mark."""
+    try:
+        destroy_graphs(device, graphs)
+    finally:
+        unreserve(device, len(graphs))
+
+
 def destroy_graphs(device: int, graphs: list) -> None:
-    """The releaser's half of a dropped op (after its gate): its graphs."""
+    """Destroy ``(graph, exec)`` pairs (none: no CUDA call)."""
     if not graphs:
         return  # never built: no CUDA call
     from cupy.cuda import runtime

@@ -162,7 +162,7 @@ class BoundKernel:
         self._calls = 0
         # Dropped: the releaser destroys its graphs (CUDA frees one still
         # running when it completes: cudaGraphExecDestroy).
-        destroy = functools.partial(graph_builder.destroy_graphs, launcher.device, self._graphs)
+        destroy = functools.partial(graph_builder.destroy_slot_graphs, launcher.device, self._graphs)
         release.finalizer(self, release.defer, destroy, None, "graphs of a prepared swap")
 
     def _byref(self) -> abi.ByRefArgs:
@@ -213,17 +213,22 @@ class BoundKernel:
         if shape is None or self._execs is not None:
             return
         lau = self._launcher
+        size = lau.slots.size
+        if not graph_builder.reserve(lau.device, size):  # at the prewarmed mark: plain launches
+            self._calls = -(1 << 62)
+            return
         built: list = []
         try:
             lau.make_current()
-            for i in range(lau.slots.size):
+            for i in range(size):
                 args = self._slot_args[i] or self._for_slot(i)
                 built.append(graph_builder.kernel_graph(args.fn, shape[1], shape[2], shape[3], args.ptr))
         except BaseException:
             self._calls = -(1 << 62)  # never asked for again
             raise
         finally:
-            self._graphs.extend(built)  # destroyed with the op
+            self._graphs.extend(built)  # destroyed with the op, giving back their room
+            graph_builder.unreserve(lau.device, size - len(built))
         with self._lock:  # _reshape may have moved on meanwhile: then these are stale
             if self._shape is shape and self._calls >= 0:
                 self._execs = [exec_ for _, exec_ in built]
