@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import threading
 
 import numpy as np
@@ -164,18 +163,11 @@ class Gate:
     """A kernel that holds ``stream`` until the host calls :meth:`open` (or,
     so a failing test cannot hang, ``limit_s`` seconds pass): work queued
     behind it stays queued for as long as the test needs, whatever the
-    clock.  ``event`` is recorded after the gate; ``open()`` waits for it.
-
-    Memory earlier tests dropped is released first: a release waits for the
-    GPU's queued work and meanwhile holds up CUDA calls on every thread
-    (NOTES 39, 72), so one landing behind a closed gate would hold the test's
-    own calls until the gate's limit (both soak failures of NOTES 72)."""
+    clock.  ``event`` is recorded after the gate; ``open()`` waits for it."""
 
     def __init__(self, stream, limit_s: float = 60.0):
-        from cupy_swap.cuda.memory import host_alias, release_dropped
+        from cupy_swap.cuda.memory import host_alias
 
-        gc.collect()
-        assert release_dropped(timeout=60), "memory dropped before the gate was not released within 60 s"
         self.flag = cs.zeros_pinned(1, np.int32)
         kernel = cp.RawKernel(_GATE_SOURCE, "gate")
         with stream:
