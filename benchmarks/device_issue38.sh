@@ -11,7 +11,7 @@ soak() {  # soak <rounds> <memcheck files or none> <name>
     rm -rf /tmp/soak
     OUT=/tmp/soak PROCS=4 ROUNDS=$1 MEMCHECK=$2 timeout "$3" bash "$(dirname "$0")/soak.sh" > "$OUT/soak_$4.txt" 2>&1
     echo "soak rc=$?"; cat "$OUT/soak_$4.txt"
-    for f in /tmp/soak/soak_r*_p*.log; do echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$f" | tail -4; done \
+    for f in /tmp/soak/soak_r*_p*.log; do echo "== $f"; grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$f" | tail -24; done \
         > "$OUT/soak_$4_tails.txt"
     [[ -f /tmp/soak/memcheck.log ]] && tail -40 /tmp/soak/memcheck.log > "$OUT/memcheck.log"
 }

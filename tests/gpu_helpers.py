@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -182,6 +183,31 @@ class Gate:
     def open(self) -> None:
         self.flag[0] = 1
         self.event.synchronize()
+
+
+class CallTimes:
+    """Calls made through it, timed, for a failure message only (NOTES 72:
+    a soak run failed a gate test with no sign of which call had waited).
+
+    ``calls(fn, *args, **kwargs)`` calls ``fn`` and returns what it returns;
+    ``str(calls)`` names the slowest call, its index and milliseconds."""
+
+    def __init__(self):
+        self.seconds: list = []
+
+    def __call__(self, fn, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds.append(time.perf_counter() - start)
+
+    def __str__(self) -> str:
+        if not self.seconds:
+            return "no calls timed"
+        i = max(range(len(self.seconds)), key=self.seconds.__getitem__)
+        total = sum(self.seconds) * 1e3
+        return f"{len(self.seconds)} calls in {total:.1f} ms; the slowest, #{i}, took {self.seconds[i] * 1e3:.1f} ms"
 
 
 # ------------------------------------------------------------ many threads

@@ -14,6 +14,7 @@ import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
 from .gpu_helpers import (
+    CallTimes,
     Gate,
     another_thread_capturing,
     capture_graph_swap,
@@ -216,13 +217,13 @@ def test_a_busy_stream_and_many_queued_checked_swaps(rng):
     op = sw.prepare(host, gpu)
     op([(0, 0), (1, 1)], stream=stream).synchronize()
     gate = Gate(stream)
-    events = []
+    events, calls = [], CallTimes()
     for i in range(40):
         m = random_mapping(8, 256, 256, rng)
         if i % 7 == 3:
             m[5, 1] = m[2, 1]
-        events.append(op(m, stream=stream, check="launch"))
-    assert gate.closed  # every call was made before any of them ran
+        events.append(calls(op, m, stream=stream, check="launch"))
+    assert gate.closed, f"the gate opened at its limit: a call waited for it ({calls})"  # made before any ran
     gate.open()
     for i, ev in enumerate(events):
         if i % 7 == 3:

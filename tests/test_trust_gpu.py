@@ -11,7 +11,7 @@ import pytest
 import cupy_swap as cs
 from cupy_swap.tools.bench import random_mapping
 
-from .gpu_helpers import Gate, another_thread_capturing, poison, rand_fill, require_gpu
+from .gpu_helpers import CallTimes, Gate, another_thread_capturing, poison, rand_fill, require_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -47,12 +47,15 @@ def test_a_late_check_never_rewrites_another_swaps_verdict(rng):
     op = sw.prepare(host, gpu)
     a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     gate = Gate(a)
-    late = op(random_mapping(ROWS, 256, 256, rng), stream=a)
+    calls = CallTimes()
+    late = calls(op, random_mapping(ROWS, 256, 256, rng), stream=a)
     for _ in range(64):
-        op(random_mapping(ROWS, 256, 256, rng), stream=b)
-    bad = op(_bad(rng), stream=b)
-    b.synchronize()
-    assert gate.closed  # the late swap's check has not run
+        calls(op, random_mapping(ROWS, 256, 256, rng), stream=b)
+    bad = calls(op, _bad(rng), stream=b)
+    calls(b.synchronize)
+    assert gate.closed, (
+        f"the gate opened at its limit: a call waited for it ({calls})"
+    )  # the late check has not run
     with pytest.raises(ValueError, match=f"swap #{bad.seq}: .*block 10 again in row 1"):
         bad.synchronize()
     gate.open()
@@ -164,13 +167,14 @@ def test_a_slot_swap_never_waits_for_another_streams_queued_slot(rng):
     m = random_mapping(ROWS, 256, 256, rng)
     op(m, stream=b).synchronize()
     gate = Gate(a)
-    queued = op(m, stream=a)
+    calls = CallTimes()
+    queued = calls(op, m, stream=a)
     for _ in range(40):  # round the ring more than twice
-        op(m, stream=b)
-    b.synchronize()
+        calls(op, m, stream=b)
+    calls(b.synchronize)
     # None of them waited for the gated slot (the loop would never end): a
     # swap that found every slot busy waited for the first of stream b's.
-    assert gate.closed and not queued.done
+    assert gate.closed and not queued.done, f"the gate opened at its limit: a call waited for it ({calls})"
     gate.open()
     queued.synchronize()
     assert np.array_equal(cp.asnumpy(gpu)[m[:, 1]], host[m[:, 0]])
