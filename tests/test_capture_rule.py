@@ -38,7 +38,7 @@ OFF_CAPTURE = {
     (
         "cuda/graph_builder.py",
         "destroy_graphs",
-    ): "releaser release (a dropped BoundKernel); prewarm's relaxed block",
+    ): "the releaser (destroy_slot_graphs); prewarm's relaxed block",
     ("cuda/graph_builder.py", "Builder.drain"): "threading.Event, not a CUDA event",
     ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
     ("cuda/slots.py", "SlotRing.__init__"): "built inside BlockSwapper.__init__'s relaxed block",

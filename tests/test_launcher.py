@@ -107,9 +107,9 @@ def graphs(monkeypatch):
     destroyed: list = []
     monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)  # slot graphs on (off by default)
     monkeypatch.setattr(graph_builder, "kernel_graph", kernel_graph)
-    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built) or 0)
     monkeypatch.setattr(graph_builder, "_prewarmed", {0: True})
-    monkeypatch.setattr(graph_builder, "_live", {})
+    monkeypatch.setattr(graph_builder, "_live", [0])
     made_list = type("Made", (list,), {})()
     made_list.made, made_list.destroyed = made, destroyed
     yield made_list
@@ -187,7 +187,7 @@ def test_a_failed_graph_build_leaves_the_op_on_plain_launches(fake_gpu, monkeypa
 
     monkeypatch.setattr(graph_builder, "kernel_graph", refuses)
     monkeypatch.setattr(graph_builder, "_prewarmed", {0: True})
-    monkeypatch.setattr(graph_builder, "_live", {})
+    monkeypatch.setattr(graph_builder, "_live", [0])
     lau = _Launcher()
     bound = BoundKernel(lau, _layout(fake_gpu, 1))
     with pytest.warns(UserWarning, match="slot graphs could not be built .cudaGraphInstantiate failed"):
@@ -219,9 +219,9 @@ def test_no_call_raises_after_its_launch_was_enqueued(fake_gpu, graphs, monkeypa
     monkeypatch.undo()
     monkeypatch.setattr(graph_builder, "BUILD_AFTER", 8)
     monkeypatch.setattr(graph_builder, "_prewarmed", {0: True})
-    monkeypatch.setattr(graph_builder, "_live", {})
+    monkeypatch.setattr(graph_builder, "_live", [0])
     monkeypatch.setattr(graph_builder, "kernel_graph", lambda *args: (0x100, 0x200))
-    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: None)  # made-up handles
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: 0)  # made-up handles
     other = BoundKernel(lau, _layout(fake_gpu, 1))
     for k in range(graph_builder.BUILD_AFTER):
         other.launch_slot(k % 3, stream=5)
@@ -457,14 +457,14 @@ def test_a_kept_gpu_mapping_is_held_first_and_released_by_relaxed_queries(captur
 
 
 def test_prewarm_makes_and_destroys_its_executables_once_per_gpu(monkeypatch):
-    """The driver's one wait for the device (past about 32 live executables,
-    NOTES 71) is taken by prewarm, once per process and GPU."""
+    """The driver's first wait for the device (past about 32 live
+    executables, NOTES 71-72) is paid by prewarm, once per process and GPU."""
     from cupy_swap.cuda import graph_builder
 
     made, destroyed = [], []
     monkeypatch.setattr(graph_builder, "_prewarmed", {})
     monkeypatch.setattr(graph_builder, "kernel_graph", lambda *a: made.append(a) or (len(made), -len(made)))
-    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built) or 0)
     assert graph_builder.prewarm(3, 0xF00, 0x1234) is True
     n = graph_builder.PREWARM_EXECS
     assert n > 32 and len(made) == n and {a[0] for a in made} == {0xF00} and {a[-1] for a in made} == {0x1234}
@@ -486,7 +486,7 @@ def test_a_failed_prewarm_destroys_what_it_made_and_keeps_slot_graphs_off(monkey
 
     monkeypatch.setattr(graph_builder, "_prewarmed", {})
     monkeypatch.setattr(graph_builder, "kernel_graph", kernel_graph)
-    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built))
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: destroyed.extend(built) or 0)
     with pytest.warns(UserWarning, match=r"slot graphs off on GPU 0: cudaErrorMemoryAllocation"):
         assert graph_builder.prewarm(0, 0xF00, 0x1234) is False
     assert len(destroyed) == 40
@@ -507,11 +507,12 @@ def test_an_op_never_asks_for_graphs_where_the_prewarm_failed(fake_gpu, graphs):
 
 def test_slot_graphs_stay_below_the_prewarmed_mark(fake_gpu, graphs, monkeypatch):
     """NOTES 72: past the mark prewarm set, an instantiate waits for a busy
-    device; an op that would pass it launches plainly, and a dropped op's
-    graphs give their room back."""
+    device; an op that would pass it launches plainly and asks again later,
+    and a dropped op's graphs give their room back."""
     from cupy_swap.cuda import graph_builder, release
 
     monkeypatch.setattr(graph_builder, "PREWARM_EXECS", 6)  # two rings of 3
+    monkeypatch.setattr(graph_builder, "RETRY_AFTER", 4)
     lau = _Launcher(ring_size=3)
     ops = [BoundKernel(lau, _layout(fake_gpu, 1)) for _ in range(3)]
     for op in ops:
@@ -519,18 +520,27 @@ def test_slot_graphs_stay_below_the_prewarmed_mark(fake_gpu, graphs, monkeypatch
             op.launch_slot(0, stream=1)
     assert graph_builder.builder.drain(5)
     assert [op._execs is not None for op in ops] == [True, True, False]
-    assert len(graphs.made) == 6 and graph_builder._live == {0: 6}
+    assert len(graphs.made) == 6 and graph_builder._live == [6]
     ops[2].launch_slot(0, stream=1)
     assert lau.launches[-1][0] == "slot"  # the third stays plain
     del ops[0]
     gc.collect()
     assert release.drain(5)
-    assert len(graphs.destroyed) == 3 and graph_builder._live == {0: 3}
-    fresh = BoundKernel(lau, _layout(fake_gpu, 1))
-    for _ in range(graph_builder.BUILD_AFTER):
-        fresh.launch_slot(0, stream=1)
+    assert len(graphs.destroyed) == 3 and graph_builder._live == [3]
+    for _ in range(graph_builder.RETRY_AFTER + graph_builder.BUILD_AFTER):  # it asks again
+        ops[1].launch_slot(0, stream=1)
     assert graph_builder.builder.drain(5)
-    assert fresh._execs is not None and graph_builder._live == {0: 6}
+    assert ops[1]._execs is not None and graph_builder._live == [6]
+
+
+def test_only_destroyed_slot_graphs_give_their_room_back(monkeypatch):
+    from cupy_swap.cuda import graph_builder
+
+    monkeypatch.setattr(graph_builder, "_live", [5])
+    monkeypatch.setattr(graph_builder, "destroy_graphs", lambda device, built: 2)  # two refused
+    with pytest.raises(RuntimeError, match="2 of 5 slot graphs could not be destroyed"):
+        graph_builder.destroy_slot_graphs(0, [(1, 2)] * 5)
+    assert graph_builder._live == [2]  # still allocated: still counted
 
 
 def test_a_gpu_without_a_prewarm_builds_no_slot_graph(fake_gpu, graphs, monkeypatch):
@@ -542,4 +552,4 @@ def test_a_gpu_without_a_prewarm_builds_no_slot_graph(fake_gpu, graphs, monkeypa
     for _ in range(graph_builder.BUILD_AFTER):
         op.launch_slot(0, stream=1)
     assert graph_builder.builder.drain(5)
-    assert op._execs is None and graphs.made == [] and graph_builder._live.get(0, 0) == 0
+    assert op._execs is None and graphs.made == [] and graph_builder._live == [0]

@@ -19,13 +19,13 @@ process's live graph executables pass a new high-water mark (NOTES 71-72:
 in a fresh process the 34th instantiate waited 2 s for another stream's
 spin; after 256 made and destroyed while idle, the 290th did; after 1,024,
 1,024 more never waited), and while it waits other threads' launches wait
-too.  :func:`prewarm` takes the first of those waits where a wait is
-harmless, at a swapper's construction (:data:`PREWARM_EXECS` executables,
-made and destroyed once per process and GPU): a warm op's longest call
-while builds ran on a busy device fell from 291.7 ms to 191 µs.  Slot
-graphs stay below that mark (:func:`reserve`: an op past it launches
-plainly), but graphs the application instantiates after the prewarm count
-too, and the reserve's safety is not yet shown by a soak: graphs are opt-in.
+too.  :func:`prewarm` pays the first of those waits at a swapper's
+construction (:data:`PREWARM_EXECS` executables, made and destroyed once
+per process and GPU), not in a build: a warm op's longest call while
+builds ran on a busy device fell from 291.7 ms to 191 µs.  Slot graphs
+stay within that many (:func:`reserve`: an op past it launches plainly and
+asks again later), but graphs the application instantiates count too, and
+the reserve is not yet shown by a soak: graphs are opt-in.
 """
 
 from __future__ import annotations
@@ -47,12 +47,26 @@ from .driver import libcuda
 # device whenever live executables pass a new high-water mark (NOTES 72):
 # slot graphs are opt-in (CUPY_SWAP_SLOT_GRAPHS=1).
 BUILD_AFTER = 8 if os.environ.get("CUPY_SWAP_SLOT_GRAPHS") == "1" else 0
-# Executables made and destroyed by prewarm(), and the most slot graphs alive
-# at once on a GPU (reserve()): 16 rings of the default 16 slots.
+# Executables made and destroyed by prewarm(), and the most slot graphs of
+# this process alive at once (reserve()): 16 rings of the default 16 slots.
 PREWARM_EXECS = 256
+# Calls a refused op makes before it asks for graphs again (room may be back).
+RETRY_AFTER = 1024
 _prewarmed: dict[int, bool] = {}  # GPU -> prewarm succeeded
-_live: dict[int, int] = {}  # GPU -> slot executables reserved (built or being built)
-_prewarm_lock = threading.Lock()
+_prewarm_lock = threading.Lock()  # one prewarm at a time (it may wait for a GPU)
+# Slot executables of this process reserved: built, being built or not yet
+# destroyed.  Per process, not per GPU: the mark was measured per process.
+_live = [0]
+_live_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A fork while another thread held a lock would leave the child a held lock.
+    global _prewarm_lock, _live_lock
+    _prewarm_lock, _live_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class KernelNodeParams(ctypes.Structure):
@@ -121,63 +135,77 @@ def prewarm(device: int, fn: int, args_ptr: int) -> bool:
     """Once per process and GPU (later calls return the first answer): make
     :data:`PREWARM_EXECS` executables of one launch of ``fn`` (its parameter
     at ``args_ptr``; never launched), then destroy them, so that the
-    driver's one wait for the device happens here, in the caller's thread,
-    and not in a build.  False, with one warning, where that failed: slot
-    graphs stay off on ``device``."""
+    driver's first wait for the device (past about 32 live executables) is
+    paid here, at a swapper's construction, not by a build; other threads'
+    launches still wait meanwhile.  False, with one warning, where that
+    failed: slot graphs stay off on ``device``."""
     with _prewarm_lock:
         done = _prewarmed.get(device)
         if done is not None:
             return done
         built: list = []
+        error = None
         with capture.relaxed():  # legal while another thread captures
             try:
                 for _ in range(PREWARM_EXECS):
                     built.append(kernel_graph(fn, 1, 32, 0, args_ptr))
             except Exception as e:
-                warnings.warn(f"cupy_swap: slot graphs off on GPU {device}: {e}", stacklevel=3)
-            finally:
-                destroy_graphs(device, built)
-        done = _prewarmed[device] = len(built) == PREWARM_EXECS
-        return done
+                error = e
+            left = destroy_graphs(device, built)
+        done = _prewarmed[device] = error is None and not left
+    if not done:  # recorded first: a warning made an error (-W error) leaves no half state
+        why = error or f"{left} of its executables could not be destroyed"
+        warnings.warn(f"cupy_swap: slot graphs off on GPU {device}: {why}", stacklevel=3)
+    return done
 
 
 def reserve(device: int, n: int) -> bool:
-    """Room for ``n`` more slot executables on ``device`` below the mark its
-    prewarm set (so no build of ours passes it and waits for the device);
-    False where there is none or no prewarm succeeded: the op stays on
-    plain launches.  :func:`unreserve` gives the room back."""
-    with _prewarm_lock:
-        live = _live.get(device, 0)
-        if not _prewarmed.get(device) or live + n > PREWARM_EXECS:
+    """Room for ``n`` more slot executables of this process within the
+    :data:`PREWARM_EXECS` the prewarm made; False where there is none or
+    ``device``'s prewarm failed: the op stays on plain launches (graphs the
+    application instantiates count against the driver's mark too, so room
+    here is no promise).  :func:`unreserve` gives the room back."""
+    if not _prewarmed.get(device):
+        return False
+    with _live_lock:
+        if _live[0] + n > PREWARM_EXECS:
             return False
-        _live[device] = live + n
+        _live[0] += n
         return True
 
 
-def unreserve(device: int, n: int) -> None:
-    with _prewarm_lock:
-        _live[device] = _live.get(device, 0) - n
+def unreserve(n: int) -> None:
+    """Give back room for ``n`` slot executables (destroyed, or never built)."""
+    with _live_lock:
+        _live[0] -= n
 
 
 def destroy_slot_graphs(device: int, graphs: list) -> None:
     """The releaser's half of a dropped op (after its gate): its graphs, and
-    their room below the mark."""
-    try:
-        destroy_graphs(device, graphs)
-    finally:
-        unreserve(device, len(graphs))
+    the room of those destroyed.  Raises where some could not be destroyed
+    (the releaser warns; they stay allocated and keep their room)."""
+    left = destroy_graphs(device, graphs)
+    unreserve(len(graphs) - left)
+    if left:
+        raise RuntimeError(f"{left} of {len(graphs)} slot graphs could not be destroyed")
 
 
-def destroy_graphs(device: int, graphs: list) -> None:
-    """Destroy ``(graph, exec)`` pairs (none: no CUDA call)."""
+def destroy_graphs(device: int, graphs: list) -> int:
+    """Destroy ``(graph, exec)`` pairs (none: no CUDA call); how many could
+    not be."""
     if not graphs:
-        return  # never built: no CUDA call
+        return 0
     from cupy.cuda import runtime
 
     runtime.setDevice(device)
+    left = 0
     for graph, exec_ in graphs:
-        runtime.graphExecDestroy(exec_)
-        runtime.graphDestroy(graph)
+        try:
+            runtime.graphExecDestroy(exec_)
+            runtime.graphDestroy(graph)
+        except Exception:
+            left += 1
+    return left
 
 
 class Builder:

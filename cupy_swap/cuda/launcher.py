@@ -214,8 +214,8 @@ class BoundKernel:
             return
         lau = self._launcher
         size = lau.slots.size
-        if not graph_builder.reserve(lau.device, size):  # at the prewarmed mark: plain launches
-            self._calls = -(1 << 62)
+        if not graph_builder.reserve(lau.device, size):  # no room: plain launches, ask again later
+            self._calls = -graph_builder.RETRY_AFTER
             return
         built: list = []
         try:
@@ -228,7 +228,7 @@ class BoundKernel:
             raise
         finally:
             self._graphs.extend(built)  # destroyed with the op, giving back their room
-            graph_builder.unreserve(lau.device, size - len(built))
+            graph_builder.unreserve(size - len(built))
         with self._lock:  # _reshape may have moved on meanwhile: then these are stale
             if self._shape is shape and self._calls >= 0:
                 self._execs = [exec_ for _, exec_ in built]
@@ -319,7 +319,7 @@ class Launcher:
         self.graphs_ok = bool(graph_builder.BUILD_AFTER) and self.slots_ok and self._prewarm()
 
     def _prewarm(self) -> bool:
-        """The driver's one wait for the device, taken now (graph_builder.prewarm)."""
+        """The driver's first wait for the device, paid now (graph_builder.prewarm)."""
         import ctypes
 
         words = (ctypes.c_uint64 * 3)()  # cupy_swap_fetch(src, dst, n16) of nothing
