@@ -3,6 +3,8 @@
 # host_floor.py copied from ../shared/probes):
 #   PART=1 bash benchmarks/device_issue38.sh   # the suite, soak rounds 1-2, host time beside the floor
 #   PART=2 bash benchmarks/device_issue38.sh   # soak round 3, memcheck, bench --peers
+#   PART=3 bash benchmarks/device_issue38.sh   # the three gate tests that failed under load, looped (GATE_S=120 s)
+#                                              # in 4 processes, slot graphs off then on (about 5 min)
 # At most 8 files come back: soak logs are summarised into soak_*_tails.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -28,6 +30,24 @@ if [[ $PART == 1 ]]; then
         (cd .probes && CUPY_SWAP_SRC=.. BLOCKS=4096,32768 ITERS=60 timeout 100 $PY host_floor.py) > "$OUT/host_floor.log" 2>&1
         tail -30 "$OUT/host_floor.log"
     fi
+elif [[ $PART == 3 ]]; then
+    # 6. The gate tests that failed under load (NOTES 72), each process looping them for
+    #    120 s; a failure's message names the call that waited (CallTimes).
+    G="tests/test_trust_gpu.py::test_a_late_check_never_rewrites_another_swaps_verdict
+       tests/test_trust_gpu.py::test_a_slot_swap_never_waits_for_another_streams_queued_slot
+       tests/test_launch_checks_gpu.py::test_a_busy_stream_and_many_queued_checked_swaps"
+    for graphs in 0 1; do
+        for p in 1 2 3 4; do
+            (end=$((SECONDS + ${GATE_S:-120})); while ((SECONDS < end)); do
+                # shellcheck disable=SC2086
+                CUPY_SWAP_SLOT_GRAPHS=$graphs timeout 100 $PY -m pytest -q -p no:cacheprovider $G 2>&1 \
+                    | grep -E "^E  |passed|failed" | tail -8
+            done > "/tmp/gates_g${graphs}_p$p.log" 2>&1) &
+        done
+        wait
+        echo "slot graphs $graphs:"; cat /tmp/gates_g"${graphs}"_p*.log | grep -cE "passed|failed" \
+            | xargs echo "  runs:"; cat /tmp/gates_g"${graphs}"_p*.log | grep -E "failed|^E  " | sort | uniq -c | head -20
+    done | tee "$OUT/gates.txt"
 else
     # 4. Soak round 3 and memcheck.
     soak 1 "tests/test_lifetimes_gpu.py tests/test_slot_path_gpu.py tests/test_torch_gpu.py" 400 r3
