@@ -33,6 +33,8 @@ another (each numbers itself from the last one's number), not concurrently.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .api_types import Stream
@@ -41,7 +43,7 @@ from .cuda.driver import stream_wait_geq
 from .cuda.gpu_mapping import device_rows, device_word
 from .cuda.launcher import launch_shape
 from .cuda.replay_verdicts import ReplayVerdicts, ring_words
-from .cuda.streams import enqueue_and_wait, on_device, stream_on_device
+from .cuda.streams import enqueue_and_wait, on_device, stream_is_capturing, stream_on_device
 
 _H2D, _D2D = 1, 3
 
@@ -105,6 +107,7 @@ class CapturedSwap:
         self._launcher = lau
         self._verdicts = ReplayVerdicts(ring, verdicts)
         self._pending: list = []  # found by check() and not raised yet
+        self._read_lock = threading.Lock()  # each failure to one caller, once
         self.done_ptr = base + 24
         self._count_from = their_count  # copied into the record by each launch
         self._count_word = base
@@ -127,29 +130,47 @@ class CapturedSwap:
         """Launch the swap on ``stream`` (capture it there once): it copies
         ``count`` rows of ``rows`` as they are when it runs.  No allocation,
         no host check, no event."""
-        handle = self._handle(stream)
-        if self._count_from is not None:  # the caller's count, read when the replay gets here
-            from cupy.cuda import runtime
+        sw = self._op._swapper
+        if sw._closed:
+            raise RuntimeError("launch: the BlockSwapper of this captured swap is closed; make a new one")
+        with on_device(sw.device):
+            handle = self._handle(stream)
+            if self._count_from is not None:  # the caller's count, read when the replay gets here
+                from cupy.cuda import runtime
 
-            runtime.memcpyAsync(self._count_word, self._count_from, 8, _D2D, handle)
-        args = self._args
-        self._launcher._launch(
-            args.fn, self._grid, 1, 1, self._threads, 1, 1, self._smem, handle, args.ptr, 0
-        )
+                runtime.memcpyAsync(self._count_word, self._count_from, 8, _D2D, handle)
+            args = self._args
+            self._launcher._launch(
+                args.fn, self._grid, 1, 1, self._threads, 1, 1, self._smem, handle, args.ptr, 0
+            )
 
     def wait_done(self, stream: Stream, replay: int) -> None:
-        """Make ``stream`` (one outside the graph, or one being captured)
-        wait on the GPU until replay number ``replay`` or a later one has
-        finished: copied its rows, or, when its check failed, copied nothing
-        (:meth:`failures` says which).  ``cuStreamWaitValue64`` on the
-        completion word, no host involved.  Replays are numbered from 1 in
-        the order they run.  The GPU waits with no deadline: a replay that
-        is never launched holds ``stream`` for good, so wait only for
-        replays already launched (or launched in the same graph).
+        """Make ``stream``, a stream outside the graph, wait on the GPU until
+        the completion word reaches ``replay``: replay number ``replay`` or
+        a later one has finished, copied its rows or, when its check failed,
+        copied nothing (:meth:`failures` says which).  ``cuStreamWaitValue64``
+        on the completion word, no host involved.  Replays are numbered from 1
+        in the order the swap's kernel runs (every launch of a graph that
+        captured it, and every eager :meth:`launch`, is one).  The GPU waits
+        with no deadline: a replay that is never launched holds ``stream``
+        for good, so wait only for replays already launched.  Inside the
+        graph, join streams with a captured event instead: a captured wait
+        would keep this ``replay`` for every launch of the graph (refused).
         Default-stream semantics of ``stream=None`` as in :meth:`launch`."""
-        if type(replay) is not int or replay < 1:
-            raise ValueError(f"replay: expected an int >= 1 (replays are numbered from 1), got {replay!r}")
-        stream_wait_geq(self._handle(stream), self.done_ptr, replay)
+        if type(replay) is not int or not 1 <= replay < 1 << 63:
+            raise ValueError(
+                f"replay: expected an int from 1 to 2**63 - 1 (replays are numbered from 1), got {replay!r}"
+            )
+        sw = self._op._swapper
+        with on_device(sw.device):
+            handle = self._handle(stream)
+            if stream_is_capturing(handle):
+                raise ValueError(
+                    "stream: expected a stream that is not capturing (a captured wait would wait for this "
+                    "replay number in every launch of the graph); inside the graph, join streams with a "
+                    "captured event"
+                )
+            stream_wait_geq(handle, self.done_ptr, replay)
 
     def _handle(self, stream) -> int:
         """The raw handle of a ``stream=`` argument; None: torch's current
@@ -166,15 +187,17 @@ class CapturedSwap:
         oldest first, each once (``IndexError`` or ``ValueError`` naming the
         replay (``exc.replay``), the row and the block; ``RuntimeError`` for
         replays whose verdicts were overwritten before they were read)."""
-        found, self._pending = self._pending + self._verdicts.failures(self._layout), []
+        with self._read_lock:
+            found, self._pending = self._pending + self._verdicts.failures(self._layout), []
         return found
 
     def check(self) -> None:
         """Raise the oldest failure :meth:`failures` finds; the others wait
         for the next call of either."""
-        found = self.failures()
-        if found:
+        with self._read_lock:
+            found = self._pending + self._verdicts.failures(self._layout)
             self._pending = found[1:]
+        if found:
             raise found[0]
 
 

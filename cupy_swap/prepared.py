@@ -190,6 +190,10 @@ class PreparedSwap:
         from .captured import CapturedSwap
 
         sw = self._swapper
+        if sw._closed:
+            raise RuntimeError("captured: this BlockSwapper is closed; make a new one")
+        if self._decided.generation != memory.generation() and self._held is not None:
+            self._rebind()  # host memory registered or unregistered since: its aliases again
         if max_rows is None:
             max_rows = min(sw.max_blocks, sw._launcher.check_rows_max)
         return CapturedSwap(self, max_rows, ring, rows=rows, count=count)

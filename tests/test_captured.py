@@ -143,8 +143,12 @@ def made(fake_gpu, monkeypatch):
     )
     monkeypatch.setattr(captured_module, "_device_view", lambda ptr, shape, device, owner: (ptr, shape))
     monkeypatch.setattr(captured_module, "on_device", lambda device: _Null())
+    capturing: set = set()  # stream handles the stand-in says are capturing
+    monkeypatch.setattr(captured_module, "stream_is_capturing", capturing.__contains__)
     alloc = lambda nbytes, device: allocs.append(nbytes) or 0x7000  # noqa: E731
-    return types.SimpleNamespace(op=op, lau=lau, uploads=uploads, kept=kept, allocs=allocs, alloc=alloc)
+    return types.SimpleNamespace(
+        op=op, lau=lau, uploads=uploads, kept=kept, allocs=allocs, alloc=alloc, capturing=capturing
+    )
 
 
 class _Null:
@@ -288,10 +292,33 @@ def test_wait_done_enqueues_a_gpu_wait_on_the_completion_word(made, monkeypatch)
     cs = captured_module.CapturedSwap(made.op, 8, 4, alloc=made.alloc)
     cs.wait_done(stream=5, replay=3)
     assert waits == [(5, cs.done_ptr, 3)]
-    for bad in (0, -1, 2.0, None):
-        with pytest.raises(ValueError, match="replay: expected an int >= 1"):
+    for bad in (0, -1, 2.0, None, 1 << 63, (1 << 64) + 3):  # the wait compares 64 bits, signed
+        with pytest.raises(ValueError, match=r"replay: expected an int from 1 to 2\*\*63 - 1"):
             cs.wait_done(stream=5, replay=bad)
     assert len(waits) == 1
+
+
+def test_wait_done_refuses_a_capturing_stream(made, monkeypatch):
+    """A captured cuStreamWaitValue64 keeps its value: in a graph's second
+    launch it would not wait for that launch's replay (review of issue 40)."""
+    waits = []
+    monkeypatch.setattr(captured_module, "stream_wait_geq", lambda *a: waits.append(a))
+    monkeypatch.setattr(captured_module, "stream_on_device", lambda stream, device: stream)
+    cs = captured_module.CapturedSwap(made.op, 8, 4, alloc=made.alloc)
+    made.capturing.add(5)
+    with pytest.raises(ValueError, match="stream: expected a stream that is not capturing.*captured event"):
+        cs.wait_done(stream=5, replay=1)
+    assert waits == []
+
+
+def test_a_closed_swapper_refuses_captured_and_launch(made):
+    cs = captured_module.CapturedSwap(made.op, 8, 4, alloc=made.alloc)
+    made.op._swapper._closed = True
+    with pytest.raises(RuntimeError, match="launch: the BlockSwapper of this captured swap is closed"):
+        cs.launch(stream=5)
+    with pytest.raises(RuntimeError, match="captured: this BlockSwapper is closed"):
+        made.op.captured(8)
+    assert made.lau.launches == []
 
 
 def test_stream_none_means_the_same_stream_for_launch_and_wait_done(made, monkeypatch):
