@@ -13,8 +13,10 @@ soak() {  # soak <rounds> <memcheck files or none> <name>
     rm -rf /tmp/soak
     OUT=/tmp/soak PROCS=4 ROUNDS=$1 MEMCHECK=$2 timeout "$3" bash "$(dirname "$0")/soak.sh" > "$OUT/soak_$4.txt" 2>&1
     echo "soak rc=$?"; cat "$OUT/soak_$4.txt"
-    for f in /tmp/soak/soak_r*_p*.log; do echo "== $f"; grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$f" | tail -24; done \
-        > "$OUT/soak_$4_tails.txt"
+    for f in /tmp/soak/soak_r*_p*.log; do
+        echo "== $f"; grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$f" | tail -24
+        grep -A60 "^Timeout (" "$f" | grep -E "^Timeout|^Thread|^Current thread|File .*(cupy_swap|tests)/" | head -60
+    done > "$OUT/soak_$4_tails.txt"
     [[ -f /tmp/soak/memcheck.log ]] && tail -40 /tmp/soak/memcheck.log > "$OUT/memcheck.log"
 }
 if [[ $PART == 1 ]]; then
@@ -40,13 +42,15 @@ elif [[ $PART == 3 ]]; then
         for p in 1 2 3 4; do
             (end=$((SECONDS + ${GATE_S:-120})); while ((SECONDS < end)); do
                 # shellcheck disable=SC2086
-                CUPY_SWAP_SLOT_GRAPHS=$graphs timeout 100 $PY -m pytest -q -p no:cacheprovider $G 2>&1 \
-                    | grep -E "^E  |passed|failed" | tail -8
+                CUPY_SWAP_SLOT_GRAPHS=$graphs timeout 100 $PY -m pytest -q -p no:cacheprovider \
+                    -o faulthandler_timeout=40 $G 2>&1 \
+                    | grep -E "^E  |passed|failed|^Timeout|^Thread|^Current thread|File .*(cupy_swap|tests)/" | tail -40
             done > "/tmp/gates_g${graphs}_p$p.log" 2>&1) &
         done
         wait
         echo "slot graphs $graphs:"; cat /tmp/gates_g"${graphs}"_p*.log | grep -cE "passed|failed" \
             | xargs echo "  runs:"; cat /tmp/gates_g"${graphs}"_p*.log | grep -E "failed|^E  " | sort | uniq -c | head -20
+        grep -h -A30 "^Timeout" /tmp/gates_g"${graphs}"_p*.log | head -60  # the first stuck test's stacks
     done | tee "$OUT/gates.txt"
 else
     # 4. Soak round 3 and memcheck.

@@ -19,7 +19,10 @@ for round in $(seq "$ROUNDS"); do
     pids=()
     for p in $(seq "$PROCS"); do
         # shellcheck disable=SC2086
-        $PY -m pytest -q -p no:cacheprovider -p no:randomly $FILES >"$OUT/soak_r${round}_p${p}.log" 2>&1 &
+        # A test stuck past STUCK_S dumps every thread's stack into its log (pytest's faulthandler):
+        # where a call waited, and on what (NOTES 72).
+        $PY -m pytest -q -p no:cacheprovider -p no:randomly -o faulthandler_timeout="${STUCK_S:-40}" $FILES \
+            >"$OUT/soak_r${round}_p${p}.log" 2>&1 &
         pids+=($!)
     done
     for i in "${!pids[@]}"; do
