@@ -553,3 +553,47 @@ def test_a_gpu_without_a_prewarm_builds_no_slot_graph(fake_gpu, graphs, monkeypa
         op.launch_slot(0, stream=1)
     assert graph_builder.builder.drain(5)
     assert op._execs is None and graphs.made == [] and graph_builder._live == [0]
+
+
+def test_a_new_cta_budget_destroys_the_old_shapes_graphs_after_their_launches(fake_gpu, graphs):
+    """Review of issue 38: graphs of an old launch shape kept their room
+    until the op was dropped, so one max_ctas change could leave every op
+    on plain launches."""
+    from cupy_swap.cuda import graph_builder, release
+
+    lau = _Launcher(ring_size=3)
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    for _ in range(graph_builder.BUILD_AFTER):
+        bound.launch_slot(0, stream=1)
+    assert graph_builder.builder.drain(5) and bound._execs is not None and graph_builder._live == [3]
+    i = lau.slots.take()  # a launch of the old shape still running
+    lau.slots.launched(i, 7)
+    lau.max_ctas = 2
+    bound.launch_slot(1, stream=1)  # reshaped: plain, old graphs handed to the releaser
+    assert bound._execs is None and bound._graphs == []
+    assert not release.drain(0.2) and graphs.destroyed == []  # behind the running launch
+    lau.slots.words[i, 3] = 7  # its done word: finished
+    assert release.drain(5) and len(graphs.destroyed) == 3 and graph_builder._live == [0]
+
+
+def test_graphs_of_a_failed_build_are_destroyed_and_their_room_given_back(fake_gpu, graphs, monkeypatch):
+    from cupy_swap.cuda import graph_builder, release
+
+    made = []
+
+    def second_fails(fn, grid, threads, smem, args_ptr):
+        if made:
+            raise RuntimeError("cudaErrorMemoryAllocation")
+        made.append(fn)
+        return 0x101, 0x201
+
+    monkeypatch.setattr(graph_builder, "kernel_graph", second_fails)
+    lau = _Launcher(ring_size=3)
+    bound = BoundKernel(lau, _layout(fake_gpu, 1))
+    with pytest.warns(UserWarning, match="slot graphs could not be built"):
+        for _ in range(graph_builder.BUILD_AFTER):
+            bound.launch_slot(0, stream=1)
+        assert graph_builder.builder.drain(5)
+    assert release.drain(5)
+    assert bound._execs is None and bound._graphs == [] and graphs.destroyed == [(0x101, 0x201)]
+    assert graph_builder._live == [0]

@@ -225,13 +225,23 @@ class BoundKernel:
                 built.append(graph_builder.kernel_graph(args.fn, shape[1], shape[2], shape[3], args.ptr))
         except BaseException:
             self._calls = -(1 << 62)  # never asked for again
+            self._discard(built, size)
             raise
-        finally:
-            self._graphs.extend(built)  # destroyed with the op, giving back their room
-            graph_builder.unreserve(size - len(built))
-        with self._lock:  # _reshape may have moved on meanwhile: then these are stale
+        with self._lock:  # published only for the shape they were built for
             if self._shape is shape and self._calls >= 0:
+                self._graphs.extend(built)  # destroyed with the op, or after a reshape
                 self._execs = [exec_ for _, exec_ in built]
+                return
+        self._discard(built, size)  # _reshape moved on meanwhile
+
+    def _discard(self, built: list, size: int) -> None:
+        """Graphs built and never published (never launched): destroyed by
+        the releaser; the room of the ``size - len(built)`` never built
+        given back now."""
+        graph_builder.unreserve(size - len(built))
+        if built:
+            destroy = functools.partial(graph_builder.destroy_slot_graphs, self._launcher.device, built)
+            release.defer(destroy, None, "unpublished slot graphs")
 
     def _reshape(self, lau) -> tuple:
         """The launch shape for this CTA budget (a swap reads at most
@@ -244,6 +254,10 @@ class BoundKernel:
                 self._slot_args = [None] * ring.size
             self._shape = (lau.max_ctas, grid, threads, smem)
             self._execs, self._calls = None, 0  # graphs of another shape: built again after more calls
+            if self._graphs:  # the old shape's: destroyed once every launch so far finished, room given back
+                stale, self._graphs[:] = list(self._graphs), []
+                destroy = functools.partial(graph_builder.destroy_slot_graphs, lau.device, stale)
+                release.defer(destroy, ring.wait_all, "slot graphs of an old launch shape")
         return self._shape
 
     def _for_slot(self, i: int) -> abi.ByRefArgs:
