@@ -34,6 +34,7 @@ SENSITIVE_ATTRIBUTES = {"done"}  # cupy.cuda.Event.done: cudaEventQuery
 OFF_CAPTURE = {
     ("cuda/release.py", "device_free"): "the releaser thread only, relaxed for good",
     ("cuda/release.py", "drain"): "threading.Event, not a CUDA event",
+    ("cuda/kernels.py", "load_all"): "Launcher.__init__, inside BlockSwapper.__init__'s relaxed block",
     ("cuda/graph_builder.py", "kernel_graph"): "the builder thread and prewarm, inside their relaxed blocks",
     (
         "cuda/graph_builder.py",

@@ -9,9 +9,7 @@ from cupy_swap.cuda import abi, kernels
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy with NVRTC bindings is needed")
 
-ALL_NAMES = [abi.descriptor_kernel(w) for w in abi.WIDTHS]
-ALL_NAMES += [abi.byref_kernel(w, p) for w in abi.WIDTHS for p in abi.BYREF_PARTS]
-ALL_NAMES += [abi.FETCH_KERNEL]
+ALL_NAMES = abi.kernel_names()  # what a launcher loads (kernels.load_all): the compile test finds each
 
 
 def test_sources_are_found_and_includes_inlined():
@@ -57,3 +55,27 @@ def test_cache_key_follows_included_files(tmp_path, monkeypatch):
     finally:
         kernels.kernel_source.cache_clear()
         kernels.source_hash.cache_clear()
+
+
+def test_a_launcher_loads_every_kernel_once_so_no_swap_loads_one(monkeypatch):
+    """NOTES 74: CUDA loads kernels lazily, and a load may wait for the whole
+    GPU; the first swap of a fresh process queued behind a gate hung."""
+    pytest.importorskip("cupy")
+    from cupy.cuda import driver as cupy_driver
+
+    from cupy_swap.cuda import abi, driver, kernels
+
+    loaded, attrs = [], []
+    missing = abi.byref_kernel(16, abi.BYREF_PARTS[-1])  # as older compilers leave it out
+    monkeypatch.setattr(kernels, "_all_loaded", set())
+    monkeypatch.setattr(kernels, "has_function", lambda device, name: name != missing)
+    monkeypatch.setattr(kernels, "get_function", lambda device, name: (device, name))
+    monkeypatch.setattr(driver, "load_function", loaded.append)
+    monkeypatch.setattr(
+        cupy_driver, "funcSetAttribute", lambda fn, attr, value: attrs.append((fn, attr, value))
+    )
+    kernels.load_all(1, 4096)
+    kernels.load_all(1, 4096)  # once per GPU
+    names = [n for n in abi.kernel_names() if n != missing]
+    assert loaded == [(1, n) for n in names]
+    assert attrs == [((1, n), 8, 4096) for n in names if n != abi.FETCH_KERNEL]

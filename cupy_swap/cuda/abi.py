@@ -62,6 +62,14 @@ def byref_kernel(width: int, parts: int) -> str:
     return f"{descriptor_kernel(width)}_ref{parts}"
 
 
+def kernel_names() -> list[str]:
+    """Every kernel the module may hold (the largest by-reference tier needs
+    CUDA 12.1 or later)."""
+    names = [descriptor_kernel(w) for w in WIDTHS]
+    names += [byref_kernel(w, p) for w in WIDTHS for p in BYREF_PARTS]
+    return names + [FETCH_KERNEL]
+
+
 def check_shared_bytes(n_pairs: int) -> int:
     """Dynamic shared memory the in-launch check of ``n_pairs`` rows needs:
     its table of at least ``2 n`` slots (a power of two), 8 bytes each

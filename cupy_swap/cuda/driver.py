@@ -80,6 +80,30 @@ def memcpy_batch():
     return found
 
 
+def load_function(fn: int) -> None:
+    """Finish loading kernel ``fn`` now (``cuFuncLoad``, CUDA 12.4 and later
+    drivers; elsewhere nothing: the attribute call that follows loads it).
+
+    Raises
+    ------
+    RuntimeError
+        The driver refused."""
+    load = _func_load()
+    if load is not None:
+        status = load(fn)
+        if status:
+            raise RuntimeError(f"cuFuncLoad: expected CUDA_SUCCESS, got CUresult {status}")
+
+
+@functools.cache
+def _func_load():
+    lib = libcuda()
+    fn = getattr(lib, "cuFuncLoad", None) if lib is not None else None
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
+    return fn
+
+
 @functools.cache
 def _wait_value64():
     """``cuStreamWaitValue64_v2`` (any CUDA 12 or later device), else the

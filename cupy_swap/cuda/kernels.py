@@ -110,6 +110,35 @@ def get_function(device: int, name: str) -> int:
     return fn
 
 
+def load_all(device: int, smem: int) -> None:
+    """Every kernel of the module loaded on ``device`` now, each allowed
+    ``smem`` bytes of dynamic shared memory (the fetch kernel none), once
+    per process and GPU.  CUDA loads kernels lazily (``CUDA_MODULE_LOADING``
+    is ``LAZY`` by default since 12.2), and a load may wait for the whole
+    device: a swapper's first swap, queued behind other work, once waited
+    for it, and for good behind a stream that waits on the host (NOTES 74).
+    So a swapper loads everything when it is made, and no swap loads."""
+    if device in _all_loaded:
+        return
+    from cupy.cuda import driver as cupy_driver
+
+    from . import abi
+    from .driver import load_function
+
+    for name in abi.kernel_names():
+        if not has_function(device, name):
+            continue  # the largest tier, left out by older compilers
+        fn = get_function(device, name)
+        load_function(fn)
+        if name != abi.FETCH_KERNEL:
+            cupy_driver.funcSetAttribute(fn, _MAX_DYNAMIC_SHARED, smem)
+    _all_loaded.add(device)
+
+
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_all_loaded: set = set()
+
+
 def has_function(device: int, name: str) -> bool:
     """True when the compiled module has kernel ``name`` (the slot kernel of
     the most parts needs CUDA 12.1+ and is left out by older compilers)."""

@@ -40,7 +40,6 @@ _H2D = 1
 _POLL_FIRST, _POLL_MAX = 20e-6, 100e-6
 
 
-_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _SHARED_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
 _STATIC_SHARED = 16 << 10  # above the copy kernels' own (12.4 KiB: the descriptor's part table)
 
@@ -326,8 +325,9 @@ class Launcher:
         self._slots: list | None = None
         self._finalizer = _Open()  # the ring's finalizer once allocated; .alive False once closed
         self._next = 0
-        self._loaded: dict[str, int] = {}
         self.check_rows_max = _check_rows_max(device)
+        # Every kernel loaded now, not by a swap (a load may wait for the whole GPU).
+        kernels.load_all(device, abi.check_shared_bytes(self.check_rows_max))
         self._kept: collections.deque = collections.deque()  # (event, arrays) of GPU-mapping swaps
         self._kept_lock = threading.Lock()
         self.graphs_ok = bool(graph_builder.BUILD_AFTER) and self.slots_ok and self._prewarm()
@@ -408,19 +408,11 @@ class Launcher:
 
     # ---------------------------------------------------------- functions
     def function(self, name: str) -> int:
-        """``CUfunction`` of kernel ``name`` on this GPU, allowed the dynamic
-        shared memory of a check of :attr:`check_rows_max` rows."""
-        fn = self._loaded.get(name)
-        if fn is None:
-            from cupy.cuda import driver
-
-            with capture.relaxed():  # a first swap may load kernels while a stream captures
-                fn = kernels.get_function(self.device, name)
-                if name != abi.FETCH_KERNEL:
-                    smem = abi.check_shared_bytes(self.check_rows_max)
-                    driver.funcSetAttribute(fn, _MAX_DYNAMIC_SHARED, smem)
-            self._loaded[name] = fn
-        return fn
+        """``CUfunction`` of kernel ``name`` on this GPU (loaded, and allowed
+        the dynamic shared memory of a check of :attr:`check_rows_max` rows,
+        when the launcher was made: :func:`.kernels.load_all`)."""
+        with capture.relaxed():  # a lookup, loaded by load_all; relaxed all the same
+            return kernels.get_function(self.device, name)
 
     def byref_args(self, layout) -> abi.ByRefArgs:
         """The parameter of ``layout``'s launches over a mapping on the GPU.
