@@ -33,6 +33,10 @@ if [[ $PART == 1 ]]; then
         tail -30 "$OUT/host_floor.log"
     fi
 elif [[ $PART == 3 ]]; then
+    # 5b. Does a kernel's first load wait for the GPU's queued work (NOTES 74)?
+    for mode in "" EAGER; do
+        CUDA_MODULE_LOADING=$mode timeout 60 $PY benchmarks/probes/lazy_load_probe.py 2>&1 | tail -2
+    done | tee "$OUT/lazy_load.txt"
     # 6. The gate tests that failed under load (NOTES 72), each process looping them for
     #    120 s; a failure's message names the call that waited (CallTimes).
     G="tests/test_trust_gpu.py::test_a_late_check_never_rewrites_another_swaps_verdict
