@@ -34,7 +34,7 @@ if [[ $PART == 1 ]]; then
     fi
 elif [[ $PART == 3 ]]; then
     # 5b. Does a kernel's first load wait for the GPU's queued work (NOTES 74)?
-    for mode in "" EAGER; do
+    for mode in LAZY EAGER; do  # LAZY: the default since CUDA 12.2
         CUDA_MODULE_LOADING=$mode timeout 60 $PY benchmarks/probes/lazy_load_probe.py 2>&1 | tail -2
     done | tee "$OUT/lazy_load.txt"
     # 6. The gate tests that failed under load (NOTES 72), each process looping them for
