@@ -34,6 +34,10 @@ SENSITIVE_ATTRIBUTES = {"done"}  # cupy.cuda.Event.done: cudaEventQuery
 OFF_CAPTURE = {
     ("cuda/release.py", "device_free"): "the releaser thread only, relaxed for good",
     ("cuda/release.py", "drain"): "threading.Event, not a CUDA event",
+    (
+        "cuda/launcher.py",
+        "Launcher.function",
+    ): "a lookup of a kernel load_all loaded when the launcher was made",
     ("cuda/kernels.py", "load_all"): "Launcher.__init__, inside BlockSwapper.__init__'s relaxed block",
     ("cuda/graph_builder.py", "kernel_graph"): "the builder thread and prewarm, inside their relaxed blocks",
     (

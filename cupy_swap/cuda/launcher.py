@@ -411,8 +411,7 @@ class Launcher:
         """``CUfunction`` of kernel ``name`` on this GPU (loaded, and allowed
         the dynamic shared memory of a check of :attr:`check_rows_max` rows,
         when the launcher was made: :func:`.kernels.load_all`)."""
-        with capture.relaxed():  # a lookup, loaded by load_all; relaxed all the same
-            return kernels.get_function(self.device, name)
+        return kernels.get_function(self.device, name)  # a dict lookup: no CUDA call on the hot path
 
     def byref_args(self, layout) -> abi.ByRefArgs:
         """The parameter of ``layout``'s launches over a mapping on the GPU.
