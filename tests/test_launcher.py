@@ -597,3 +597,21 @@ def test_graphs_of_a_failed_build_are_destroyed_and_their_room_given_back(fake_g
     assert release.drain(5)
     assert bound._execs is None and bound._graphs == [] and graphs.destroyed == [(0x101, 0x201)]
     assert graph_builder._live == [0]
+
+
+def test_a_forked_child_gets_the_builders_locks_free():
+    """A fork while another thread held a graph_builder lock would leave the
+    child a lock nobody releases."""
+    import os
+
+    from cupy_swap.cuda import graph_builder
+
+    with graph_builder.builder._lock, graph_builder._live_lock:
+        pid = os.fork()
+        if pid == 0:  # the child: both locks must be free
+            taken = graph_builder.builder._lock.acquire(timeout=5) and graph_builder._live_lock.acquire(
+                timeout=5
+            )
+            os._exit(0 if taken else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

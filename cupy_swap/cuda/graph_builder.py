@@ -64,6 +64,7 @@ def _after_fork_in_child() -> None:
     # A fork while another thread held a lock would leave the child a held lock.
     global _prewarm_lock, _live_lock
     _prewarm_lock, _live_lock = threading.Lock(), threading.Lock()
+    builder._lock = threading.Lock()  # its thread is gone too: _ensure_thread starts another
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
