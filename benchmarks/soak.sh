@@ -39,8 +39,12 @@ if [[ $MEMCHECK == none ]]; then
 elif command -v compute-sanitizer >/dev/null || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     # shellcheck disable=SC2086
-    $san --tool memcheck --error-exitcode 9 --target-processes all \
-        $PY -m pytest -q -p no:cacheprovider $MEMCHECK -k "${MEMCHECK_K:-not many}" >"$OUT/memcheck.log" 2>&1 || status=1
+    # The staging test that runs out of GPU memory on purpose is left out: memcheck reports the
+    # refused cudaMalloc as an API error (NOTES 75).  CUPY_SWAP_SANITIZER=1: the tests skip
+    # only their reference-counting assertions (frames outlive the call there).
+    CUPY_SWAP_SANITIZER=1 $san --tool memcheck --error-exitcode 9 --target-processes all \
+        $PY -m pytest -q -p no:cacheprovider $MEMCHECK -k "${MEMCHECK_K:-not many and not does_not_fit}" \
+        >"$OUT/memcheck.log" 2>&1 || status=1
     tail -3 "$OUT/memcheck.log"
 else
     echo "soak: compute-sanitizer not found; memcheck skipped" | tee "$OUT/memcheck.log"

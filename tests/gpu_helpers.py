@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 
@@ -69,6 +70,10 @@ def require_torch_cuda():
 
 # ------------------------------------------------------- data and bit-exact checks
 POISON = 0xA5
+# Set by benchmarks/soak.sh around compute-sanitizer: there the frames of a
+# finished swap call stay referenced (NOTES 75), so what it held is freed
+# later than by reference counting; tests skip only those assertions.
+UNDER_SANITIZER = os.environ.get("CUPY_SWAP_SANITIZER") == "1"
 
 # Where source and destination live, per direction.
 DIRECTIONS = {"in": ("host", "gpu"), "out": ("gpu", "host"), "gpu->gpu": ("gpu", "gpu")}

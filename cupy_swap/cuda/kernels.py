@@ -114,11 +114,12 @@ def load_all(device: int, smem: int) -> None:
     """Every kernel of the module loaded on ``device`` now, each allowed
     ``smem`` bytes of dynamic shared memory (the fetch kernel none), once
     per process and GPU.  CUDA loads kernels lazily (``CUDA_MODULE_LOADING``
-    is ``LAZY`` by default since 12.2), and NVIDIA's guide warns that a load
-    may synchronize the context: behind a stream that waits on the host, for
-    good (NOTES 74 suspects it of a test that hung in 20 of 20 fresh
-    processes).  So a swapper loads everything when it is made, and no swap
-    loads a kernel."""
+    is ``LAZY`` by default since 12.2), and a load waits for the whole
+    device: on the H200 a first launch waited out a kernel that held another
+    stream (5 s, its limit) under ``LAZY`` and not at all under ``EAGER``
+    (NOTES 75), so a swap behind a stream that waits on the host could hang.
+    So a swapper loads everything when it is made, and no swap loads a
+    kernel."""
     if device in _all_loaded:
         return
     from cupy.cuda import driver as cupy_driver
