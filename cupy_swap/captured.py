@@ -38,6 +38,7 @@ import threading
 import numpy as np
 
 from .api_types import Stream
+from .hostpool import pools
 from .cuda import abi, capture, memory, release
 from .cuda.driver import stream_wait_geq
 from .cuda.gpu_mapping import device_rows, device_word
@@ -113,7 +114,8 @@ class CapturedSwap:
         self._count_word = base
         self.rows = rows if rows is not None else _device_view(rows_at, (max_rows, 2), sw.device, self)
         self.count = count if count is not None else _device_view(base, (), sw.device, self)
-        release.keep_for_process((op, rows, count))  # what a replay reads or writes, at any time
+        # What a replay reads or writes, at any time, and the pools that keep its host memory pinned.
+        release.keep_for_process((op, rows, count, pools.owners(decided.layout)))
 
     @staticmethod
     def _upload(base: int, control: np.ndarray, device: int) -> None:

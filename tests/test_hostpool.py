@@ -445,14 +445,41 @@ def test_pin_pool_touches_each_chunk_before_it_registers_it(fake_cuda, no_numa, 
     assert a.touch_seconds == []  # the caller's memory is never written
 
 
-def test_first_touch_writes_zeros_over_every_byte(monkeypatch):
+def test_first_touch_leaves_every_byte_as_it_was(monkeypatch):
+    import mmap
+
     from cupy_swap.hostpool import api
 
     monkeypatch.setattr(api, "_TOUCH_SLICE", 4096)  # several slices, several threads
     monkeypatch.setattr(api, "_TOUCH_THREADS", 3)
-    buf = np.full(5 * 4096 + 123, 7, np.uint8)
+    buf = np.frombuffer(mmap.mmap(-1, 6 * 4096), np.uint8)[: 5 * 4096 + 123]
+    buf[:] = np.arange(buf.size) % 251
     api.first_touch(buf.ctypes.data, buf.nbytes)
-    assert not buf.any()
+    assert np.array_equal(buf, np.arange(buf.size) % 251)
+    monkeypatch.setattr(api, "_populate", lambda start, n: False)  # a kernel without MADV_POPULATE_WRITE
+    api.first_touch(buf.ctypes.data, buf.nbytes)
+    assert np.array_equal(buf, np.arange(buf.size) % 251)
+
+
+def test_background_pinning_keeps_what_the_caller_wrote_meanwhile(fake_cuda, no_numa):
+    """Finding 2 of issue 49: the caller fills rows while the pool pins."""
+    gate, entered = threading.Semaphore(0), threading.Semaphore(0)
+
+    def register(ptr, n, flags):
+        entered.release()
+        assert gate.acquire(timeout=30)
+        fake_cuda.registered.append((ptr, n))
+
+    fake_cuda.hostRegister = register
+    h = hp.pin_pool((32, 4096), np.uint8, chunk_bytes=8 * 4096, background=True)
+    try:
+        assert entered.acquire(timeout=30)  # chunk 0 registers; chunks 1..3 not touched yet
+        h.array[:] = np.arange(32, dtype=np.uint8)[:, None] + 1  # loading the cache meanwhile
+    finally:
+        for _ in range(4):
+            gate.release()
+    assert h.wait(timeout=30) is True
+    assert np.array_equal(h.array, np.broadcast_to(np.arange(32, dtype=np.uint8)[:, None] + 1, (32, 4096)))
 
 
 def test_pinning_for_another_gpu_leaves_the_callers_gpu_current(fake_cuda, no_numa):
@@ -485,3 +512,40 @@ def test_bench_pin_checks_its_arguments_before_looking_for_a_gpu():
 
     if not gpu_status()[0]:
         assert run("--gib", "1").returncode == 3  # no GPU: exit 3, as every command
+
+
+def test_a_dropped_pin_array_handle_retires_the_pool_before_anything_can_launch_over_it(
+    fake_cuda, no_numa, fake_gpu, monkeypatch
+):
+    """Finding 1 of issue 49: ``del handle`` used to unpin behind the ops'
+    back (the next call launched over the old alias: a GPU fault).  Now the
+    drop itself retires the pool and bumps the alias generation, before the
+    releaser runs, so the next call resolves again and refuses."""
+    import mmap
+
+    monkeypatch.setattr(memory, "host_mapping_status", lambda device: (True, "mapped"))
+    a = np.frombuffer(mmap.mmap(-1, 16 * 4096), np.uint8).reshape(16, 4096)
+    h = hp.pin_array(a, chunk_bytes=8 * 4096)
+    assert resolve_layout(_layout(fake_gpu, a), device=0).kernel_ok
+    owners = pools.owners(_layout(fake_gpu, a))
+    assert len(owners) == 1  # what a captured swap keeps for the process
+    del owners
+    gate = threading.Event()
+    monkeypatch.setattr(memory.driver, "devices_in_use", lambda: gate.wait(30) and [])  # the releaser waits
+    generation = memory.generation()
+    del h
+    gc.collect()
+    try:
+        assert memory.generation() != generation  # every op resolves again at its next call
+        with pytest.raises(
+            ValueError,
+            match=r"src: expected pinned host memory, got memory of a host pool .* "
+            r"whose pin handle was dropped .* keep the PinHandle",
+        ):
+            resolve_layout(_layout(fake_gpu, a), device=0)
+        assert fake_cuda.unregistered == []  # refused before the releaser unpinned anything
+    finally:
+        gate.set()
+    assert release.drain(timeout=10) and len(fake_cuda.unregistered) == 2
+    h = hp.pin_array(a, chunk_bytes=8 * 4096)  # pinned again: resolves again
+    assert h.usable_rows == 16 and resolve_layout(_layout(fake_gpu, a), device=0).src_addrs

@@ -32,8 +32,33 @@ def main() -> None:
     graph = other.end_capture()
     cp.cuda.Device().synchronize()
 
+    import cupy_swap as cs
+
+    existing = cp.cuda.Event(disable_timing=True)
+    sw = cs.BlockSwapper(max_blocks=16)
+    host, gpu = cs.zeros_pinned((16, 4096), np.uint8), cp.zeros((16, 4096), cp.uint8)
+    op = sw.prepare(host, gpu)
+    rows = np.array([[1, 2], [3, 4]])
+    waits = {"stream": other, "cupy event": other.record()}
+    try:
+        import torch
+
+        tev = torch.cuda.Event()
+        tev.record(torch.cuda.ExternalStream(other.ptr))
+        waits["torch event"] = tev
+    except ImportError:
+        pass
+    op(rows, stream=other).synchronize()
     calls = {
-        "event record": lambda: other.record(),
+        "event create": lambda: cp.cuda.Event(disable_timing=True),
+        "event record (existing event)": lambda: runtime.eventRecord(existing.ptr, other.ptr),
+        "event query": lambda: runtime.eventQuery(existing.ptr),
+        "stream wait event": lambda: runtime.streamWaitEvent(other.ptr, existing.ptr, 0),
+        **{
+            f"op call, wait_for {k}": functools.partial(op, rows, stream=other, wait_for=w)
+            for k, w in waits.items()
+        },
+        "event record (CuPy's stream.record: create + record)": lambda: other.record(),
         "cudaMemcpyAsync 4 KiB": lambda: runtime.memcpyAsync(dst.data.ptr, src.ptr, 4096, 1, other.ptr),
         "kernel launch": lambda: kernel((1,), (1,), (np.uint64(1),), stream=other),
         "graph launch": lambda: graph.launch(other),

@@ -7,7 +7,9 @@ owned by one buffer object that NumPy arrays keep alive; once every array
 and handle over it is gone, the releaser thread unpublishes it, waits for the
 work queued on every GPU the process uses (:mod:`cupy_swap.cuda.release`),
 unregisters its pinned chunks and only then unmaps it.  ``pin_array`` pins
-memory the caller owns: :meth:`PinnedArrayPool.unregister` undoes it.
+memory the caller owns for as long as its handle lives: dropping the handle
+retires the pool at once (:mod:`.pools`: an op over it raises at its next
+call, never launches over it) and unpins it on the releaser thread.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import functools
 import math
 import mmap
 import os
+import weakref
 
 import numpy as np
 
@@ -34,19 +37,34 @@ _TOUCH_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
 _TOUCH_SLICE = 256 << 20
 
 
+_MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable without writing them
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _populate(start: int, nbytes: int) -> bool:
+    """``madvise(MADV_POPULATE_WRITE)`` over the pages of ``[start, start +
+    nbytes)`` (dropping the GIL); False where the kernel lacks it."""
+    lo = start - start % mmap.PAGESIZE
+    return _libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(start + nbytes - lo), _MADV_POPULATE_WRITE) == 0
+
+
 def first_touch(start: int, nbytes: int) -> None:
-    """Fault in fresh anonymous memory ``[start, start + nbytes)`` (zeros over
-    zeros) with a few threads (``memset`` through ctypes drops the GIL), so
-    the chunk's ``cudaHostRegister`` that follows holds the driver only to
-    pin present pages (H200 host: 0.40 s/GiB untouched, 0.036 pre-touched,
-    benchmarks/HOSTPOOLS.md).  The NUMA policy bound before applies."""
+    """Fault in the pages of ``[start, start + nbytes)`` with a few threads,
+    leaving every byte as it is (the caller may be filling a pool that pins
+    in the background), so the chunk's ``cudaHostRegister`` that follows
+    holds the driver only to pin present pages (H200 host: 0.40 s/GiB
+    untouched, 0.036 pre-touched, benchmarks/HOSTPOOLS.md).  The NUMA policy
+    bound before applies.  Where the kernel cannot populate (before Linux
+    5.14), nothing is touched and the registration faults the pages in."""
     slices = [(a, min(_TOUCH_SLICE, start + nbytes - a)) for a in range(start, start + nbytes, _TOUCH_SLICE)]
+    if not _populate(*slices[0]):
+        return
     if len(slices) == 1 or _TOUCH_THREADS == 1:
-        for a, n in slices:
-            ctypes.memset(a, 0, n)
+        for a, n in slices[1:]:
+            _populate(a, n)
         return
     with concurrent.futures.ThreadPoolExecutor(_TOUCH_THREADS, thread_name_prefix="cupy_swap-touch") as pool:
-        list(pool.map(lambda s: ctypes.memset(s[0], 0, s[1]), slices))
+        list(pool.map(lambda s: _populate(*s), slices[1:]))
 
 
 def _check_common(device, chunk_bytes, background, progress):
@@ -89,20 +107,28 @@ class _PoolBuffer:
     def __init__(self, keep, ptr: int, shape, dtype, record: PoolRecord, device: int, what: str):
         self.record = record
         self.__array_interface__ = memory.array_interface(ptr, shape, dtype)
-        self._finalizer = release.when_dropped(
-            self, functools.partial(_release_pool, record, keep, device), None, what
-        )
+        record.owner = weakref.ref(self)
+        self._finalizer = release.finalizer(self, _retire, record, keep, device, what)
+
+
+def _retire(record: PoolRecord, keep, device: int, what: str) -> None:
+    """When the owner is dropped (in the dropping thread, no CUDA call):
+    retire the pool and unpublish its chunks, so no op resolves it again
+    (the generation bump makes ops resolve again), then queue its release."""
+    record.retired = True
+    for c, s in zip(record.chunks, record.states):
+        if s == PINNED:
+            memory._registry.remove(c.start)
+    memory._generation[0] += 1
+    release.defer(functools.partial(_release_pool, record, keep, device), None, what)
 
 
 def _release_pool(record: PoolRecord, keep, device: int) -> None:
-    """On the releaser thread: unpublish, wait for every GPU in use, unpin
-    each pinned chunk, then unmap (never before: CUDA would keep a
-    registered range with nothing behind it)."""
+    """On the releaser thread, after :func:`_retire`: wait for every GPU in
+    use, unpin each pinned chunk, unpublish, then unmap (never before: CUDA
+    would keep a registered range with nothing behind it)."""
     with capture.relaxed():  # the releaser is relaxed for good; said here for the capture rule's test
         pinned = [c for c, s in zip(record.chunks, record.states) if s == PINNED]
-        for c in pinned:
-            memory._registry.remove(c.start)
-        registry.remove(record)
         try:
             if pinned:
                 memory.wait_for_gpus_in_use()
@@ -111,7 +137,8 @@ def _release_pool(record: PoolRecord, keep, device: int) -> None:
                 memory._runtime().hostUnregister(c.start)
         except BaseException:
             release.keep_for_process(keep)  # a GPU may still use the pages, or CUDA holds them: never unmap
-            raise
+            raise  # stays published, retired: never resolved, never pinned over
+        registry.remove(record)
         if isinstance(keep, mmap.mmap):
             keep.close()
 
@@ -254,8 +281,11 @@ def pin_array(
     """Pin existing C-contiguous NumPy memory in chunks (as
     :func:`cupy_swap.register_host`, for pools of any size).  The pages are
     where the caller's allocation put them.  The memory stays pinned (and
-    ``array`` alive) as long as the handle lives; once it is dropped, the
-    chunks are unpinned after the GPU work queued by then has completed."""
+    ``array`` alive) as long as the handle lives.  Once it is dropped, an op
+    over the array raises a clear ``ValueError`` at its next call (it never
+    launches over it), and the chunks are unpinned after the GPU work queued
+    by then has completed.  A captured swap over the array keeps it pinned
+    for the life of the process, as it keeps its other arrays."""
     size = _check_common(device, chunk_bytes, background, progress)
     if not isinstance(array, np.ndarray):
         raise TypeError(f"array: expected a numpy.ndarray, got {type(array).__name__}")
@@ -265,7 +295,11 @@ def pin_array(
             f"strides {array.strides}"
         )
     ptr = array.ctypes.data
-    if memory._registry.find(ptr, 1) is not None or registry.find(ptr, ptr + array.nbytes) is not None:
+    pool = registry.find(ptr, ptr + array.nbytes)
+    if pool is not None and pool.retired:  # an earlier handle was dropped: let its unpinning finish
+        release.drain()
+        pool = registry.find(ptr, ptr + array.nbytes)
+    if memory._registry.find(ptr, 1) is not None or pool is not None:
         raise ValueError(
             f"array: expected memory not yet pinned, got a range at {ptr:#x} cupy_swap already pinned"
         )

@@ -3,7 +3,11 @@ span of one.
 
 **Invariant.**  A pool is published here before its first chunk is
 registered and unpublished only after its last chunk is unregistered.  A
-span of a published pool resolves to a device address only if every chunk
+pool is *retired* the moment its owner is dropped (before the releaser
+waits for the GPUs and unpins it): from then on no span of it resolves, so
+an op made over it raises at its next call (the drop bumps the alias
+generation) instead of launching over memory about to be unpinned.  A
+span of a published, live pool resolves to a device address only if every chunk
 it touches is registered and all of them share one alias offset (device
 alias minus host address); a span touching a chunk not registered yet is
 refused naming the argument, the blocks and what to do; a span across
@@ -41,6 +45,10 @@ class PoolRecord:
         Device alias minus host address per pinned chunk (None: unmapped).
     what : str
         The pool in words, for messages (``"host pool (48.0 GiB, 24 chunks)"``).
+    owner : weakref.ref or None
+        The pool's owner (what keeps it pinned); set once it exists.
+    retired : bool
+        True once the owner was dropped: being unpinned, never resolved again.
     """
 
     def __init__(self, base: int, rows: int, row_bytes: int, chunks: list[Chunk], what: str):
@@ -51,6 +59,8 @@ class PoolRecord:
         self.states = [PENDING] * len(chunks)
         self.offsets: list = [None] * len(chunks)
         self.what = what
+        self.owner = None
+        self.retired = False
 
     def usable_rows(self) -> int:
         """Rows ``[0, usable_rows)`` are pinned (chunks register in order)."""
@@ -150,6 +160,12 @@ def resolve_span(part, lo: int, hi: int, mapped: bool):
             f"{part.name}: expected memory inside one pinned pool, got bytes [{lo:#x}, {hi:#x}) that "
             f"run past the {pool.what} at [{pool.base:#x}, {pool.end:#x})"
         )
+    if pool.retired:
+        raise ValueError(
+            f"{part.name}: expected pinned host memory, got memory of a {pool.what} whose pin handle was "
+            f"dropped (its chunks are being unpinned); keep the PinHandle that pin_array() returned alive "
+            f"as long as swaps use the array, or pin the array again"
+        )
     ids = pool.touched(lo, hi)
     waiting = [i for i in ids if pool.states[i] != PINNED]
     if waiting:
@@ -171,6 +187,19 @@ def resolve_span(part, lo: int, hi: int, mapped: bool):
     if not mapped or None in offsets or len(offsets) != 1:
         return None
     return part.ptr + offsets.pop()
+
+
+def owners(layout) -> list:
+    """The owners of the pools the layout's host parts lie in (holding them
+    keeps those pools pinned: a captured graph may replay at any time)."""
+    found = []
+    for part in layout.src + layout.dst:
+        lo, hi = part.span()
+        pool = registry.find(lo, hi) if part.location == HOST and len(registry) else None
+        owner = pool.owner() if pool is not None and pool.owner is not None else None
+        if owner is not None:
+            found.append(owner)
+    return found
 
 
 def unmapped_reason(layout) -> str:
