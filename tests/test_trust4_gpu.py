@@ -53,7 +53,7 @@ def test_a_dropped_pin_array_handle_raises_at_the_next_call_never_launches(how):
     with pytest.raises(ValueError, match="src: expected page-locked"):  # unpinned now: plainly pageable
         call([[5, 2]])
     cp.cuda.Device().synchronize()  # the context is alive: no launch went over the old alias
-    h = cs.pin_array(host)
+    h = cs.pin_array(host)  # noqa: F841 - the handle keeps it pinned
     call([[5, 2]]).synchronize()
     assert np.array_equal(cp.asnumpy(gpu[2]).view(np.uint16), host[5].view(np.uint16))
 
@@ -135,7 +135,7 @@ def test_a_call_never_waits_on_the_host_for_a_producer_it_only_orders_after(kind
         del dropped_host, dropped_gpu  # released while the gate holds the GPU
         gc.collect()
         seen: list = []
-        timer = threading.Timer(1.0, lambda: seen.append(_stack_of(main)))
+        timer = threading.Timer(1.0, lambda seen=seen: seen.append(_stack_of(main)))
         timer.start()
         try:
             ev = op(rows, stream=copier, wait_for=wait)
