@@ -93,8 +93,11 @@ class PreparedSwap:
 
     Parameters of a call
     --------------------
-    block_mapping : array-like of shape (N, 2), or a pair of 1-D arrays
-        ``(src_block, dst_block)`` rows, ``N <= max_blocks``.
+    block_mapping : list or (N, 2) array of rows, or a tuple (src_indices, dst_indices)
+        As for :meth:`BlockSwapper.swap`, told apart by type alone: a list
+        or an ``(N, 2)`` array or tensor is ``(src_block, dst_block)`` rows;
+        a tuple is always the pair form ``(src_indices, dst_indices)`` (a
+        tuple of any other length raises ``ValueError``); ``N <= max_blocks``.
     stream, mode, wait_for, timing, check
         As for :meth:`BlockSwapper.swap`.
 

@@ -217,12 +217,14 @@ class BlockSwapper:
             this swapper's device, or NumPy arrays in pinned host memory (torch
             tensors are viewed without copies).  Part ``i`` of ``src`` goes to
             part ``i`` of ``dst``; block shape and dtype match per part.
-        block_mapping : array-like of shape (N, 2), or a pair of 1-D arrays
-            Integer rows ``(src_block, dst_block)``; ``N <= max_blocks``: a
-            list of pairs, a NumPy array, a CPU or CUDA torch tensor, a CuPy
-            array; or a tuple ``(src_indices, dst_indices)`` of two 1-D arrays
-            of one length (as SGLang keeps them; a list is always rows).
-            Indices on the GPU must be int64.
+        block_mapping : list or (N, 2) array of rows, or a tuple (src_indices, dst_indices)
+            Told apart by type alone: a list (of pairs), or an ``(N, 2)``
+            NumPy array, CPU or CUDA torch tensor or CuPy array, is integer
+            rows ``(src_block, dst_block)``; a tuple is always the pair form
+            ``(src_indices, dst_indices)``, two 1-D sequences of one length
+            (as SGLang keeps them: ``((5, 9), (0, 1))`` copies 5 -> 0 and
+            9 -> 1), and a tuple of any other length raises ``ValueError``.
+            ``N <= max_blocks``; indices on the GPU must be int64.
         stream : cupy.cuda.Stream, torch.cuda.Stream or int, optional
             Stream to launch on.  Default: torch's current stream when the
             parts are torch tensors, else CuPy's current stream.

@@ -825,7 +825,7 @@ def test_split_mapping_forms_and_errors():
     assert s.tolist() == [1, 3] and d.tolist() == [2, 0]
     s, d = split_mapping((np.array([1, 3]), np.array([2, 0])), 4, 3, "a", "b")
     assert s.tolist() == [1, 3] and d.tolist() == [2, 0]
-    s, d = split_mapping(((0, 1), (2, 0)), 4, 3, "a", "b")  # a tuple of pairs is rows
+    s, d = split_mapping([(0, 1), (2, 0)], 4, 3, "a", "b")  # rows go in a list (a tuple is (src, dst))
     assert s.tolist() == [0, 2]
     with pytest.raises(ValueError, match="one length"):
         split_mapping((np.array([1]), np.array([2, 0])), 4, 3, "a", "b")

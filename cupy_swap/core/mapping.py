@@ -1,7 +1,9 @@
 """Block mappings: ``(N, 2)`` rows of ``(src_block, dst_block)``, as vLLM
-passes them.  Normalized and checked here, before anything is launched, and
-cut into runs of consecutive blocks by the one run detector,
-:func:`run_starts`.  NumPy only."""
+passes them, or the pair form ``(src_indices, dst_indices)``, as SGLang keeps
+them, told apart by type alone (:func:`index_pair`, the one rule every reader
+asks).  Normalized and checked here, before anything is launched, and cut
+into runs of consecutive blocks by the one run detector, :func:`run_starts`.
+NumPy only."""
 
 from __future__ import annotations
 
@@ -12,18 +14,43 @@ import numpy as np
 # Mappings up to this many rows take a pure-Python path: building NumPy arrays
 # costs more than the conversion itself at this size.
 SMALL_MAPPING = 16
-_ROW_TYPES = {tuple, list}
+_ROW_TYPES = {tuple, list}  # of one row of a list of rows
 _INT = {int}
 _INT64 = np.dtype(np.int64)
 
 
 def index_pair(block_mapping) -> bool:
-    """True when ``block_mapping`` is the 1-D form: a 2-tuple of 1-D
-    sequences of any type (NumPy, CuPy, torch arrays, lists, tuples), source
-    indices and destination indices, as SGLang keeps them.  A 2-tuple is
-    never read as two rows (``([5, 9], [0, 1])`` copies 5 -> 0 and 9 -> 1);
-    a list is always rows."""
-    return type(block_mapping) is tuple and len(block_mapping) == 2
+    """The one rule for every reader of a mapping (``swap()``, prepared ops,
+    captured swaps, plans, graph swaps, ``cupy_swap.remote``), decided by type
+    alone: a tuple is the pair form ``(src_indices, dst_indices)``, anything
+    else (a list, an ``(N, 2)`` array or tensor) is rows ``(src_block,
+    dst_block)``.
+
+    Returns
+    -------
+    bool
+        True for a 2-tuple: two 1-D sequences of any type (NumPy, CuPy,
+        torch arrays, lists, tuples), source indices and destination indices.
+        A 2-tuple is never read as two rows: ``([5, 9], [0, 1])`` and
+        ``((5, 9), (0, 1))`` copy 5 -> 0 and 9 -> 1.  False for anything that
+        is not a tuple: a list is always rows.
+
+    Raises
+    ------
+    ValueError
+        A tuple of any other length than 2 (a tuple of three rows is not
+        rows: the same code would be read as rows at one length and as the
+        pair form at another).
+    """
+    if not isinstance(block_mapping, tuple):
+        return False
+    if len(block_mapping) != 2:
+        raise ValueError(
+            "block_mapping: a tuple is the pair form (src_indices, dst_indices) and holds two 1-D "
+            f"sequences, got a tuple of {len(block_mapping)}; pass (src_block, dst_block) rows in a "
+            "list or an (N, 2) array"
+        )
+    return True
 
 
 def host_rows(block_mapping, max_blocks: int):
@@ -33,7 +60,7 @@ def host_rows(block_mapping, max_blocks: int):
     Returns
     -------
     list of 2N ints, or numpy.ndarray of shape (N, 2), int64
-        Short lists and tuples of ``(s, d)`` int rows come flattened
+        Short lists of ``(s, d)`` int rows come flattened
         ``[s0, d0, s1, d1, ...]`` (no NumPy: faster at this size);
         anything else as :func:`normalize_mapping` returns it.
     """
@@ -43,7 +70,7 @@ def host_rows(block_mapping, max_blocks: int):
         if m.dtype == _INT64 and m.ndim == 2 and m.shape[1] == 2 and m.flags.c_contiguous:
             if m.shape[0] <= max_blocks:
                 return m
-    elif kind in _ROW_TYPES and len(block_mapping) <= SMALL_MAPPING and not index_pair(block_mapping):
+    elif kind is list and len(block_mapping) <= SMALL_MAPPING:  # rows (a tuple: normalize_mapping's rule)
         flat: list = []
         for row in block_mapping:
             if type(row) not in _ROW_TYPES or len(row) != 2:
@@ -61,9 +88,11 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
 
     Parameters
     ----------
-    block_mapping : array-like of shape (N, 2)
-        Integer pairs ``(src_block, dst_block)``: a list of pairs, a NumPy array,
-        or a CPU torch tensor.  ``N == 0`` (``[]``) is allowed.
+    block_mapping : list, array or tensor of shape (N, 2), or a tuple (src_indices, dst_indices)
+        Integer rows ``(src_block, dst_block)`` in a list (of pairs), a NumPy
+        array or a CPU torch tensor; or a tuple of two 1-D sequences of one
+        length, source and destination indices (:func:`index_pair`: a tuple
+        is always this pair form).  ``N == 0`` (``[]``) is allowed.
     max_blocks : int, optional
         Largest N accepted (the swapper's buffer capacity).
 
@@ -72,7 +101,8 @@ def normalize_mapping(block_mapping, max_blocks: int | None = None) -> np.ndarra
     TypeError
         The mapping is not integers, or lives on the GPU.
     ValueError
-        The mapping is not ``(N, 2)`` or has more than ``max_blocks`` rows.
+        The mapping is not ``(N, 2)``, is a tuple of other than two
+        sequences, or has more than ``max_blocks`` rows.
     """
     cupy = sys.modules.get("cupy")
     if (cupy is not None and isinstance(block_mapping, cupy.ndarray)) or getattr(

@@ -1,6 +1,8 @@
 """Mappings that already live on the GPU, as SGLang and LMCache keep them:
-an int64 ``(N, 2)`` array of rows, or two 1-D int64 arrays (source indices,
-destination indices), as CuPy arrays or torch CUDA tensors.  The host never
+an int64 ``(N, 2)`` array of rows, or a tuple of two 1-D int64 arrays (source
+indices, destination indices: the pair form, by the one rule of
+:func:`cupy_swap.core.mapping.index_pair`), as CuPy arrays or torch CUDA
+tensors.  The host never
 reads them: the copy launch reads the indices by address and checks them
 itself (:mod:`.status`), so a swap costs no host synchronization."""
 
@@ -10,6 +12,8 @@ import sys
 from typing import NamedTuple
 
 import numpy as np
+
+from ..core.mapping import index_pair
 
 _INT64 = np.dtype(np.int64)
 
@@ -45,9 +49,12 @@ def device_rows(obj, device: int, max_blocks: int) -> DeviceRows | None:
     TypeError, ValueError
         A GPU array that is not C-contiguous int64 of shape (N, 2) (or two
         of shape (N,)) on ``device``, or with more than ``max_blocks`` rows
-        (checked without reading it).
+        (checked without reading it); a tuple of other than two sequences,
+        wherever they live (:func:`~cupy_swap.core.mapping.index_pair`).
     """
-    if type(obj) is tuple and len(obj) == 2:  # a tuple of two 1-D arrays (lists are rows)
+    if type(obj) is list:  # rows on the host (the common form after NumPy's, taken first by the caller)
+        return None
+    if index_pair(obj):  # a tuple: two 1-D arrays (src, dst); any other length raises
         a, b = (_describe(x) for x in obj)
         if a is None and b is None:
             return None

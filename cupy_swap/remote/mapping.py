@@ -1,6 +1,7 @@
 """A transfer's mapping, checked before anything is posted: the contract of
-``swap()`` (rows ``(src_block, dst_block)``, bounds, distinct destinations),
-turned into NIXL descriptor indices."""
+``swap()`` (rows ``(src_block, dst_block)`` or the pair form ``(src_indices,
+dst_indices)``, told apart by ``swap()``'s one rule; bounds, distinct
+destinations), turned into NIXL descriptor indices."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ def split_mapping(mapping, src_blocks: int, dst_blocks: int, src_name: str, dst_
 
     Parameters
     ----------
-    mapping : array-like of shape (N, 2), or a tuple ``(src_indices, dst_indices)``
-        Rows ``(src_block, dst_block)`` (a list of pairs, a NumPy array, a CPU
-        tensor), or a tuple or list of two 1-D index arrays of length N (each
-        with ``ndim == 1``; two pairs of ints are read as two rows).
+    mapping : list, array or tensor of shape (N, 2), or a tuple (src_indices, dst_indices)
+        As ``swap()`` reads it, by type alone
+        (:func:`cupy_swap.core.mapping.index_pair`): rows ``(src_block,
+        dst_block)`` in a list (of pairs), a NumPy array or a CPU tensor; or a
+        tuple of two 1-D sequences of one length N, source and destination
+        indices (a tuple is always this pair form: ``((5, 0), (9, 1))``
+        copies 5 -> 9 and 0 -> 1; a tuple of any other length is refused).
     src_blocks, dst_blocks : int
         Block counts of the source and destination pools.
     src_name, dst_name : str
@@ -35,20 +39,13 @@ def split_mapping(mapping, src_blocks: int, dst_blocks: int, src_name: str, dst_
     Raises
     ------
     TypeError, ValueError, IndexError
-        As ``swap()``: not integers, not (N, 2), out of range, a destination
-        block twice.
+        As ``swap()``: not integers, not (N, 2), a tuple of other than two
+        sequences, out of range, a destination block twice.
     """
     small = _small_mapping(mapping, src_blocks, dst_blocks)
     if small is not None:
         return small
-    if _is_index_pair(mapping):
-        s, d = (np.asarray(c) for c in mapping)
-        if s.shape != d.shape:
-            raise ValueError(
-                f"block_mapping: expected two 1-D index arrays of one length, got shapes {s.shape} and {d.shape}"
-            )
-        mapping = np.stack([s, d], axis=1) if s.size else np.empty((0, 2), dtype=np.int64)
-    m = normalize_mapping(mapping)
+    m = normalize_mapping(mapping)  # the pair form too: swap()'s reader, swap()'s rule
     if m.shape[0]:
         check_mapping(m, src_blocks, dst_blocks, src_name, dst_name)
     return m[:, 0].copy(), m[:, 1].copy()
@@ -59,8 +56,9 @@ SMALL = 64  # rows up to which builtins over lists check faster than NumPy reduc
 
 def _small_mapping(mapping, src_blocks: int, dst_blocks: int):
     """The columns of a short, valid mapping (an integer ``(N, 2)`` array or
-    a list/tuple of ``(int, int)`` rows), checked with builtins; None for
-    anything else, or anything wrong (the NumPy path then says what)."""
+    a list of ``(int, int)`` rows), checked with builtins; None for anything
+    else (a tuple: the pair form, or refused), or anything wrong (the NumPy
+    path then says what)."""
     kind = type(mapping)
     if kind is np.ndarray:
         if mapping.ndim != 2 or mapping.shape[1] != 2 or not 0 < mapping.shape[0] <= SMALL:
@@ -71,8 +69,8 @@ def _small_mapping(mapping, src_blocks: int, dst_blocks: int):
             mapping = mapping.astype(np.int64)
         s, d = mapping[:, 0].copy(), mapping[:, 1].copy()  # owned: the caller may reuse its array
         sl, dl = s.tolist(), d.tolist()
-    elif kind is list or kind is tuple:
-        if not 0 < len(mapping) <= SMALL or _is_index_pair(mapping):
+    elif kind is list:  # rows, at every length
+        if not 0 < len(mapping) <= SMALL:
             return None
         for row in mapping:
             if type(row) not in (tuple, list) or len(row) != 2:
@@ -94,14 +92,6 @@ def _small_mapping(mapping, src_blocks: int, dst_blocks: int):
     if s is None:
         s, d = np.array(sl, dtype=np.int64), np.array(dl, dtype=np.int64)
     return s, d
-
-
-def _is_index_pair(mapping) -> bool:
-    return (
-        type(mapping) in (tuple, list)
-        and len(mapping) == 2
-        and all(getattr(c, "ndim", None) == 1 for c in mapping)
-    )
 
 
 def descriptor_indices(blocks: np.ndarray, num_parts: int, num_blocks: int) -> np.ndarray:
