@@ -39,12 +39,6 @@ OFF_CAPTURE = {
         "Launcher.function",
     ): "a lookup of a kernel load_all loaded when the launcher was made",
     ("cuda/kernels.py", "load_all"): "Launcher.__init__, inside BlockSwapper.__init__'s relaxed block",
-    ("cuda/graph_builder.py", "kernel_graph"): "the builder thread and prewarm, inside their relaxed blocks",
-    (
-        "cuda/graph_builder.py",
-        "destroy_graphs",
-    ): "the releaser (destroy_slot_graphs); prewarm's relaxed block",
-    ("cuda/graph_builder.py", "Builder.drain"): "threading.Event, not a CUDA event",
     ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
     ("cuda/slots.py", "SlotRing.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
     ("cuda/stager.py", "_wait_for_users"): "releaser gate",

@@ -73,8 +73,7 @@ class _Launcher:
             launched(i, seq)
 
         ring.launched = done
-        self._launch = self.graph_launch = _no_op
-        launcher.graph_builder.kernel_graph = lambda *args: (1, 2)  # the slot graphs the builder makes
+        self._launch = _no_op
 
     def bind(self, layout):
         return launcher.BoundKernel(self, layout)

@@ -25,11 +25,10 @@ import collections
 import functools
 import threading
 import time
-import warnings
 
 import numpy as np
 
-from . import abi, capture, graph_builder, kernels, memory, release
+from . import abi, capture, kernels, memory, release
 
 # Descriptor uploads use at most this many CTAs (a 64 KiB descriptor is one
 # round of 16-byte loads per thread).
@@ -134,18 +133,7 @@ class BoundKernel:
     graph is built on the hot path (a lazily built graph per slot once held
     a call for the whole of a busy stream's queue: NOTES item 61)."""
 
-    __slots__ = (
-        "__weakref__",
-        "_launcher",
-        "layout",
-        "_args",
-        "_slot_args",
-        "_shape",
-        "_lock",
-        "_execs",
-        "_graphs",
-        "_calls",
-    )
+    __slots__ = ("__weakref__", "_launcher", "layout", "_args", "_slot_args", "_shape", "_lock")
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
@@ -154,15 +142,6 @@ class BoundKernel:
         self._slot_args: list = []  # per ring slot: its ByRefArgs, None until the slot is first used
         self._shape = None  # (ctas budget, grid, threads, smem) of slot launches
         self._lock = threading.Lock()
-        # Slot graphs (cuda/graph_builder.py): per slot the exec of this shape,
-        # None until the builder published them; every graph built; calls so far.
-        self._execs: list | None = None
-        self._graphs: list = []
-        self._calls = 0
-        # Dropped: the releaser destroys its graphs (CUDA frees one still
-        # running when it completes: cudaGraphExecDestroy).
-        destroy = functools.partial(graph_builder.destroy_slot_graphs, launcher.device, self._graphs)
-        release.finalizer(self, release.defer, destroy, None, "graphs of a prepared swap")
 
     def _byref(self) -> abi.ByRefArgs:
         args = self._args
@@ -177,70 +156,10 @@ class BoundKernel:
         shape = self._shape
         if shape is None or shape[0] != lau.max_ctas:
             shape = self._reshape(lau)
-        execs = self._execs
-        if execs is not None:  # built by the builder thread, for this shape
-            try:
-                lau.graph_launch(execs[i], stream)
-                return
-            except Exception as e:  # nothing was enqueued: launch plainly, now and from now on
-                self._give_up_graphs(f"a graph launch failed ({e})")
         args = self._slot_args[i]
         if args is None:
             args = self._for_slot(i)
         lau._launch(args.fn, shape[1], 1, 1, shape[2], 1, 1, shape[3], stream, args.ptr, 0)
-        # Enqueued: nothing below may raise (the caller would give the slot back).
-        calls = self._calls = self._calls + 1
-        if calls == graph_builder.BUILD_AFTER and lau.graphs_ok:
-            try:
-                graph_builder.builder.request(self)
-            except Exception as e:  # e.g. no thread could be started
-                try:
-                    self._give_up_graphs(f"the builder could not be asked ({e})")
-                except Exception:  # its warning made an error (-W error): graphs are off all the same
-                    pass
-
-    def _give_up_graphs(self, why: str) -> None:
-        """Plain launches for good (one warning)."""
-        self._execs, self._calls = None, -(1 << 62)
-        warnings.warn(f"cupy_swap: slot graphs off: {why}; launches stay plain", stacklevel=3)
-
-    def build_graphs(self) -> None:
-        """On the builder thread: one graph per ring slot for the current
-        shape, published together (a failure leaves the op on plain
-        launches for good)."""
-        shape = self._shape
-        if shape is None or self._execs is not None:
-            return
-        lau = self._launcher
-        size = lau.slots.size
-        if not graph_builder.reserve(lau.device, size):  # no room: plain launches, ask again later
-            self._calls = -graph_builder.RETRY_AFTER
-            return
-        built: list = []
-        try:
-            lau.make_current()
-            for i in range(size):
-                args = self._slot_args[i] or self._for_slot(i)
-                built.append(graph_builder.kernel_graph(args.fn, shape[1], shape[2], shape[3], args.ptr))
-        except BaseException:
-            self._calls = -(1 << 62)  # never asked for again
-            self._discard(built, size)
-            raise
-        with self._lock:  # published only for the shape they were built for
-            if self._shape is shape and self._calls >= 0:
-                self._graphs.extend(built)  # destroyed with the op, or after a reshape
-                self._execs = [exec_ for _, exec_ in built]
-                return
-        self._discard(built, size)  # _reshape moved on meanwhile
-
-    def _discard(self, built: list, size: int) -> None:
-        """Graphs built and never published (never launched): destroyed by
-        the releaser; the room of the ``size - len(built)`` never built
-        given back now."""
-        graph_builder.unreserve(size - len(built))
-        if built:
-            destroy = functools.partial(graph_builder.destroy_slot_graphs, self._launcher.device, built)
-            release.defer(destroy, None, "unpublished slot graphs")
 
     def _reshape(self, lau) -> tuple:
         """The launch shape for this CTA budget (a swap reads at most
@@ -252,11 +171,6 @@ class BoundKernel:
             if not self._slot_args:
                 self._slot_args = [None] * ring.size
             self._shape = (lau.max_ctas, grid, threads, smem)
-            self._execs, self._calls = None, 0  # graphs of another shape: built again after more calls
-            if self._graphs:  # the old shape's: destroyed once every launch so far finished, room given back
-                stale, self._graphs[:] = list(self._graphs), []
-                destroy = functools.partial(graph_builder.destroy_slot_graphs, lau.device, stale)
-                release.defer(destroy, ring.wait_all, "slot graphs of an old launch shape")
         return self._shape
 
     def _for_slot(self, i: int) -> abi.ByRefArgs:
@@ -308,7 +222,6 @@ class Launcher:
         self.device = device
         self.max_ctas = max_ctas
         self._launch = driver.launchKernel
-        self.graph_launch = runtime.graphLaunch
         self._memcpy = runtime.memcpyAsync
         self._record = runtime.eventRecord
         self._lock = threading.Lock()
@@ -330,15 +243,6 @@ class Launcher:
         kernels.load_all(device, abi.check_shared_bytes(self.check_rows_max))
         self._kept: collections.deque = collections.deque()  # (event, arrays) of GPU-mapping swaps
         self._kept_lock = threading.Lock()
-        self.graphs_ok = bool(graph_builder.BUILD_AFTER) and self.slots_ok and self._prewarm()
-
-    def _prewarm(self) -> bool:
-        """The driver's first wait for the device, paid now (graph_builder.prewarm)."""
-        import ctypes
-
-        words = (ctypes.c_uint64 * 3)()  # cupy_swap_fetch(src, dst, n16) of nothing
-        args = (ctypes.c_void_p * 3)(*(ctypes.addressof(words) + 8 * i for i in range(3)))
-        return graph_builder.prewarm(self.device, self.function(abi.FETCH_KERNEL), ctypes.addressof(args))
 
     def _ring(self) -> list:
         """The descriptor ring's slots, allocated on first use (under the
@@ -373,15 +277,6 @@ class Launcher:
             self._finalizer = release.when_dropped(self, free, wait, f"descriptor ring of GPU {device}")
             self._slots = slots
         return slots
-
-    def make_current(self) -> None:
-        """Make this launcher's GPU and its primary context current in the
-        calling thread (the builder's, which is ours to leave so).  Always
-        ``cudaSetDevice``: a fresh thread reports device 0 with no context
-        current, and the driver's graph calls crashed there (NOTES 68)."""
-        from cupy.cuda import runtime
-
-        runtime.setDevice(self.device)
 
     def keep_until_done(self, event, keep) -> None:
         """Hold ``keep`` (the caller's GPU mapping, which the swap's kernel

@@ -120,10 +120,7 @@ class SlotRing:
         self._unchecked = itertools.count(-1, -1)  # numbers of unchecked launches
         self.waits = 0
         free = functools.partial(_free_counters, counters, device, words)
-        # The releaser's gate for what every launch so far may read (the ring, an op's old graphs).
-        self.wait_all = gate = functools.partial(
-            _wait_all, self._lock, self._pending, self._flat, self._row_words
-        )
+        gate = functools.partial(_wait_all, self._lock, self._pending, self._flat, self._row_words)
         self._finalizer = release.when_dropped(self, free, gate, f"slot ring of GPU {device}")
 
     def take(self) -> int:

@@ -185,7 +185,7 @@ def _measure(h, bufs, direction: str, op, cap, mapping: np.ndarray, replays: int
         return lambda: _device_s(run, stream) / replays
 
     batches = {name: batch(name) for name in once}
-    for fn in batches.values():  # warm-up: the graph uploaded, the op's slot graphs asked for
+    for fn in batches.values():  # warm-up: the graph uploaded
         fn()
     h.settle()
     best = best_in_turns(batches)
