@@ -370,11 +370,47 @@ def unregister_host(array: np.ndarray) -> None:
 
 
 @translate_unavailable("is_pinned()")
-def is_pinned(array: np.ndarray) -> bool:
+def is_pinned(array) -> bool:
     """True if every byte ``array`` spans (any strides, negative ones
-    included) lies in one page-locked host range mapped for the GPU."""
-    low, high = byte_span(array)
+    included) lies in one page-locked host range mapped for the GPU.
+
+    Parameters
+    ----------
+    array : numpy.ndarray, CPU torch tensor, or an object with ``__array_interface__``
+        A host array; a tensor answers as its NumPy view does (of any
+        dtype, bfloat16 included: only its bytes are looked at).
+
+    Raises
+    ------
+    TypeError
+        ``array`` is no host array (a GPU array or CUDA tensor, a list...).
+    """
+    low, high = byte_span(_host_array(array, "array"))
     return host_alias(low, high - low) != 0
+
+
+def _host_array(obj, name: str) -> np.ndarray:
+    """NumPy's view of a host array (no copy), or TypeError naming ``name``."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    import sys
+
+    expected = f"{name}: expected a host array (a NumPy array, a CPU torch tensor or an object with __array_interface__)"
+    torch = sys.modules.get("torch")  # a caller passing a tensor has imported torch
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu":
+            raise TypeError(f"{expected}, got a torch tensor on {obj.device}, which is not host memory")
+        from .arrays import convert_array
+
+        view = convert_array(obj, name)  # a NumPy array, or a TypedView for a type NumPy lacks
+        return getattr(view, "array", view)
+    from ..core.parts import readable
+
+    if readable(obj, "__cuda_array_interface__", name):
+        raise TypeError(f"{expected}, got a GPU array ({type(obj).__name__}), which is not host memory")
+    if readable(obj, "__array_interface__", name):
+        return np.asarray(obj)
+    raise TypeError(f"{expected}, got {type(obj).__name__}")
 
 
 # ``(low, high)`` host addresses of the bytes an array can touch, any strides
