@@ -15,8 +15,11 @@ so a scheduler can recompute them (``cupy_swap/remote/README.md``).
 
 Needs NIXL (``pip install --no-deps "nixl-cu12>=1.5.1,<1.6"``) and, without
 ``--host-only``, a GPU.  Exit status: 0 every byte checked; 1 a block
-differs, or the write failed or never arrived; 3 this machine cannot run it
-(no usable GPU without ``--host-only``, or no NIXL), said in one line.
+differs, or the write failed or never arrived; 2 a bad argument (not a
+positive number, more blocks than a cache holds, caches larger than this
+host's memory), said in one line before anything starts; 3 this machine
+cannot run it (no usable GPU without ``--host-only``, or no NIXL), said in
+one line.
 
 Geometry: Llama-3-8B's, 16 tokens x 8 KV heads x 128 dims x fp16 = 32 KiB per
 block, a K and a V part per layer.  Metadata travels through files in a
@@ -34,7 +37,8 @@ import time
 import numpy as np
 
 BLOCK = (16, 8, 128)
-EXIT_FAILED, EXIT_CANNOT_RUN = 1, 3
+BLOCK_BYTES = 2 * 16 * 8 * 128
+EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN = 1, 2, 3
 
 
 def expected_block(part: int, block: int) -> np.ndarray:
@@ -161,18 +165,51 @@ def _no_gpu() -> str | None:
         return str(err) if err is not None else f"{type(e).__name__}: {e}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line, exit status 2 (as ``cupy_swap bench --remote``)."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return n
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, every number checked before any CUDA or NIXL work."""
+    ap = OneLineParser(
         description=__doc__.split("\n\n")[0],
         epilog="exit status: 0 every byte checked; 1 a block differs, or the write failed or never "
-        "arrived; 3 no usable GPU (without --host-only) or no NIXL",
+        "arrived; 2 a bad argument; 3 no usable GPU (without --host-only) or no NIXL",
     )
-    ap.add_argument("--layers", type=int, default=4, help="layers, a K and a V part each")
-    ap.add_argument("--blocks", type=int, default=128, help="blocks of the prompt")
-    ap.add_argument("--gpu-blocks", type=int, default=512, help="prefill's GPU cache")
-    ap.add_argument("--host-blocks", type=int, default=1024, help="decode's host cache")
+    ap.add_argument("--layers", type=positive_int, default=4, help="layers, a K and a V part each")
+    ap.add_argument("--blocks", type=positive_int, default=128, help="blocks of the prompt")
+    ap.add_argument("--gpu-blocks", type=positive_int, default=512, help="prefill's GPU cache")
+    ap.add_argument("--host-blocks", type=positive_int, default=1024, help="decode's host cache")
     ap.add_argument("--host-only", action="store_true", help="NumPy caches on both sides (no GPU)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for option, cache in (("--gpu-blocks", args.gpu_blocks), ("--host-blocks", args.host_blocks)):
+        if args.blocks > cache:
+            ap.error(f"argument --blocks: {args.blocks} blocks do not fit in {option} {cache}")
+    need = 2 * args.layers * (args.gpu_blocks + args.host_blocks) * BLOCK_BYTES  # both processes' caches
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        ap.error(
+            f"--layers {args.layers} x (--gpu-blocks {args.gpu_blocks} + --host-blocks {args.host_blocks}) "
+            f"needs {need / 2**30:.1f} GiB of host memory, more than this host's {have / 2**30:.1f} GiB"
+        )
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     if not args.host_only:
         why = _no_gpu()
         if why:
