@@ -23,8 +23,6 @@ from pathlib import Path
 FILES_NOTE = """
 ## Files
 
-- `breakdown.txt`: host time inside `swap()` against the kernel alone (the same swap
-  captured in a CUDA graph and replayed), from `benchmarks/breakdown.py`.
 - `seed_table.json`, `goals.json`, `duplex.json`: `python -m cupy_swap bench ... --json`.
 - `staged_sweep.txt`: `benchmarks/staged_sweep.py`, kernel against staged swaps by size.
 - `pytest_benchmark.json`: the pytest-benchmark suite on its 32 KiB x 1250 and 2 MiB x 1 cases.

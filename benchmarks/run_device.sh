@@ -9,10 +9,9 @@
 #   peers    bench --peers: the README's performance table and chart               (~2 min)
 #   engines  bench --engines: the engine-shaped rows of the README and the results page
 #   bidir    bench --bidir: full duplex, random blocks and host runs                 (~30 s)
-#   rows     probes/many_rows_host.py: each step of a prepared call of 16-1250 rows (~30 s)
 #   gpus     bench --gpus all, 1250 x 32 KiB and 2 MiB, every driver               (~3 min)
-#   bench    the reference table, the wide sweep, duplex, staged sweep, pytest-benchmark,
-#            breakdown (benchmarks/make_tables.py turns them into results/RESULTS.md)
+#   bench    the reference table, the wide sweep, duplex, staged sweep, pytest-benchmark
+#            (benchmarks/make_tables.py turns them into results/RESULTS.md)
 #   sweep    the routing sweep (benchmarks/route_sweep.py)
 #   host     host time per call (benchmarks/lean_goals.py --host-only, ~40 s)
 #   goals    the launch-path goal table (benchmarks/lean_goals.py, ~3 min)
@@ -57,8 +56,6 @@ for step in $STEPS; do
     bidir)
         bench --bidir --reps 15 --json "$OUT/bidir.json" 2>&1 | tee "$OUT/bidir.log"
         [[ ${PIPESTATUS[0]} == 0 ]] || status=1 ;;
-    rows)
-        $PY benchmarks/probes/many_rows_host.py 2>&1 | tee "$OUT/many_rows_host.log" || status=1 ;;
     gpus)
         bench --gpus all --gpu-blocks 1250 --block-bytes 32k,2m --reps 15 --json "$OUT/gpus.json" 2>&1 \
             | tee "$OUT/gpus.log"
@@ -72,7 +69,6 @@ for step in $STEPS; do
         $PY benchmarks/staged_sweep.py >"$b/staged_sweep.txt" 2>&1 || status=1
         $PY -m pytest -q benchmarks/ -p no:cacheprovider -k "test_swap and (32KiBx1250 or 2MiBx1)" \
             --benchmark-json "$b/pytest_benchmark.json" >"$b/pytest_benchmark.log" 2>&1 || status=1
-        $PY benchmarks/breakdown.py >"$b/breakdown.txt" 2>&1 || status=1
         tail -n 14 "$b/seed_table.log" "$b/duplex.log"
         (cd "$OUT" && tar czf bench.tgz bench && rm -r bench) ;;
     sweep)
