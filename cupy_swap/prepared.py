@@ -266,7 +266,8 @@ class PreparedSwap:
         if plan is False:
             path = "kernel"  # auto's choice, not the caller's: no arena, the kernel copies (rows checked)
         if not (wait_for is None or (type(wait_for) is tuple and not wait_for)):  # 0 is a stream
-            for w in [wait_handle(w, sw.device, caller) for w in listed(wait_for)]:
+            for item in listed(wait_for):  # each wait enqueued before the next record (one event a thread)
+                w = wait_handle(item, sw.device, caller)
                 if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
                     sw._wait_event(handle, w.event_ptr, 0)
         # 3. Asked after the waits: waiting on a capturing stream joins its capture.

@@ -176,9 +176,9 @@ class Gate:
 
         self.flag = cs.zeros_pinned(1, np.int32)
         kernel = cp.RawKernel(_GATE_SOURCE, "gate")
+        self.event = cp.cuda.Event()  # made before the gate holds the GPU (a creation may wait for it)
         with stream:
             kernel((1,), (1,), (host_alias(self.flag.ctypes.data, 4), np.uint64(limit_s * 1e9)))
-            self.event = cp.cuda.Event()
             self.event.record(stream)
 
     @property

@@ -158,7 +158,20 @@ def test_event_pool_recycles_only_events_nobody_holds(monkeypatch):
             self.timed = not disable_timing
 
     monkeypatch.setattr(streams, "swap_event_class", lambda: FakeEvent)
-    pool = streams.EventPool(size=8)
+    made = [0]
+
+    class CountedEvent(FakeEvent):
+        def __init__(self, disable_timing=True):
+            super().__init__(disable_timing)
+            made[0] += 1
+
+    monkeypatch.setattr(streams, "swap_event_class", lambda: CountedEvent)
+    ready = streams.EventPool(size=8)  # made up front: a call never creates one (NOTES 76)
+    assert made[0] == 4
+    held = [ready.take(False) for _ in range(3)]  # the caller keeps its last three events
+    assert made[0] == 4 and len({id(e) for e in held}) == 3
+    monkeypatch.setattr(streams, "swap_event_class", lambda: FakeEvent)
+    pool = streams.EventPool(size=8, ready=0)
     first = pool.take(False)
     first_id = id(first)
     slot_holds = [pool.take(False)]  # a descriptor slot gating on the second

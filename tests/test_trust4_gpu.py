@@ -93,17 +93,30 @@ def _torch():
 WAITS = ["stream", "cupy event", "torch event"]
 
 
-def _wait_for(kind, producer):
-    if kind == "stream":
-        return producer
-    if kind == "cupy event":
-        return producer.record()
-    torch = _torch()
-    if torch is None:
-        pytest.skip("needs PyTorch with CUDA")
-    ev = torch.cuda.Event()
-    ev.record(torch.cuda.ExternalStream(producer.ptr))
-    return ev
+class _Waits:
+    """One ``wait_for`` of each kind on ``producer``, its events made once
+    (a creation may wait behind a release: NOTES 76) and recorded by
+    :meth:`after` once the producer's work is queued."""
+
+    def __init__(self, kind, producer):
+        self.kind, self.producer = kind, producer
+        if kind == "cupy event":
+            self.event = cp.cuda.Event(disable_timing=True)
+        elif kind == "torch event":
+            torch = _torch()
+            if torch is None:
+                pytest.skip("needs PyTorch with CUDA")
+            self.event = torch.cuda.Event()
+            self.torch_stream = torch.cuda.ExternalStream(producer.ptr)
+
+    def after(self):
+        if self.kind == "stream":
+            return self.producer
+        if self.kind == "cupy event":
+            self.event.record(self.producer)
+        else:
+            self.event.record(self.torch_stream)
+        return self.event
 
 
 def _stack_of(thread_id: int) -> str:
@@ -115,25 +128,37 @@ def _stack_of(thread_id: int) -> str:
 @pytest.mark.parametrize("kind", WAITS)
 def test_a_call_never_waits_on_the_host_for_a_producer_it_only_orders_after(kind, direction):
     """Finding 6: a call given ``wait_for=`` a held producer returned only
-    after the producer finished, depending on what ran before (a release of
-    dropped memory).  Here each round drops a swap's arrays just before the
-    call, while the producer holds the GPU, so their release waits on the
-    releaser thread for exactly that producer; 20 rounds per case."""
+    after the producer finished, depending on what ran before.  The cause
+    (NOTES 76): a release of dropped memory waits for the whole GPU, and
+    while it does, ``cudaEventCreate`` anywhere waits too (950 ms of a 1 s
+    wait), and so does a record on the stream it waits for; the call used
+    to create an event per stream in ``wait_for``.  Each round here swaps
+    and drops arrays, then holds the producer; for events the drop comes
+    after the hold, so the release waits on the releaser thread for exactly
+    that producer while the call runs; a ``wait_for`` stream must take a
+    record, so there the release is drained first.  20 rounds per case."""
     sw = cs.BlockSwapper(max_blocks=64)
     host, gpu = cs.zeros_pinned((64, *BLOCK), np.float16), cp.zeros((64, *BLOCK), cp.float16)
     op = sw.prepare(host, gpu) if direction == "in" else sw.prepare(gpu, host)
     producer, copier = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    waits = _Waits(kind, producer)
     rows = np.array([[1, 2], [3, 4], [5, 6]])
     op(rows, stream=copier).synchronize()
     main = threading.get_ident()
     for round_ in range(20):
+        assert release.drain(timeout=60)
         dropped_host = cs.zeros_pinned((8, *BLOCK), np.float16)
         dropped_gpu = cp.zeros((8, *BLOCK), cp.float16)
         sw.swap(dropped_host, dropped_gpu, [[0, 1]], stream=copier)
+        if kind == "stream":
+            del dropped_host, dropped_gpu
+            gc.collect()
+            assert release.drain(timeout=60)
         gate = Gate(producer, limit_s=10)
-        wait = _wait_for(kind, producer)
-        del dropped_host, dropped_gpu  # released while the gate holds the GPU
-        gc.collect()
+        wait = waits.after()
+        if kind != "stream":
+            del dropped_host, dropped_gpu  # released while the gate holds the GPU
+            gc.collect()
         seen: list = []
         timer = threading.Timer(1.0, lambda seen=seen: seen.append(_stack_of(main)))
         timer.start()

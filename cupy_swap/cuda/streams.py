@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import sys
+import threading
 from typing import NamedTuple
 
 _cls: list = []
@@ -104,11 +105,29 @@ NO_WAIT = Wait(0, None)
 _DEFAULT_STREAM_HANDLES = (0, 1, 2)
 
 
+_wait_events = threading.local()
+
+
+def _thread_wait_event(device: int):
+    """This thread's one event for stream waits on ``device``, made once:
+    creating an event waits behind a release's device-wide wait (950 ms
+    while a release waited 1 s, NOTES 76), re-recording one does not, and a
+    wait enqueued earlier keeps the record it saw."""
+    from . import capture
+
+    events = _wait_events.__dict__.setdefault("by_device", {})
+    ev = events.get(device)
+    if ev is None:
+        ev = events[device] = capture.new_event()
+    return ev
+
+
 def wait_handle(item, device: int | None = None, caller_device: int | None = None) -> Wait:
     """Turn one ``wait_for`` entry into a :class:`Wait`.
 
     Events are waited on as they are (an unrecorded torch event is
-    :data:`NO_WAIT`).  Streams get an event recorded on them now, on the GPU
+    :data:`NO_WAIT`).  Streams get this thread's wait event recorded on them
+    now (enqueue its wait before the next :func:`wait_handle`), on the GPU
     they belong to: a stream object's own, the caller's (``caller_device``)
     for the default streams (handles 0, 1, 2), the swapper's (``device``)
     for other raw handles.
@@ -131,10 +150,10 @@ def wait_handle(item, device: int | None = None, caller_device: int | None = Non
     if owner is None:
         default = stream in _DEFAULT_STREAM_HANDLES
         owner = caller_device if default and caller_device is not None else device
-    from . import capture
 
-    with on_device(owner if owner is not None else cupy.cuda.runtime.getDevice()):
-        ev = capture.new_event()  # events are recorded on their own device's streams
+    gpu = owner if owner is not None else cupy.cuda.runtime.getDevice()
+    with on_device(gpu):
+        ev = _thread_wait_event(gpu)  # events are recorded on their own device's streams
         try:
             cupy.cuda.runtime.eventRecord(ev.ptr, stream)
         except cupy.cuda.runtime.CUDARuntimeError as e:
@@ -254,17 +273,20 @@ def stream_is_capturing(stream: int) -> bool:
 class EventPool:
     """Swap events, recycled once nobody else holds them: creating an event
     costs about 1.8 us of host time, recording one 0.75 us
-    (benchmarks/host_costs.py).  When the oldest of the last ``size`` events
+    (benchmarks/host_costs.py), and a creation waits behind a release's
+    device-wide wait (NOTES 76).  When the oldest of the last ``size`` events
     handed out is referenced by the pool alone, it is recorded again instead
-    of a new one (a wait enqueued earlier keeps the record it saw).  Events
-    are made on the current GPU."""
+    of a new one (a wait enqueued earlier keeps the record it saw); ``ready``
+    events are made up front, so a caller holding its last few events never
+    makes a call create one.  Events are made on the current GPU."""
 
-    def __init__(self, size: int = 64):
+    def __init__(self, size: int = 64, ready: int = 4):
         self._cls = swap_event_class()
         self._issued: collections.deque = collections.deque()
         self._size = size
         self._refs = sys.getrefcount
         self._free_refs = _unshared_refcount()
+        self._issued.extend(self._new(False) for _ in range(ready))
 
     def take(self, timed: bool):
         """An unrecorded event for a swap; timed swaps get a new one."""
@@ -275,15 +297,19 @@ class EventPool:
                 issued.rotate(-1)  # oldest -> newest
                 event.check = event.seq = None
                 return event
+        event = self._new(timed)
+        if not timed:
+            if len(issued) >= self._size:
+                issued.popleft()
+            issued.append(event)
+        return event
+
+    def _new(self, timed: bool):
         from . import capture
 
         with capture.relaxed():  # legal while another thread captures in global mode
             event = self._cls(disable_timing=not timed)
         event.start = event.check = event.seq = None
-        if not timed:
-            if len(issued) >= self._size:
-                issued.popleft()
-            issued.append(event)
         return event
 
 
