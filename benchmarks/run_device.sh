@@ -17,6 +17,14 @@
 #   goals    the launch-path goal table (benchmarks/lean_goals.py, ~3 min)
 #   profile  where a call's host time goes (benchmarks/profile_hot_path.py)
 #   repros   the ownership reproductions (benchmarks/lifetime_repros.py)
+#   soak     benchmarks/soak.sh (its ROUNDS, PROCS, MEMCHECK; SOAK_S limit, 540 s), logs
+#            summarised into soak<k>.txt and soak<k>_tails.txt (a call brings back few files)
+#   floor    host time beside ../shared/probes/host_floor.py, carried as .probes/   (~100 s)
+#   lazy     does a kernel's first load wait for the GPU's queued work (LAZY, EAGER; NOTES 74)
+#   gates    the gate tests that failed under load (NOTES 72), looped for GATE_S (120) s
+#            in 4 processes at once; a stuck test dumps its threads' stacks      (~2.5 min)
+#   captured the captured swap's GPU tests and example, then bench --captured     (~5 min)
+#   hostpools  the host's facts, the host-pool GPU tests (JSON lines), bench --pin (~5 min)
 # Results land in $OUT (or ./device-out), beside commit.txt: the device's git
 # metadata may be stale, so the commit is passed in CUPY_SWAP_COMMIT.  With
 # EXPECT_GPUS=N the tests step fails unless N GPUs answer (the GPU tests skip
@@ -82,6 +90,74 @@ for step in $STEPS; do
     repros)
         $PY benchmarks/lifetime_repros.py --json "$OUT/lifetime_repros.json" 2>&1 \
             | tee "$OUT/lifetime_repros.log" || status=1 ;;
+    soak)
+        k=$((${k:-0} + 1))  # each soak step of this call summarised into its own files
+        rm -rf /tmp/soak
+        OUT=/tmp/soak timeout "${SOAK_S:-540}" bash "$(dirname "$0")/soak.sh" >"$OUT/soak$k.txt" 2>&1 || status=1
+        cat "$OUT/soak$k.txt"
+        for f in /tmp/soak/soak_r*_p*.log; do
+            echo "== $f"; grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$f" | tail -24
+            grep -A60 "^Timeout (" "$f" | grep -E "^Timeout|^Thread|^Current thread|File .*(cupy_swap|tests)/" | head -60
+        done >"$OUT/soak${k}_tails.txt"
+        [[ -f /tmp/soak/memcheck.log ]] && tail -40 /tmp/soak/memcheck.log >"$OUT/memcheck$k.log" ;;
+    floor)
+        if [[ -f .probes/host_floor.py ]]; then
+            (cd .probes && CUPY_SWAP_SRC=.. BLOCKS=4096,32768 ITERS=60 timeout 100 $PY host_floor.py) \
+                >"$OUT/host_floor.log" 2>&1 || status=1
+            tail -30 "$OUT/host_floor.log"
+        else
+            echo "run_device.sh: floor needs .probes/host_floor.py (carry ../shared/probes)" >&2
+            status=1
+        fi ;;
+    lazy)
+        for mode in LAZY EAGER; do  # LAZY: the default since CUDA 12.2
+            CUDA_MODULE_LOADING=$mode timeout 60 $PY benchmarks/probes/lazy_load_probe.py 2>&1 | tail -2
+        done | tee "$OUT/lazy_load.txt" ;;
+    gates)
+        G="tests/test_trust_gpu.py::test_a_late_check_never_rewrites_another_swaps_verdict
+           tests/test_trust_gpu.py::test_a_slot_swap_never_waits_for_another_streams_queued_slot
+           tests/test_launch_checks_gpu.py::test_a_busy_stream_and_many_queued_checked_swaps"
+        for p in 1 2 3 4; do
+            (end=$((SECONDS + ${GATE_S:-120})); while ((SECONDS < end)); do
+                # shellcheck disable=SC2086
+                timeout 100 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=40 $G 2>&1 \
+                    | grep -E "^E  |passed|failed|^Timeout|^Thread|^Current thread|File .*(cupy_swap|tests)/" | tail -40
+            done >"/tmp/gates_p$p.log" 2>&1) &
+        done
+        wait
+        {
+            cat /tmp/gates_p*.log | grep -cE "passed|failed" | xargs echo "runs:"
+            cat /tmp/gates_p*.log | grep -E "failed|^E  " | sort | uniq -c | head -20
+            grep -h -A30 "^Timeout" /tmp/gates_p*.log | head -60  # the first stuck test's stacks
+        } | tee "$OUT/gates.txt"
+        grep -qE "failed|^Timeout" /tmp/gates_p*.log && status=1 ;;
+    captured)
+        timeout 240 $PY -m pytest -q -p no:cacheprovider -n 4 --dist loadfile --durations=10 -rfE \
+            tests/test_captured_gpu.py tests/test_captured_layouts_gpu.py \
+            tests/test_examples_gpu.py::test_inside_cuda_graph >"$OUT/captured_tests.log" 2>&1 || status=1
+        tail -1 "$OUT/captured_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/captured_tests.log" | head -20
+        CUPY_SWAP_BENCH_HOST_BYTES=100e9 timeout 100 $PY -m cupy_swap bench --captured --reps 30 --json "$OUT/captured.json" \
+            >"$OUT/captured.log" 2>&1 || status=1
+        tail -20 "$OUT/captured.log" ;;
+    hostpools)
+        {
+            date -u
+            id
+            echo "ulimit -l: $(ulimit -l)"
+            echo "numa online: $(cat /sys/devices/system/node/online 2>/dev/null)"
+            echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)" \
+                "defrag: $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null)"
+            grep -E 'MemTotal|MemAvailable|Hugepagesize' /proc/meminfo
+            nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv
+            nvidia-smi topo -m 2>/dev/null | head -5
+        } >"$OUT/machine.txt" 2>&1
+        timeout 20 $PY -m cupy_swap info >"$OUT/info.txt" 2>&1
+        CUPY_SWAP_HOSTPOOL_LOG=$OUT/hostpool_gpu.jsonl timeout 140 $PY -m pytest -q -p no:cacheprovider -rs \
+            tests/test_hostpool_gpu.py >"$OUT/pytest_hostpool_gpu.log" 2>&1 || status=1
+        timeout 120 $PY -m cupy_swap bench --pin --gib 16 --chunk-gib 2,16 --stall-gib 32 --stall-chunk-gib 2 \
+            --json "$OUT/pin_bench.json" >"$OUT/pin_bench.log" 2>&1 || status=1
+        tail -n 5 "$OUT/pytest_hostpool_gpu.log"; cat "$OUT/pin_bench.log"
+        cut -c1-600 "$OUT/hostpool_gpu.jsonl" 2>/dev/null ;;
     *)
         echo "run_device.sh: unknown step '$step'" >&2
         status=2 ;;
