@@ -171,10 +171,11 @@ class Gate:
     behind it stays queued for as long as the test needs, whatever the
     clock.  ``event`` is recorded after the gate; ``open()`` waits for it."""
 
-    def __init__(self, stream, limit_s: float = 60.0):
+    def __init__(self, stream, limit_s: float = 60.0, flag=None):
         from cupy_swap.cuda.memory import host_alias
 
-        self.flag = cs.zeros_pinned(1, np.int32)
+        self.flag = cs.zeros_pinned(1, np.int32) if flag is None else flag  # reused: no free meanwhile
+        self.flag[0] = 0
         kernel = cp.RawKernel(_GATE_SOURCE, "gate")
         self.event = cp.cuda.Event()  # made before the gate holds the GPU (a creation may wait for it)
         with stream:

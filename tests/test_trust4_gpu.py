@@ -15,6 +15,7 @@ import gc
 import mmap
 import sys
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -129,14 +130,13 @@ def _stack_of(thread_id: int) -> str:
 def test_a_call_never_waits_on_the_host_for_a_producer_it_only_orders_after(kind, direction):
     """Finding 6: a call given ``wait_for=`` a held producer returned only
     after the producer finished, depending on what ran before.  The cause
-    (NOTES 76): a release of dropped memory waits for the whole GPU, and
-    while it does, ``cudaEventCreate`` anywhere waits too (950 ms of a 1 s
-    wait), and so does a record on the stream it waits for; the call used
-    to create an event per stream in ``wait_for``.  Each round here swaps
-    and drops arrays, then holds the producer; for events the drop comes
-    after the hold, so the release waits on the releaser thread for exactly
-    that producer while the call runs; a ``wait_for`` stream must take a
-    record, so there the release is drained first.  20 rounds per case."""
+    (NOTES 77): while a release of pinned memory waits for the GPU
+    (``cudaFreeHost``, ``cudaHostUnregister``: device-wide), creating an
+    event anywhere and recording one on a stream it waits for both wait
+    too; the call used to create an event per stream in ``wait_for``, and a
+    swap event when the caller held the last one.  Each round swaps and
+    drops arrays (their releases done), then holds the producer and calls:
+    the call itself must neither create an event nor wait; 20 rounds."""
     sw = cs.BlockSwapper(max_blocks=64)
     host, gpu = cs.zeros_pinned((64, *BLOCK), np.float16), cp.zeros((64, *BLOCK), cp.float16)
     op = sw.prepare(host, gpu) if direction == "in" else sw.prepare(gpu, host)
@@ -145,32 +145,33 @@ def test_a_call_never_waits_on_the_host_for_a_producer_it_only_orders_after(kind
     rows = np.array([[1, 2], [3, 4], [5, 6]])
     op(rows, stream=copier).synchronize()
     main = threading.get_ident()
+    flag = cs.zeros_pinned(1, np.int32)  # one gate flag for every round: no release of it meanwhile
     for round_ in range(20):
-        assert release.drain(timeout=60)
         dropped_host = cs.zeros_pinned((8, *BLOCK), np.float16)
         dropped_gpu = cp.zeros((8, *BLOCK), cp.float16)
-        sw.swap(dropped_host, dropped_gpu, [[0, 1]], stream=copier)
-        if kind == "stream":
-            del dropped_host, dropped_gpu
-            gc.collect()
-            assert release.drain(timeout=60)
-        gate = Gate(producer, limit_s=10)
+        sw.swap(dropped_host, dropped_gpu, [[0, 1]], stream=copier)  # a cached op over them, too
+        del dropped_host, dropped_gpu
+        gc.collect()
+        assert release.drain(timeout=60)  # released: a release's device-wide wait would hold records
+        t = [time.perf_counter()]
+        gate = Gate(producer, limit_s=10, flag=flag)
+        t.append(time.perf_counter())
         wait = waits.after()
-        if kind != "stream":
-            del dropped_host, dropped_gpu  # released while the gate holds the GPU
-            gc.collect()
+        t.append(time.perf_counter())
         seen: list = []
         timer = threading.Timer(1.0, lambda seen=seen: seen.append(_stack_of(main)))
         timer.start()
         try:
             ev = op(rows, stream=copier, wait_for=wait)
+            t.append(time.perf_counter())
             held = gate.closed
         finally:
             timer.cancel()
             gate.open()
         ev.synchronize()
         assert held, (
-            f"round {round_}: the call returned only after the producer finished; "
+            f"round {round_}: the call returned only after the producer finished (ms from the gate's "
+            f"start: {[round((x - t[0]) * 1e3, 1) for x in t[1:]]}: gate made, waits, call); "
             f"after 1 s it was at:\n{seen[0] if seen else '(not sampled)'}"
         )
     assert release.drain(timeout=60)
