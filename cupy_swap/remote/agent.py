@@ -265,8 +265,11 @@ class RemoteAgent(PoolsMixin, PeersMixin, TransfersMixin, StagedMixin, GrantsMix
     def close(self) -> None:
         """Close every transfer of this agent not done, drop every pool (peers
         are told), forget every peer, stop the metadata server.  Waits up to
-        1 s for requests NIXL could not cancel at once, holding the lock only
-        for each poll."""
+        1 s in all, holding the lock only for each poll, for requests NIXL
+        could not cancel at once, then for granted senders to confirm that
+        nothing more lands in a receive run (``CANCEL``); a run one did not
+        confirm stays registered and alive, and is freed by a later
+        :meth:`poll` once its deadline passed, or with the agent."""
         with self._lock:
             server, self._server = self._server, None
         if server is not None:  # its thread may be waiting for the lock (metadata()): not held here
@@ -277,16 +280,27 @@ class RemoteAgent(PoolsMixin, PeersMixin, TransfersMixin, StagedMixin, GrantsMix
                 if t is not None and t._busy():
                     t.close()
         pauses = Pauses()
-        while pauses.elapsed() < min(1.0, self.peer_timeout):  # requests NIXL could not cancel at once
+        self._settle(lambda: self._later, pauses)  # requests NIXL could not cancel at once
+        with self._lock:
+            self._drop_all()
+        self._settle(lambda: self._dropped, pauses)  # grants.py: granted senders, still connected, confirm
+        with self._lock:
+            for peer in list(self._peers):
+                try:
+                    self.disconnect(peer)
+                except RemoteError:  # its descriptor lists stay with the request NIXL holds
+                    pass
+
+    def _settle(self, busy, pauses: Pauses) -> None:
+        """Progress, taking the lock for each try, while ``busy()`` and ``close()``'s second lasts."""
+        while pauses.elapsed() < min(1.0, self.peer_timeout):
             with self._lock:
-                if not self._later:
-                    break
+                if not busy():
+                    return
                 self._progress()
             pauses.sleep()
-        with self._lock:
-            self._forget_all()
 
-    def _forget_all(self) -> None:
+    def _drop_all(self) -> None:
         for name in list(self._pools):
             try:
                 self.drop_pool(name)
@@ -297,11 +311,6 @@ class RemoteAgent(PoolsMixin, PeersMixin, TransfersMixin, StagedMixin, GrantsMix
                     RuntimeWarning,
                     stacklevel=3,
                 )
-        for peer in list(self._peers):
-            try:
-                self.disconnect(peer)
-            except RemoteError:  # as above: its descriptor lists stay with the request NIXL holds
-                pass
 
     def __enter__(self):
         return self

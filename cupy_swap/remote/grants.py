@@ -19,6 +19,13 @@ the range (``SCATTERED``).  Deadlines (``peer_timeout``): a request waits
 that long for room, a grant that long for each next chunk; past it the
 grant fails (``NACK``, an Arrival of kind ``"failed"``) and its slots are
 freed one more ``peer_timeout`` later, or on the sender's ``CANCEL``.
+
+A dropped pool (``drop_pool``, ``close()``) is held to the same rule: its
+receive run stays registered and alive (in ``_dropped``) while a grant of
+it is live, since a granted sender's chunks may still be on the wire (over
+UCX's TCP transport they land only when this agent progresses); its
+grants fail as a disconnect's do, and the run is deregistered once the
+last one ended.
 """
 
 from __future__ import annotations
@@ -98,25 +105,45 @@ class ReceiveRun:
 class GrantsMixin:
     """The receiver's side of staged writes (part of :class:`RemoteAgent`).
 
-    Owns each pool's ``slots`` (:class:`ReceiveRun`) and ``_scattering``
-    (GPU scatters not finished yet: ``(event, pool, grant, count)``).
+    Owns each pool's ``slots`` (:class:`ReceiveRun`), ``_scattering``
+    (GPU scatters not finished yet: ``(event, pool, grant, count)``) and
+    ``_dropped`` (registration uid -> dropped pool whose receive run a live
+    grant may still write).
     """
 
     def _init_grants(self) -> None:
         self._scattering: list = []
+        self._dropped: dict = {}
 
-    def _refuse_grants(self, pool) -> None:
-        """The pool is dropped: refuse what waits or is granted (each records
-        its blocks as failed); nothing is granted or acknowledged for it any
-        more.  A GPU scatter still running keeps the pool (and its receive
-        run) alive in ``_scattering`` until its event completes."""
+    def _runs(self) -> list:
+        """The pools with a receive run: registered ones, and dropped ones a grant still holds."""
+        return [p for p in [*self._pools.values(), *self._dropped.values()] if p.slots is not None]
+
+    def _registration(self, name: str, uid: int):
+        """The pool of registration ``uid`` of ``name``: registered, or dropped and still held."""
+        pool = self._pools.get(name)
+        if pool is None or pool.layout.uid != uid:
+            pool = self._dropped.get(uid)
+        return pool if pool is not None and pool.layout.name == name else None
+
+    def _refuse_grants(self, pool) -> bool:
+        """The pool is dropped: fail what waits or is granted (each records its
+        blocks as failed, its sender is told); nothing is granted for it any
+        more.  Granted slots wait, as after a disconnect, for the sender's
+        ``CANCEL`` or one ``peer_timeout``: True when one does, and the pool's
+        receive run is then kept (``_dropped``) until the last is freed."""
         if pool.slots is None:
-            return
-        for grant in list(pool.slots.queue) + list(pool.slots.grants.values()):
+            return False
+        for grant in pool.slots.queue:  # never granted: nothing of it can land
+            self._record_failed(grant, "the pool was dropped")
             self._nack(grant.key, pool.layout.name, grant.uid, wire.DROPPED)
-            if not grant.failed:
-                self._record_failed(grant, "the pool was dropped")
-        pool.slots = None
+        pool.slots.queue.clear()
+        release_at = time.monotonic() + self.peer_timeout
+        for grant in list(pool.slots.grants.values()):
+            self._end_grant(pool, grant, "the pool was dropped", wire.DROPPED, release_at)
+        if pool.slots.grants:
+            self._dropped[pool.layout.uid] = pool
+        return bool(pool.slots.grants)
 
     def _fail_grants_of(self, peer: str, incarnation: int, how: str) -> None:
         """Fail what ``(peer, incarnation)`` waits for or was granted here
@@ -125,26 +152,31 @@ class GrantsMixin:
         ``peer_timeout``, since a chunk it posted may still land)."""
         why = "its sender was disconnected" if how == "disconnect" else "its sender restarted"
         release_at = time.monotonic() + self.peer_timeout if how == "disconnect" else 0.0
-        for pool in self._pools.values():
-            if pool.slots is None:
-                continue
+        reason = wire.DISCONNECTED if how == "disconnect" else None
+        for pool in self._runs():
             for grant in [g for g in pool.slots.queue if g.key[:2] == (peer, incarnation)]:
                 pool.slots.queue.remove(grant)  # never granted: nothing of it can land
                 self._record_failed(grant, why)
-                if how == "disconnect":
-                    self._nack(grant.key, grant.pool, grant.uid, wire.DISCONNECTED)
+                if reason is not None:
+                    self._nack(grant.key, grant.pool, grant.uid, reason)
             for grant in [g for k, g in pool.slots.grants.items() if k[:2] == (peer, incarnation)]:
-                if not grant.failed:
-                    self._record_failed(grant, why)
-                    if how == "disconnect":
-                        self._nack(grant.key, grant.pool, grant.uid, wire.DISCONNECTED)
-                grant.failed = True
-                if grant.noted == grant.n:  # every chunk landed: none is left to come
-                    grant.release_at = 0.0
-                elif grant.release_at is None or grant.release_at > release_at:
-                    grant.release_at = release_at
-                self._maybe_release(pool, grant)
+                self._end_grant(pool, grant, why, reason, release_at)
             self._grant(pool)
+
+    def _end_grant(self, pool, grant: Grant, why: str, reason: int | None, release_at: float) -> None:
+        """Fail a granted write (recorded, its sender told ``reason`` unless
+        None); its slots are freed by ``release_at`` at the latest, at once
+        when every chunk landed, and never under a running scatter."""
+        if not grant.failed:
+            self._record_failed(grant, why)
+            if reason is not None:
+                self._nack(grant.key, grant.pool, grant.uid, reason)
+        grant.failed = True
+        if grant.noted == grant.n:  # every chunk landed: none is left to come
+            grant.release_at = 0.0
+        elif grant.release_at is None or grant.release_at > release_at:
+            grant.release_at = release_at
+        self._maybe_release(pool, grant)
 
     def _finish_scatters(self) -> None:
         """Count the GPU scatters whose event completed (CPU tests stand one in)."""
@@ -163,9 +195,9 @@ class GrantsMixin:
         """Fail the grants whose next chunk is late and the requests that
         waited for room past the deadline; free failed grants' slots once
         nothing of them can land."""
-        for pool in self._pools.values():
+        for pool in self._runs():
             slots = pool.slots
-            if slots is None or not (slots.grants or slots.queue):
+            if not (slots.grants or slots.queue):
                 continue
             for grant in [g for g in slots.queue if g.deadline is not None and now > g.deadline]:
                 slots.queue.remove(grant)  # never granted: nothing of it can land
@@ -181,8 +213,8 @@ class GrantsMixin:
     def _on_cancel(self, peer_name: str, note: wire.Note) -> None:
         """The sender says nothing of this transfer can land any more: fail
         what waited, free its granted slots (once no scatter of it runs)."""
-        pool = self._pools.get(note.pool)
-        if pool is None or pool.slots is None or pool.layout.uid != note.uid:
+        pool = self._registration(note.pool, note.uid)
+        if pool is None or pool.slots is None:
             return
         key = (peer_name, note.src, note.xfer_id)
         for grant in [g for g in pool.slots.queue if g.key == key]:
@@ -224,9 +256,7 @@ class GrantsMixin:
 
     def _on_chunk(self, peer_name: str, note: wire.Note) -> None:
         """A chunk of a granted write landed: scatter it (or refuse it)."""
-        pool = self._pools.get(note.pool)
-        if pool is not None and pool.layout.uid != note.uid:
-            pool = None  # a chunk for a registration dropped since: its grants went with it
+        pool = self._registration(note.pool, note.uid)  # dropped since: only its failed grants are left
         key = (peer_name, note.src, note.xfer_id)
         grant = None if pool is None or pool.slots is None else pool.slots.grants.get(key)
         if grant is None:
@@ -282,6 +312,9 @@ class GrantsMixin:
             return
         del slots.grants[grant.key]
         slots.run.give(grant.offset, grant.n)
+        if not slots.grants and self._dropped.get(pool.layout.uid) is pool:  # nothing can land in it now
+            del self._dropped[pool.layout.uid]
+            self.nixl.deregister_memory(pool.regs[-1])  # the staging runs' registration
 
     def _record_failed(self, grant: Grant, why: str) -> None:
         peer, inc, xfer_id = grant.key

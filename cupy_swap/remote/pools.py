@@ -3,9 +3,11 @@ NIXL, and its descriptor lists alive, while any request that uses them may
 still run: ``drop_pool`` refuses while a transfer from the pool is busy
 (and ``close()`` leaves such a pool registered), fails what has not posted,
 tells every connected peer which *registration* is gone, and ends every
-staged write into it as failed.  Each registration gets its own ``uid``
-(in its :class:`PoolLayout`), so a pool dropped and registered again under
-the same name is never mistaken for its predecessor.
+staged write into it as failed; its receive run stays registered and alive
+while a sender it granted slots may still write there (``grants.py``).
+Each registration gets its own ``uid`` (in its :class:`PoolLayout`), so a
+pool dropped and registered again under the same name is never mistaken
+for its predecessor.
 
 Every block's descriptor is prepared once, at registration; a pool with
 ``staging_blocks=S`` also gets a *send* run (what its own staged writes
@@ -144,8 +146,10 @@ class PoolsMixin:
         the notification arrived; a direct transfer they posted before that
         may still land, so quiesce first.  Staged writes into it that are
         waiting or granted are refused (the receiver records them as
-        failed); this agent's own transfers from it that have not been
-        posted fail.
+        failed); the receive run stays registered and alive until each
+        granted sender confirmed (``CANCEL``) or one ``peer_timeout`` passed,
+        since its chunks may still be on the wire.  This agent's own
+        transfers from it that have not been posted fail.
 
         Raises
         ------
@@ -164,8 +168,8 @@ class PoolsMixin:
                 )
             except Exception:  # a dead peer needs no news
                 pass
-        self._refuse_grants(pool)  # grants.py: what waits or is granted fails
-        self._release_pool(pool, pool.regs)
+        held = self._refuse_grants(pool)  # grants.py: True keeps the receive run for granted senders
+        self._release_pool(pool, pool.regs[:1] if held else pool.regs)
 
     def _release_pool(self, pool, regs) -> None:
         """Release what register_pool made: descriptor lists, then registrations."""

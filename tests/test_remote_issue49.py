@@ -1,0 +1,119 @@
+"""cupy_swap.remote, findings 4 and 5 of issue 49, on real NIXL over loopback
+with UCX's TCP transport (``UCX_TLS=tcp``: hosts without RDMA), where a
+chunk lands only when its receiver progresses:
+
+4. a dropped or closed pool's receive run stays registered and alive while
+   a sender it granted slots may still write it;
+5. the tables of retired incarnations and of checked pool pairs stay
+   bounded however many restarts and re-registrations a server sees.
+
+Each waits on conditions with deadlines, never on sleeps."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .test_remote import (
+    connected_pair,
+    count_calls,
+    gathered_one_at_a_time,
+    needs_nixl,
+    spin_until,
+)
+from .test_remote_peers import run_script
+
+DEADLINE = 1.0  # peer_timeout of the agents in this process
+
+
+@pytest.fixture
+def two(monkeypatch):
+    """Two agents in this process over UCX's TCP transport only (UCX reads
+    ``UCX_TLS`` as each agent starts): "kv", 16 blocks of 64 bytes, 8
+    staging slots each, short deadlines."""
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    yield from connected_pair("i49", peer_timeout=DEADLINE)
+
+
+# --- 4: a granted sender's chunks never land in freed memory ---------------------------------------------
+
+GRANTED_THEN_DROPPED = """
+import os, time
+os.environ["UCX_TLS"] = "tcp"
+import numpy as np
+from cupy_swap.remote import RemoteAgent, TransferError
+
+HOW = {how!r}
+B, BB = 16, 4 << 20  # 16 blocks of 4 MiB, one chunk each: arrays past malloc's mmap threshold
+a = RemoteAgent("i49-send", peer_timeout=30.0, staged_chunk_bytes=BB)
+b = RemoteAgent("i49-recv", peer_timeout=30.0, staged_chunk_bytes=BB)
+a.register_pool("kv", [np.full((B, BB), 7, np.uint8)], staging_blocks=B)
+b.register_pool("kv", [np.zeros((B, BB), np.uint8)], staging_blocks=B)
+a.connect(b.metadata())
+b.connect(a.metadata())
+
+def until(cond, *agents):  # each agent polls, in turn, before each look
+    end = time.monotonic() + 30
+    while True:
+        for agent in agents:
+            agent.poll()
+        if cond():
+            return
+        assert time.monotonic() < end, "timed out"
+
+t = a.write("kv", ("i49-recv", "kv"), [(i, i) for i in range(B)], path="staged")
+until(lambda: t._all_posted, b, a)  # granted, every chunk posted: over TCP none lands before b polls
+assert not t.moved
+b.drop_pool("kv") if HOW == "drop" else b.close()
+reused = [np.full((B, BB), 3, np.uint8) for _ in range(3)]  # the freed pages, if they were freed
+
+def failed():
+    try:
+        t.done()
+    except TransferError:
+        return not t._busy()  # and NIXL let go of every request: its CANCEL is on its way
+    return False
+
+until(failed, b, a)  # the receiver polls first, as its loop would: the chunks on the wire land
+assert all((r == 3).all() for r in reused), "a chunk landed in memory the pool had freed"
+assert "dropped the pool" in str(t._error)
+until(lambda: not b._dropped, b, a)  # the sender's CANCEL frees the run
+assert all((r == 3).all() for r in reused)
+print("ok")
+"""
+
+
+@needs_nixl
+@pytest.mark.parametrize("how", ["drop", "close"])
+def test_a_dropped_pools_receive_run_outlives_the_chunks_granted_into_it(how):
+    """Finding 4: the receiver grants a 64 MiB staged write (16 chunks),
+    the sender posts every chunk, and the receiver drops the pool (or
+    closes) before it progressed.  Over TCP the chunks land as the receiver
+    polls: before, in freed memory (bytes of the sender in arrays allocated
+    after the drop, or SIGSEGV in a later poll); now in the receive run,
+    kept until the sender's CANCEL.  In a fresh interpreter: the old fault
+    crashes it."""
+    out = run_script(GRANTED_THEN_DROPPED.format(how=how), timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (out.returncode, out.stderr[-3000:])
+
+
+@needs_nixl
+def test_a_dropped_pool_with_a_silent_granted_sender_is_released_by_the_deadline(two):
+    """Finding 4, the other way out: the sender of a granted write never
+    confirms (its chunks wait for a gather that never finishes); the
+    dropped pool's receive run stays registered until one ``peer_timeout``
+    after the drop, then is deregistered by a later poll."""
+    a, b, _, _ = two
+    gathered_one_at_a_time(a, [False])  # its one chunk is never posted
+    t = a.write("kv", ("i49-b", "kv"), [(0, 0), (1, 1)], path="staged")
+    spin_until(lambda: b._pools["kv"].slots.grants and t._ready is None, b, a)  # granted
+    deregistered = count_calls(b.nixl, "deregister_memory")
+    regs = b._pools["kv"].regs
+    dropped = time.monotonic()
+    b.drop_pool("kv")
+    assert deregistered == [(regs[0],)] and len(b._dropped) == 1  # the parts go, the runs stay
+    spin_until(lambda: not b._dropped, b, timeout=10)
+    assert time.monotonic() - dropped >= DEADLINE  # by the deadline, not before
+    assert deregistered == [(regs[0],), (regs[1],)]
+    t.close()
