@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
+from cupy_swap.remote import wire
+
 from .test_remote import (
+    collect_until,
     connected_pair,
     count_calls,
     gathered_one_at_a_time,
@@ -117,3 +121,43 @@ def test_a_dropped_pool_with_a_silent_granted_sender_is_released_by_the_deadline
     assert time.monotonic() - dropped >= DEADLINE  # by the deadline, not before
     assert deregistered == [(regs[0],), (regs[1],)]
     t.close()
+
+
+# --- 5: tables bounded -----------------------------------------------------------------------------------
+
+
+@needs_nixl
+def test_retired_incarnations_are_forgotten_after_their_deadline(two):
+    """Finding 5: every restart of a peer (here: its metadata under a new
+    incarnation) retired one more incarnation, kept for the life of the
+    agent.  Now a retirement is kept one ``peer_timeout``: after 30
+    restarts and that deadline, the next retirement leaves one entry, and
+    the peer connected again under its own incarnation is heard as before."""
+    a, b, pa, pb = two
+    name, pools, md, incarnation = wire.unpack_metadata(a.metadata())
+    for i in range(1, 31):
+        b.connect(wire.pack_metadata(name, pools, md, incarnation + i))  # a "restart" of a
+    last = time.monotonic()
+    spin_until(lambda: time.monotonic() > last + DEADLINE, b)  # past every retirement's deadline
+    b.connect(a.metadata())  # a's own incarnation again: retires the 30th
+    assert list(b._retired) == [(name, incarnation + 30)]
+    t = a.write("kv", ("i49-b", "kv"), [(3, 4)])
+    got = collect_until(lambda got: got and t.done(), b, a)
+    assert [(x.kind, x.blocks.tolist()) for x in got] == [("write", [4])]
+    np.testing.assert_array_equal(pb[0][4], pa[0][3])
+
+
+@needs_nixl
+def test_a_dropped_registration_leaves_no_pair_behind(two):
+    """Finding 5: each re-registration of a local pool added an entry (both
+    layouts) to the peer's table of checked pairs.  Now drop_pool removes
+    the dropped registration's: after 20 re-registrations, one entry."""
+    a, b, _, pb = two
+    for i in range(20):
+        a.drop_pool("kv")
+        pa = [np.full((16, 64), i, np.uint8)]
+        a.register_pool("kv", pa, staging_blocks=8)
+        t = a.write("kv", ("i49-b", "kv"), [(0, i % 16)])
+        spin_until(t.done, a, b)
+        np.testing.assert_array_equal(pb[0][i % 16], pa[0][0])
+    assert [v[0] for v in a._peers["i49-b"].paired.values()] == [a._pools["kv"].layout]

@@ -3,8 +3,13 @@ view this agent holds of a peer (its incarnation, pools and prepared
 descriptor lists), and it is replaced or forgotten only once no transfer
 that uses it has NIXL requests in flight or may still post; every
 incarnation it replaced (a restarted process under the same name) or
-disconnected is *retired*: notes from it are refused and counted against
-nothing, except ``CANCEL``, which can only free what it held.
+disconnected is *retired* for at least one ``peer_timeout`` (the deadline
+of everything it had under way here): notes from it are refused and
+counted against nothing, except ``CANCEL``, which can only free what it
+held.  Retirements older than that are forgotten as the next one is
+recorded, so ``_retired`` holds only those of the last ``peer_timeout``;
+a forgotten incarnation's note is then handled as one from a peer this
+agent never connected.
 
 Every agent draws a random nonce when it starts (its *incarnation*),
 exports it in its metadata and puts both sides' in every note, so grants,
@@ -19,6 +24,7 @@ released with the view.
 
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -40,7 +46,7 @@ class Peer:
     blob: bytes = b""  # the metadata connect() took (a refresh with the same bytes does nothing)
     dlists: dict = field(default_factory=dict)  # (pool, staging?) -> prepared remote dlist
     dropped: set = field(default_factory=set)
-    paired: dict = field(default_factory=dict)  # (id(local layout), id(remote layout)) -> both
+    paired: dict = field(default_factory=dict)  # (id(local), id(remote layout)) -> both, until drop_pool
     transfers: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
 
@@ -48,12 +54,13 @@ class PeersMixin:
     """Peers and incarnations (part of :class:`RemoteAgent`).
 
     Owns ``_peers`` (name -> :class:`Peer`) and ``_retired`` (``(name,
-    incarnation)`` replaced by a later ``connect()`` or disconnected).
+    incarnation)`` replaced by a later ``connect()`` or disconnected -> when
+    it may be forgotten).
     """
 
     def _init_peers(self) -> None:
         self._peers: dict[str, Peer] = {}
-        self._retired: set = set()
+        self._retired: dict = {}
 
     @locked
     def metadata(self) -> bytes:
@@ -124,7 +131,7 @@ class PeersMixin:
         added = added.decode() if isinstance(added, bytes) else added
         if added != name:
             raise RemoteError(f"connect: metadata names agent {name!r} but NIXL loaded {added!r}")
-        self._retired.discard((name, incarnation))
+        self._retired.pop((name, incarnation), None)
         self._peers[name] = Peer(name, incarnation, pools, blob)
         self.nixl.make_connection(name)  # UCX wire-up now, not inside the first transfer
         return name
@@ -166,7 +173,9 @@ class PeersMixin:
         for handle in p.dlists.values():
             handle.release()
         if how != "refresh":
-            self._retired.add((peer, p.incarnation))
+            now = time.monotonic()
+            self._retired = {k: t for k, t in self._retired.items() if t > now}
+            self._retired[(peer, p.incarnation)] = now + self.peer_timeout
             self._fail_grants_of(peer, p.incarnation, how)  # grants.py; told before NIXL forgets it
             self._fail_sent_to(peer)  # staged.py
         try:

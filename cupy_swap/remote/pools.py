@@ -5,9 +5,10 @@ still run: ``drop_pool`` refuses while a transfer from the pool is busy
 tells every connected peer which *registration* is gone, and ends every
 staged write into it as failed; its receive run stays registered and alive
 while a sender it granted slots may still write there (``grants.py``).
-Each registration gets its own ``uid`` (in its :class:`PoolLayout`), so a
-pool dropped and registered again under the same name is never mistaken
-for its predecessor.
+What refers to a registration goes with it (``Peer.paired``).  Each
+registration gets its own ``uid`` (in its :class:`PoolLayout`), so a pool
+dropped and registered again under the same name is never mistaken for
+its predecessor.
 
 Every block's descriptor is prepared once, at registration; a pool with
 ``staging_blocks=S`` also gets a *send* run (what its own staged writes
@@ -162,6 +163,7 @@ class PoolsMixin:
         self._refuse_busy(pool.transfers, "drop_pool", f"from pool {name!r}")
         del self._pools[name]
         for peer in self._peers.values():
+            peer.paired = {k: v for k, v in peer.paired.items() if v[0] is not pool.layout}
             try:
                 self.nixl.send_notif(
                     peer.name, self._note(wire.DROP, 0, name, pool.layout.uid, (), peer.incarnation)
