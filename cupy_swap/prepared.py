@@ -27,7 +27,8 @@ from .core.mapping import check_rows_for, host_rows, run_starts
 from .core.route import check_mode, prepared_route, run_route, run_rows, staged_plan, staged_refusal
 from .cuda import abi, capture, memory, release
 from .cuda.gpu_mapping import device_rows
-from .cuda.outcomes import Channel, caller
+from .cuda.outcomes import Channel
+from .cuda.outcomes import caller as caller_ref
 from .cuda.slots import DST_INDEX, INDEX_STEP, N_PAIRS, SEQ, SRC_INDEX, STATUS
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 from .op_cache import listed
@@ -52,6 +53,7 @@ class _Decided:
         "staged_ok",
         "merge_runs",
         "kernel_rows",
+        "fast_rows",
     )
 
     def __init__(self, swapper, layout: Layout, torch_parts: bool):
@@ -71,6 +73,8 @@ class _Decided:
         self.kernel_rows = (
             (policy.dma_max_copies // len(layout.src), self.run_rows or (1 << 62)) if kernel_auto else (0, 0)
         )
+        if self.route == "kernel" and swapper.mode == "kernel" and layout.bytes_per_pair:
+            self.kernel_rows = (0, 1 << 62)
         # The launch can check: the ring (and its status records) mapped, no parts that may
         # share bytes (only the host checks those), blocks its table holds
         # (then every row of every call is checked there, up to the
@@ -81,6 +85,10 @@ class _Decided:
             and not layout.meeting
             and max(layout.src_limit, layout.dst_limit) < abi.CHECK_KEY_LIMIT
         )
+        # The one-screen call (PreparedSwap._run) serves low < n < high rows; (0, 0): never.
+        low, high = self.kernel_rows
+        checks = self.launch_checks and swapper._launcher.slots_ok
+        self.fast_rows = (low, min(high, swapper._launcher.check_rows_max + 1)) if checks else (0, 0)
         self.generation = memory.generation()
         # Torch callers are ordered on torch's current stream by default.
         self.default_stream = torch_stream_getter(swapper.device) if torch_parts else None
@@ -214,7 +222,80 @@ class PreparedSwap:
     def _run(self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check):
         """The swap, with the swapper's GPU current (``caller`` was current
         when the caller called: default-stream ``wait_for`` entries are
-        its); ``want``: the direction ``swap_in``/``swap_out`` ask for."""
+        its); ``want``: the direction ``swap_in``/``swap_out`` ask for.
+
+        The common call, one screen: host rows the kernel copies and checks
+        in its launch (no per-call ``mode``/``check``/timing, not capturing).
+        Anything else goes to :meth:`_general` before anything is enqueued."""
+        sw, op = self._swapper, self._decided
+        low, high = op.fast_rows
+        ring = sw._launcher.slots
+        kind = type(block_mapping)
+        if (
+            mode is not None or check is not None or timing or sw.timing or sw._closed
+            or op.generation != memory._generation[0] or (kind is not np.ndarray and kind is not list)
+            or (want is not None and want != op.layout.direction) or self._outcomes.failed or ring.alarmed()
+        ):  # fmt: skip
+            return self._general(caller, block_mapping, stream, want, mode, wait_for, timing, check)
+        rows = host_rows(block_mapping, sw.max_blocks)
+        n = len(rows) >> 1 if type(rows) is list else rows.shape[0]
+        if not low < n < high:
+            return self._general(caller, block_mapping, stream, want, mode, wait_for, timing, check)
+        last = self._last_stream
+        handle = last[1] if stream is not None and last[0] is stream else self._handle(stream, op)
+        if wait_for is not None and not (type(wait_for) is tuple and not wait_for):  # 0 is a stream
+            self._enqueue_waits(handle, wait_for, caller)
+        if stream_is_capturing(handle):  # asked after the waits: they may have joined a capture
+            return self._general(caller, block_mapping, stream, want, mode, (), timing, check)
+        event = sw._events.take(False)
+        event.path, event.nbytes = "kernel", n * op.layout.bytes_per_pair
+        i = ring.take()
+        try:
+            seq = ring.checked_seq()
+            if type(rows) is list:
+                ring.rows_c[i][: 2 * n] = rows
+            else:
+                ring.rows[i][:n] = rows
+            control = ring.controls[i]
+            control[SRC_INDEX], control[N_PAIRS], control[STATUS], control[SEQ] = 0, n, ring.status_at[i], seq
+            event.check, event.seq, event.slot = ring, seq, i  # whose verdict: known before the launch
+            ring.claim(i, seq, (self._outcomes, op.layout, caller_ref()), event)
+            op.kernel.launch_slot(i, handle)
+        except BaseException:
+            ring.give_back(i)
+            raise
+        ring.launched(i, seq)
+        try:
+            sw._record(event.ptr, handle)
+        except BaseException:
+            ring.forget(i, event)  # the caller gets no event: nobody is told its verdict
+            raise
+        sw.last_path = "kernel"
+        return event
+
+    def _handle(self, stream, op: _Decided) -> int:
+        """The raw handle of ``stream`` (``None``: torch's or CuPy's current
+        stream); a stream object's is kept for its next call."""
+        if stream is None:
+            return (
+                op.default_stream() if op.default_stream is not None else self._swapper._current_stream().ptr
+            )
+        handle = stream_on_device(stream, self._swapper.device)
+        self._last_stream = (stream, handle)
+        return handle
+
+    def _enqueue_waits(self, handle: int, wait_for, caller: int) -> None:
+        """Order ``handle`` after every entry of ``wait_for``."""
+        sw = self._swapper
+        for item in listed(wait_for):  # each wait enqueued before the next record (one event a thread)
+            w = wait_handle(item, sw.device, caller)
+            if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
+                sw._wait_event(handle, w.event_ptr, 0)
+
+    def _general(self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check):
+        """Every call :meth:`_run` does not serve: per-call ``mode``,
+        ``check`` or timing, rows on the GPU or as index pairs, the copy
+        engines, staging, capture, refusals, an earlier swap's failure."""
         sw = self._swapper
         if sw._closed:
             raise RuntimeError("swap: this BlockSwapper is closed; make a new one")
@@ -240,17 +321,8 @@ class PreparedSwap:
             n = len(rows) >> 1 if type(rows) is list else rows.shape[0]
         else:
             rows, n = None, on_gpu.n
-        if stream is not None:
-            last = self._last_stream
-            if last[0] is stream:
-                handle = last[1]
-            else:
-                handle = stream_on_device(stream, sw.device)
-                self._last_stream = (stream, handle)
-        elif op.default_stream is not None:
-            handle = op.default_stream()
-        else:
-            handle = sw._current_stream().ptr
+        last = self._last_stream
+        handle = last[1] if stream is not None and last[0] is stream else self._handle(stream, op)
         # 2. The path, and every refusal, before any wait is enqueued.
         low, high = op.kernel_rows
         if low < n < high and mode is None and on_gpu is None:
@@ -265,11 +337,8 @@ class PreparedSwap:
         plan = self._staged(op.layout, rows, looked) if path == "staged" else None
         if plan is False:
             path = "kernel"  # auto's choice, not the caller's: no arena, the kernel copies (rows checked)
-        if not (wait_for is None or (type(wait_for) is tuple and not wait_for)):  # 0 is a stream
-            for item in listed(wait_for):  # each wait enqueued before the next record (one event a thread)
-                w = wait_handle(item, sw.device, caller)
-                if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
-                    sw._wait_event(handle, w.event_ptr, 0)
+        if wait_for is not None and not (type(wait_for) is tuple and not wait_for):  # 0 is a stream
+            self._enqueue_waits(handle, wait_for, caller)
         # 3. Asked after the waits: waiting on a capturing stream joins its capture.
         capturing = path != "none" and stream_is_capturing(handle)
         if capturing:
@@ -348,7 +417,7 @@ class PreparedSwap:
             control[N_PAIRS], control[STATUS], control[SEQ] = n, status, seq
             if checked:  # who is told its verdict: known before the launch can write it
                 event.check, event.seq, event.slot = ring, seq, i
-                ring.claim(i, seq, (self._outcomes, op.layout, caller()), event)
+                ring.claim(i, seq, (self._outcomes, op.layout, caller_ref()), event)
             op.kernel.launch_slot(i, handle)
             launched = True
         finally:
