@@ -166,7 +166,7 @@ def test_event_pool_recycles_only_events_nobody_holds(monkeypatch):
             made[0] += 1
 
     monkeypatch.setattr(streams, "swap_event_class", lambda: CountedEvent)
-    ready = streams.EventPool(size=8)  # made up front: a call never creates one (NOTES 76)
+    ready = streams.EventPool(size=8)  # made up front: a call never creates one (NOTES 77)
     assert made[0] == 4
     held = [ready.take(False) for _ in range(3)]  # the caller keeps its last three events
     assert made[0] == 4 and len({id(e) for e in held}) == 3

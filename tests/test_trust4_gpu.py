@@ -96,7 +96,7 @@ WAITS = ["stream", "cupy event", "torch event"]
 
 class _Waits:
     """One ``wait_for`` of each kind on ``producer``, its events made once
-    (a creation may wait behind a release: NOTES 76) and recorded by
+    (a creation may wait behind a release: NOTES 77) and recorded by
     :meth:`after` once the producer's work is queued."""
 
     def __init__(self, kind, producer):

@@ -111,7 +111,7 @@ _wait_events = threading.local()
 def _thread_wait_event(device: int):
     """This thread's one event for stream waits on ``device``, made once:
     creating an event waits behind a release's device-wide wait (950 ms
-    while a release waited 1 s, NOTES 76), re-recording one does not, and a
+    while a release waited 1 s, NOTES 77), re-recording one does not, and a
     wait enqueued earlier keeps the record it saw."""
     from . import capture
 
@@ -274,7 +274,7 @@ class EventPool:
     """Swap events, recycled once nobody else holds them: creating an event
     costs about 1.8 us of host time, recording one 0.75 us
     (benchmarks/host_costs.py), and a creation waits behind a release's
-    device-wide wait (NOTES 76).  When the oldest of the last ``size`` events
+    device-wide wait (NOTES 77).  When the oldest of the last ``size`` events
     handed out is referenced by the pool alone, it is recorded again instead
     of a new one (a wait enqueued earlier keeps the record it saw); ``ready``
     events are made up front, so a caller holding its last few events never
