@@ -11,6 +11,7 @@ Each waits on conditions with deadlines, never on sleeps."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -29,6 +30,9 @@ from .test_remote import (
 from .test_remote_peers import run_script
 
 DEADLINE = 1.0  # peer_timeout of the agents in this process
+# TCP only; where a GPU is present NIXL's UCX backend also needs a CUDA transport (it refuses
+# "tcp" alone there: H200 run, NOTES 77).
+TCP = "tcp,cuda_copy" if os.path.exists("/dev/nvidiactl") else "tcp"
 
 
 @pytest.fixture
@@ -36,7 +40,7 @@ def two(monkeypatch):
     """Two agents in this process over UCX's TCP transport only (UCX reads
     ``UCX_TLS`` as each agent starts): "kv", 16 blocks of 64 bytes, 8
     staging slots each, short deadlines."""
-    monkeypatch.setenv("UCX_TLS", "tcp")
+    monkeypatch.setenv("UCX_TLS", TCP)
     yield from connected_pair("i49", peer_timeout=DEADLINE)
 
 
@@ -44,7 +48,7 @@ def two(monkeypatch):
 
 GRANTED_THEN_DROPPED = """
 import os, time
-os.environ["UCX_TLS"] = "tcp"
+os.environ["UCX_TLS"] = {tls!r}
 import numpy as np
 from cupy_swap.remote import RemoteAgent, TransferError
 
@@ -98,7 +102,7 @@ def test_a_dropped_pools_receive_run_outlives_the_chunks_granted_into_it(how):
     after the drop, or SIGSEGV in a later poll); now in the receive run,
     kept until the sender's CANCEL.  In a fresh interpreter: the old fault
     crashes it."""
-    out = run_script(GRANTED_THEN_DROPPED.format(how=how), timeout=120)
+    out = run_script(GRANTED_THEN_DROPPED.format(how=how, tls=TCP), timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (out.returncode, out.stderr[-3000:])
 
 
