@@ -36,6 +36,8 @@ import time
 
 import numpy as np
 
+from cupy_swap.tools.cli_common import positive_int  # imports no CuPy: --help works without it
+
 BLOCK = (16, 8, 128)
 BLOCK_BYTES = 2 * 16 * 8 * 128
 EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN = 1, 2, 3
@@ -170,16 +172,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return n
 
 
 def parse_args(argv=None) -> argparse.Namespace:
