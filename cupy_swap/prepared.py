@@ -251,15 +251,7 @@ class PreparedSwap:
         event.path, event.nbytes = "kernel", n * op.layout.bytes_per_pair
         i = ring.take()
         try:
-            seq = ring.checked_seq()
-            if type(rows) is list:
-                ring.rows_c[i][: 2 * n] = rows
-            else:
-                ring.rows[i][:n] = rows
-            control = ring.controls[i]
-            control[SRC_INDEX], control[N_PAIRS], control[STATUS], control[SEQ] = 0, n, ring.status_at[i], seq
-            event.check, event.seq, event.slot = ring, seq, i  # whose verdict: known before the launch
-            ring.claim(i, seq, (self._outcomes, op.layout, caller_ref()), event)
+            seq = ring.write(i, rows, n, (self._outcomes, op.layout, caller_ref()), event)
             op.kernel.launch_slot(i, handle)
         except BaseException:
             ring.give_back(i)

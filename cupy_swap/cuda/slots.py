@@ -125,38 +125,27 @@ class SlotRing:
 
     def take(self) -> int:
         """A free slot's index, held by the caller until it calls
-        :meth:`launched` or :meth:`give_back`."""
-        i = self._look()
-        if i >= 0:
-            return i
-        self.waits += 1
-        pause = _POLL_FIRST
+        :meth:`launched` or :meth:`give_back`: the first free one from the
+        ring's next; with none free, the first to free (polling its word)."""
+        pending, item, row, pause = self._pending, self._flat.item, self._row_words, 0.0
         while True:
+            with self._lock:
+                if not self._finalizer.alive:
+                    raise RuntimeError("swap: the BlockSwapper that made this object is closed")
+                first, size = self._next, self.size
+                for k in range(first, first + size):
+                    i = k if k < size else k - size
+                    want = pending[i]
+                    if want == 0 or (want != _TAKEN and item(i * row + DONE) == want):
+                        if self._owners[i] is not None:
+                            self._read(i)  # its verdict, before anything rewrites the slot
+                        pending[i] = _TAKEN
+                        self._next = i + 1 if i + 1 < size else 0
+                        return i
+            if not pause:
+                self.waits += 1
+            pause = min(2 * pause, _POLL_MAX) if pause else _POLL_FIRST
             time.sleep(pause)
-            i = self._look()
-            if i >= 0:
-                return i
-            pause = min(2 * pause, _POLL_MAX)
-
-    def _look(self) -> int:
-        pending, item, row = self._pending, self._flat.item, self._row_words
-        with self._lock:
-            if not self._finalizer.alive:
-                raise RuntimeError("swap: the BlockSwapper that made this object is closed")
-            first = self._next
-            size = self.size
-            for k in range(size):
-                i = first + k
-                if i >= size:
-                    i -= size
-                want = pending[i]
-                if want == 0 or (want != _TAKEN and item(i * row + DONE) == want):
-                    if self._owners[i] is not None:
-                        self._read(i)  # its verdict, before anything rewrites the slot
-                    pending[i] = _TAKEN
-                    self._next = i + 1 if i + 1 < size else 0
-                    return i
-        return -1
 
     def checked_seq(self) -> int:
         """A number for a launch that writes a verdict (positive; its errors
@@ -176,6 +165,23 @@ class SlotRing:
         self._seqs[i] = seq
         self._events[i] = event
         self._owners[i] = owner  # last: a look that sees it sees the rest
+
+    def write(self, i: int, rows, n: int, owner: tuple, event) -> int:
+        """Slot ``i`` (taken) before its launch: ``n`` host rows (a flat
+        list or an ``(n, 2)`` int64 array), its control record for a
+        checked launch, and who is told its verdict (``owner``, ``event``:
+        :meth:`claim`); the launch's number."""
+        seq = next(self._checked)
+        if type(rows) is list:
+            self.rows_c[i][: 2 * n] = rows
+        else:
+            self.rows[i][:n] = rows
+        control = self.controls[i]
+        control[SRC_INDEX], control[N_PAIRS], control[STATUS], control[SEQ] = 0, n, self.status_at[i], seq
+        event.check, event.seq, event.slot = self, seq, i
+        self._seqs[i], self._events[i] = seq, event
+        self._owners[i] = owner  # last: a look that sees it sees the rest
+        return seq
 
     def launched(self, i: int, seq: int) -> None:
         """Slot ``i`` was launched as swap ``seq``: free once its kernel says so."""
@@ -202,19 +208,13 @@ class SlotRing:
     def _read(self, i: int) -> Failure | None:
         """Under the lock, slot ``i``'s launch finished: read its verdict
         (once) and hand a failure to its channel and its event."""
-        owner = self._owners[i]
-        event = self._events[i]
+        owner, event, seq = self._owners[i], self._events[i], self._seqs[i]
         self._owners[i] = self._events[i] = None
-        seq = self._seqs[i]
-        item = self._flat.item
-        at = i * self._row_words + self._status
-        if item(at + _V_SEQ) != seq:
-            verdict = (LOST, 0, 0)
-        else:
-            kind = item(at + _V_KIND)
-            if not kind:
-                return None
-            verdict = (kind, item(at + _V_ROW), item(at + _V_VALUE))
+        item, at = self._flat.item, i * self._row_words + self._status
+        kind = item(at + _V_KIND) if item(at + _V_SEQ) == seq else LOST
+        if not kind:
+            return None  # a good verdict
+        verdict = (LOST, 0, 0) if kind == LOST else (kind, item(at + _V_ROW), item(at + _V_VALUE))
         failure = Failure(self, seq, verdict, owner)
         channel = owner[0]
         if channel is not None:
