@@ -17,14 +17,6 @@ import numpy as np
 
 import cupy_swap
 
-try:
-    import cupy
-except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3
-    print(
-        f"{sys.argv[0]}: needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra", file=sys.stderr
-    )
-    sys.exit(3)
-
 HOST_BLOCKS, GPU_BLOCKS, BLOCK = 512, 256, (16, 8, 128)  # blocks of 32 KiB in fp16
 
 
@@ -40,6 +32,8 @@ def replay_checked(what, gs, stream, replay, read_gpu, host, mappings) -> None:
 
 
 def with_cupy(sw, host, mappings) -> None:
+    import cupy  # here, not at the top: --help works without CuPy
+
     gpu = cupy.zeros((GPU_BLOCKS, *BLOCK), cupy.float16)
     gs = sw.graph_swap(host, gpu)  # fixed arrays; the mapping changes per replay
     stream = cupy.cuda.Stream()  # a blocking stream: cupy.asnumpy() on the default stream waits for it

@@ -19,19 +19,13 @@ import numpy as np
 
 import cupy_swap
 
-try:
-    import cupy
-except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3
-    print(
-        f"{sys.argv[0]}: needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra", file=sys.stderr
-    )
-    sys.exit(3)
-
 BLOCK = (16, 8, 128)  # 32 KiB of fp16 per block
 
 
 def rank_main(name, shape, chunk, rank, ranks, results):
     try:
+        import cupy  # here, not at the top: --help works without CuPy
+
         device = rank % cupy.cuda.runtime.getDeviceCount()
         with cupy.cuda.Device(device):
             handle = cupy_swap.pin_shared(

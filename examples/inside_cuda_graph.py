@@ -15,14 +15,6 @@ import numpy as np
 
 import cupy_swap
 
-try:
-    import cupy
-except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3
-    print(
-        f"{sys.argv[0]}: needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra", file=sys.stderr
-    )
-    sys.exit(3)
-
 HOST_BLOCKS, BLOCK, THRESHOLD = 512, (16, 8, 128), 0.9  # blocks of 32 KiB in fp16
 WORDS = int(np.prod(BLOCK)) // 2  # a block as the consumer reads it: 32-bit words
 
@@ -64,6 +56,11 @@ def main(argv=None) -> None:
     p.add_argument("--replays", type=int, default=200, help="graph replays, each with new scores")
     p.add_argument("--max-rows", type=int, default=64, help="most blocks one replay loads (GPU slots)")
     args = p.parse_args(argv)
+    try:  # CuPy imported once the arguments are parsed: --help works without it
+        import cupy
+    except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3 (below)
+        msg = f"needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra"
+        raise cupy_swap.CudaUnavailableError(msg) from e
     rng, m = np.random.default_rng(0), args.max_rows
     host = cupy_swap.empty_pinned((HOST_BLOCKS, *BLOCK), np.float16)  # pinned host cache
     host.view(np.uint16)[...] = rng.integers(0, 1 << 16, host.shape, dtype=np.uint16)

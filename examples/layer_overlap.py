@@ -17,14 +17,6 @@ import numpy as np
 
 import cupy_swap
 
-try:
-    import cupy
-except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3
-    print(
-        f"{sys.argv[0]}: needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra", file=sys.stderr
-    )
-    sys.exit(3)
-
 BLOCK = (16, 8, 128)  # tokens x KV heads x head dim: 32 KiB of fp16
 
 
@@ -33,6 +25,11 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--blocks", type=int, default=128, help="blocks swapped in per layer")
     args = p.parse_args(argv)
+    try:  # CuPy imported once the arguments are parsed: --help works without it
+        import cupy
+    except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3 (below)
+        msg = f"needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra"
+        raise cupy_swap.CudaUnavailableError(msg) from e
     rng, n, layers = np.random.default_rng(0), args.blocks, range(args.layers)
     host = [cupy_swap.empty_pinned((2 * n, *BLOCK), np.float16) for _ in layers]  # one host pool per layer
     for h in host:

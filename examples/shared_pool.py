@@ -19,14 +19,6 @@ import numpy as np
 
 import cupy_swap
 
-try:
-    import cupy
-except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3
-    print(
-        f"{sys.argv[0]}: needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra", file=sys.stderr
-    )
-    sys.exit(3)
-
 BLOCK = (16, 8, 128)  # 32 KiB of fp16
 
 
@@ -36,6 +28,8 @@ def rows(start: int, n: int) -> np.ndarray:
 
 def worker(name: str, shape: tuple, rank: int, n: int, results) -> None:
     try:
+        import cupy  # here, not at the top: --help works without CuPy
+
         device = rank % cupy.cuda.runtime.getDeviceCount()
         with cupy.cuda.Device(device):
             pool = cupy_swap.shared_pinned(name, shape, np.float16)  # open: same name, shape, dtype
@@ -55,6 +49,11 @@ def main(argv=None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--blocks", type=int, default=64, help="blocks each process moves")
     args = p.parse_args(argv)
+    try:  # CuPy imported once the arguments are parsed: --help works without it
+        import cupy
+    except ImportError as e:  # CuPy comes with the cuda12 or cuda13 extra: one line, exit 3 (below)
+        msg = f"needs CuPy ({e}); install cupy_swap with its cuda12 or cuda13 extra"
+        raise cupy_swap.CudaUnavailableError(msg) from e
     n, name = args.blocks, f"cupy_swap_example_{os.getpid()}"
     shape = ((1 + args.workers) * n, *BLOCK)
     pool = cupy_swap.shared_pinned(name, shape, np.float16, create=True)  # zero-filled

@@ -45,6 +45,40 @@ def test_example_help_runs_without_a_gpu_or_torch(path):
     assert f"python examples/{path.name}" in text  # its docstring says how to run it
 
 
+# Runs an example with `import cupy` and `import torch` failing (no cuda12/cuda13 extra, no torch).
+WITHOUT_CUPY = WITHOUT_TORCH.replace(
+    "sys.modules['torch'] = None", "sys.modules['torch'] = sys.modules['cupy'] = None"
+)
+ALL_EXAMPLES = sorted((ROOT / "examples").glob("*.py"))  # disagg_prefill.py and any other too
+
+
+@pytest.mark.parametrize("path", ALL_EXAMPLES, ids=lambda p: p.name)
+def test_example_help_runs_without_cupy(path):
+    """Issue 51: five examples imported CuPy before parsing, so their --help
+    said "needs CuPy" and exited 3 where CuPy was not installed."""
+    assert "sys.modules['cupy'] = None" in WITHOUT_CUPY
+    r = subprocess.run(
+        [sys.executable, "-c", WITHOUT_CUPY, str(path), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: ") and "--help" in r.stdout and r.stderr == "", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_without_cupy_says_so_in_one_line_and_exits_3(path):
+    r = subprocess.run(
+        [sys.executable, "-c", WITHOUT_CUPY, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert r.returncode == 3, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{path}: ") and r.stdout == "", r.stdout + r.stderr
+    assert "CuPy" in lines[0] and "cuda12" in lines[0], lines[0]  # what is missing and how to install it
+
+
 @pytest.mark.skipif(GPU_OK, reason="checks what an example says without a GPU")
 @pytest.mark.parametrize("torch", ["with torch if installed", "without torch"])
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
