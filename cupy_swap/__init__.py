@@ -16,7 +16,7 @@ from .graph import GraphSwap
 from .hostpool import PinError, PinHandle, pin_array, pin_pool, pin_shared
 from .swapper import BlockSwapper, PreparedSwap
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"  # a development version until 0.3.0 is released (CHANGELOG.md)
 
 
 def __getattr__(name: str):

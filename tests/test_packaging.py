@@ -242,6 +242,25 @@ def test_readme_installs_from_the_archive_the_sdist_build_makes(sdist):
     assert f"the source archive `{sdist.name}` (which `python -m build --sdist` makes" in readme
 
 
+def test_unreleased_code_has_a_development_version():
+    """Issue 51: the code after 0.2.0 still called itself 0.2.0.  While the
+    CHANGELOG's newest section is "Unreleased" the version is a development
+    version of a release the CHANGELOG does not list yet; a release's version
+    heads the CHANGELOG."""
+    from packaging.version import Version
+
+    import cupy_swap
+
+    version = Version(cupy_swap.__version__)
+    sections = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    released = [Version(s) for s in sections if s != "Unreleased"]
+    if sections[0] == "Unreleased":
+        assert version.is_devrelease, f"{version}: unreleased changes need a .devN version"
+        assert version > max(released), (version, max(released))
+    else:
+        assert not version.is_devrelease and Version(sections[0]) == version, (version, sections[0])
+
+
 def test_no_extra_installs_nixl_and_its_torch():
     """Issue 39: the nixl-cu12 extra installed an unpinned torch (nixl-cu12
     1.5.1 declares `Requires-Dist: torch`).  No extra names NIXL; the README
