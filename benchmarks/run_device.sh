@@ -19,7 +19,7 @@
 #   repros   the ownership reproductions (benchmarks/lifetime_repros.py)
 #   soak     benchmarks/soak.sh (its ROUNDS, PROCS, MEMCHECK; SOAK_S limit, 540 s), logs
 #            summarised into soak<k>.txt and soak<k>_tails.txt (a call brings back few files)
-#   floor    host time beside ../shared/probes/host_floor.py, carried as .probes/   (~100 s)
+#   floor    host time beside benchmarks/probes/host_floor.py (the shared floor probe) (~100 s)
 #   lazy     does a kernel's first load wait for the GPU's queued work (LAZY, EAGER; NOTES 74)
 #   gates    the gate tests that failed under load (NOTES 72), looped for GATE_S (120) s
 #            in 4 processes at once; a stuck test dumps its threads' stacks      (~2.5 min)
@@ -101,14 +101,9 @@ for step in $STEPS; do
         done >"$OUT/soak${k}_tails.txt"
         [[ -f /tmp/soak/memcheck.log ]] && tail -40 /tmp/soak/memcheck.log >"$OUT/memcheck$k.log" ;;
     floor)
-        if [[ -f .probes/host_floor.py ]]; then
-            (cd .probes && CUPY_SWAP_SRC=.. BLOCKS=4096,32768 ITERS=60 timeout 100 $PY host_floor.py) \
-                >"$OUT/host_floor.log" 2>&1 || status=1
-            tail -30 "$OUT/host_floor.log"
-        else
-            echo "run_device.sh: floor needs .probes/host_floor.py (carry ../shared/probes)" >&2
-            status=1
-        fi ;;
+        (cd benchmarks/probes && CUPY_SWAP_SRC=../.. BLOCKS=4096,32768 ITERS=60 timeout 100 $PY host_floor.py) \
+            >"$OUT/host_floor.log" 2>&1 || status=1
+        tail -30 "$OUT/host_floor.log" ;;
     lazy)
         for mode in LAZY EAGER; do  # LAZY: the default since CUDA 12.2
             CUDA_MODULE_LOADING=$mode timeout 60 $PY benchmarks/probes/lazy_load_probe.py 2>&1 | tail -2
