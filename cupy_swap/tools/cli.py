@@ -13,8 +13,9 @@ own module:
 - ``info`` and ``calibrate`` (:mod:`.cli_info`) say what the library found
   and store per-device thresholds.
 
-What they share (exit codes, the GPU check, argument types) is in
-:mod:`.cli_common`.  Arguments are checked (argparse, exit 2) before anything
+What they share (exit codes, the program name, the GPU check, argument
+types) is in :mod:`.cli_common`, which :mod:`.remote_bench` imports too (never
+this module: no import circle).  Arguments are checked (argparse, exit 2) before anything
 looks for a GPU, and so are the combinations of ``bench`` options (an option
 a part of the bench cannot honour is refused, not ignored) and ``--plot``'s
 need for matplotlib; ``bench --gpus`` is checked against the GPU count as
@@ -32,7 +33,7 @@ import sys
 from .. import __version__
 from ..cuda.availability import no_gpu_message  # noqa: F401  (tests/gpu_helpers.py imports it from here)
 from . import cli_bench, cli_demo, cli_info
-from .cli_common import EXIT_MISMATCH, EXIT_NO_GPU, EXIT_OK, EXIT_TEXT, EXIT_USAGE
+from .cli_common import EXIT_MISMATCH, EXIT_NO_GPU, EXIT_OK, EXIT_TEXT, EXIT_USAGE, default_prog
 from .cli_demo import DEMO_BLOCKS
 
 __all__ = [
@@ -71,13 +72,6 @@ def _commands_text(prog: str) -> str:
         + "\n".join(f"  {name:<10} {line}" for name, line in COMMANDS.items())
         + f"\n\n`{prog} COMMAND --help` lists a command's options."
     )
-
-
-def default_prog() -> str:
-    """How the user ran the command line: ``python -m cupy_swap`` or
-    ``cupy-swap`` (the console script, and anything else)."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return "python -m cupy_swap" if getattr(spec, "name", None) == "cupy_swap.__main__" else "cupy-swap"
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:

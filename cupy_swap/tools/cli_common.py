@@ -3,7 +3,7 @@ the machine's description, argument types checked while parsing (so a bad
 one exits 2 before any GPU is looked for), and writing a report.
 
 Imported by :mod:`.cli` and the command modules (:mod:`.cli_demo`,
-:mod:`.cli_bench`, :mod:`.cli_info`); nothing here imports CuPy at module
+:mod:`.cli_bench`, :mod:`.cli_info`, :mod:`.remote_bench`); nothing here imports CuPy at module
 level.
 """
 
@@ -26,6 +26,7 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_NO_GPU",
     "EXIT_TEXT",
+    "default_prog",
     "gpu_status",
     "require_gpu",
     "device_count",
@@ -58,6 +59,13 @@ exit status:
   {EXIT_USAGE}  bad command line (checked before anything is measured; bench --gpus as soon as
      the GPU count is known, the rest before any GPU is looked for)
   {EXIT_NO_GPU}  no usable NVIDIA GPU (no driver, no device, a driver too old, or CuPy missing)"""
+
+
+def default_prog() -> str:
+    """How the user ran the command line: ``python -m cupy_swap`` or
+    ``cupy-swap`` (the console script, and anything else)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return "python -m cupy_swap" if getattr(spec, "name", None) == "cupy_swap.__main__" else "cupy-swap"
 
 
 def require_gpu() -> str:

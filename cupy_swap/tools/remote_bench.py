@@ -464,7 +464,7 @@ def _write_rows(path: str, rows: list) -> None:
 def main(argv=None) -> int:
     """``bench --remote``; returns the exit status (0, 1 a mismatch, 2 a bad
     command line or no NIXL, 3 no usable GPU)."""
-    from .cli import default_prog
+    from .cli_common import default_prog
 
     prog = f"{default_prog()} bench --remote"
     try:
