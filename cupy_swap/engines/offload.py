@@ -1,0 +1,321 @@
+"""An offloading worker over prepared ops, engine-independent: the part of
+:mod:`cupy_swap.engines.vllm` that knows no vLLM.
+
+:class:`ChunkOffloadWorker` keeps, per KV cache tensor, a GPU page view
+``(num_gpu_blocks, page_bytes)`` and a CPU chunk tensor ``(num_chunks,
+blocks_per_chunk * page_bytes)``, and one prepared op per direction for each
+set of groups that touch the same bytes (:func:`~.chunks.part_signatures`;
+usually one op for everything).  A transfer's GPU blocks and chunks become
+mapping rows (:func:`~.chunks.transfer_rows`) and one op call moves them for
+every tensor at once.
+
+* **Order.**  Each direction has its own stream: its transfers run, and are
+  reported by :meth:`~ChunkOffloadWorker.get_finished`, in submission order.
+  A transfer first waits for ``current_stream()``'s work (the compute that
+  wrote the blocks a store reads, or that last used the blocks a load
+  writes).
+* **Verdicts.**  The op checks every row (the launch itself, for the kernel
+  path) and copies nothing for a bad mapping; the transfer's result then has
+  ``success=False``.  A spec whose lists do not add up fails the same way,
+  before anything is launched.  A transfer of several calls (several ops,
+  more rows than one call takes, or more parts than one op holds) has its
+  rows' ranges checked on the host
+  first, so a block out of range writes nothing there either.  Nothing is
+  raised to the engine for a bad transfer: it is told by its result.
+* **Results.**  ``make_result(job_id=, success=, transfer_size=,
+  transfer_time=)``: bytes moved and seconds between two events around the
+  transfer's calls (with an ``events`` kit) for a good transfer, None for
+  both for a failed one, whose result also carries ``error`` (the text)
+  where the class allows.
+* **Events.**  With an ``events`` kit, the wait for the current stream and
+  the timing use events the worker keeps and reuses once their transfer is
+  reported (creating a CUDA event can wait behind other work of the GPU:
+  none is made per transfer once the pool holds enough); without one, the
+  wait is the op's ``wait_for=`` and there is no timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import deque
+
+import numpy as np
+
+from .chunks import SpecError, merged_rows, out_of_range, part_signatures, transfer_rows
+
+logger = logging.getLogger("cupy_swap.engines")
+
+
+@dataclasses.dataclass
+class TransferResult:
+    """What :meth:`ChunkOffloadWorker.get_finished` reports per job when no
+    engine class is given (the fields of vLLM's ``TransferResult``)."""
+
+    job_id: int
+    success: bool
+    transfer_size: int | None = None
+    transfer_time: float | None = None
+
+
+class _Transfer:
+    __slots__ = ("job_id", "events", "nbytes", "error", "settled", "seconds", "marks")
+
+    def __init__(self, job_id):
+        self.job_id, self.events, self.nbytes = job_id, [], 0
+        self.error, self.settled, self.seconds = None, False, None
+        self.marks: list = []  # the kit's events: (order, start, end), or ()
+
+
+class ChunkOffloadWorker:
+    """Stores (GPU -> CPU) and loads (CPU -> GPU) of KV cache blocks by chunk.
+
+    Parameters
+    ----------
+    gpu_pages : list of arrays
+        Per tensor, its pages ``(num_gpu_blocks, page_bytes)`` of one-byte
+        elements (torch, CuPy, or NumPy arrays standing in for GPU memory).
+    cpu_chunks : list of arrays
+        Per tensor, its chunks ``(num_chunks, blocks_per_chunk * page_bytes)``,
+        C-contiguous, in pinned host memory.
+    group_refs : list of list of (int, int)
+        Per KV cache group, ``(tensor_idx, page_bytes)`` per layer: the layer's
+        bytes are the first ``page_bytes`` of each page of that tensor.
+    blocks_per_chunk : int
+    swapper : BlockSwapper or alike
+        Makes the ops (``prepare``); ``max_blocks`` rows per call.
+    store_stream, load_stream
+        Each direction's stream (anything ``stream=`` takes; with an
+        ``events`` kit, a stream with ``wait_event(event)``).
+    current_stream : callable, optional
+        The stream whose work a transfer waits for (vLLM: torch's current
+        stream); None: no wait.
+    events : object, optional
+        ``new(timing) -> event`` (with ``record(stream)``), ``done(event)``,
+        ``wait(event)``, ``elapsed(start, end) -> seconds``; see the module
+        docstring.  None: waits through ``wait_for=``, no timing.
+    make_result : callable, optional
+        Builds each result (default :class:`TransferResult`).
+    """
+
+    def __init__(
+        self,
+        gpu_pages,
+        cpu_chunks,
+        group_refs,
+        blocks_per_chunk: int,
+        *,
+        swapper,
+        store_stream=None,
+        load_stream=None,
+        current_stream=None,
+        events=None,
+        make_result=TransferResult,
+    ):
+        if not gpu_pages or len(gpu_pages) != len(cpu_chunks):
+            raise ValueError(
+                f"cpu_chunks: expected one chunk tensor per GPU tensor ({len(gpu_pages)}), got {len(cpu_chunks)}"
+            )
+        bpc = int(blocks_per_chunk)
+        if bpc < 1:
+            raise ValueError(f"blocks_per_chunk: expected a positive int, got {blocks_per_chunk}")
+        rows_views = []
+        for i, (gpu, cpu) in enumerate(zip(gpu_pages, cpu_chunks)):
+            if len(gpu.shape) != 2 or len(cpu.shape) != 2 or cpu.shape[1] != bpc * gpu.shape[1]:
+                raise ValueError(
+                    f"cpu_chunks[{i}]: expected shape (chunks, {bpc} x {gpu.shape[-1]}) for GPU pages of shape "
+                    f"{tuple(gpu.shape)}, got {tuple(cpu.shape)}"
+                )
+            rows_views.append(cpu.reshape(cpu.shape[0] * bpc, gpu.shape[1]))  # a view: chunks are contiguous
+        self.blocks_per_chunk = bpc
+        self.num_groups = len(group_refs)
+        signatures, self._op_of_group = part_signatures(group_refs)
+        self._store_ops, self._load_ops, self._limits = [], [], []
+        for signature in signatures:
+            gpu_parts, cpu_parts = [], []
+            for t, nbytes in signature:
+                page = gpu_pages[t].shape[1]
+                if nbytes > page:
+                    raise ValueError(
+                        f"group_refs: {nbytes} bytes per page of tensor {t}, whose pages hold {page}"
+                    )
+                gpu_parts.append(gpu_pages[t] if nbytes == page else gpu_pages[t][:, :nbytes])
+                cpu_parts.append(rows_views[t] if nbytes == page else rows_views[t][:, :nbytes])
+            # At most max_parts parts an op (the kernel's limit): more take several ops.
+            step = int(getattr(swapper, "max_parts", 256))
+            cuts = [slice(at, at + step) for at in range(0, len(gpu_parts), step)]
+            self._store_ops.append([swapper.prepare(gpu_parts[c], cpu_parts[c]) for c in cuts])
+            self._load_ops.append([swapper.prepare(cpu_parts[c], gpu_parts[c]) for c in cuts])
+            # (GPU blocks, chunk rows) every part of the op has: the rows' bounds
+            self._limits.append((min(p.shape[0] for p in gpu_parts), min(p.shape[0] for p in cpu_parts)))
+        self._max_rows = int(swapper.max_blocks)
+        self._streams = {True: store_stream, False: load_stream}
+        self._current_stream = current_stream
+        self._events, self._free_marks = events, []
+        self._make_result = make_result
+        self._queues: dict[bool, deque] = {True: deque(), False: deque()}
+        self._swapper, self._gpu_pages, self._cpu_chunks = swapper, list(gpu_pages), list(cpu_chunks)
+        self._closed = False
+
+    # -- the engine's calls ---------------------------------------------------
+
+    def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
+        """GPU blocks ``src_spec`` (block ids, group sizes, block indices) to
+        chunks ``dst_spec.block_ids``, after the current stream's work."""
+        return self._submit(job_id, True, src_spec, dst_spec)
+
+    def submit_load(self, job_id: int, src_spec, dst_spec) -> bool:
+        """Chunks ``src_spec.block_ids`` to GPU blocks ``dst_spec``."""
+        return self._submit(job_id, False, dst_spec, src_spec)
+
+    def get_finished(self) -> list:
+        """Results of the transfers finished since the last call, stores then
+        loads, each direction in submission order (never waits)."""
+        out = []
+        for store in (True, False):
+            queue = self._queues[store]
+            while queue and self._done(queue[0]):
+                out.append(self._result(queue.popleft()))
+        return out
+
+    def wait(self, job_ids) -> None:
+        """Block until the given jobs (and every job submitted before them in
+        their direction) have finished; their results stay for
+        :meth:`get_finished`."""
+        wanted = set(job_ids)
+        for queue in self._queues.values():
+            last = max((i for i, t in enumerate(queue) if t.job_id in wanted), default=-1)
+            for i in range(last + 1):
+                self._settle(queue[i])
+
+    def shutdown(self) -> None:
+        """Wait for every transfer in flight, then drop the ops and tensors."""
+        for queue in self._queues.values():
+            for t in queue:
+                self._settle(t)
+            queue.clear()
+        self._store_ops, self._load_ops, self._free_marks = [], [], []
+        self._gpu_pages, self._cpu_chunks = [], []
+        self._closed = True
+
+    # -- inside ---------------------------------------------------------------
+
+    def _submit(self, job_id: int, store: bool, gpu_spec, cpu_spec) -> bool:
+        if self._closed:
+            raise RuntimeError("submit: this worker was shut down")
+        t = _Transfer(job_id)
+        self._queues[store].append(t)
+        try:
+            self._launch(t, store, gpu_spec, cpu_spec)
+        except Exception as e:  # noqa: BLE001 - told by the job's result, never by a dead engine
+            t.error = e
+        if t.error is not None:
+            logger.warning("cupy_swap: %s job %s failed: %s", "store" if store else "load", job_id, t.error)
+        return True
+
+    def _launch(self, t: _Transfer, store: bool, gpu_spec, cpu_spec) -> None:
+        block_ids = np.asarray(gpu_spec.block_ids).reshape(-1)
+        sizes = getattr(gpu_spec, "group_sizes", None)
+        starts = getattr(gpu_spec, "block_indices", None)
+        per_group = transfer_rows(
+            block_ids,
+            [len(block_ids)] if sizes is None else sizes,
+            [0] * (1 if sizes is None else len(sizes)) if starts is None else starts,
+            cpu_spec.block_ids,
+            self.blocks_per_chunk,
+            self.num_groups,
+        )
+        ops = self._store_ops if store else self._load_ops
+        calls = [
+            (i, rows)
+            for i, rows in enumerate(merged_rows(per_group, self._op_of_group, len(ops), store))
+            if rows is not None
+        ]
+        if len(calls) > 1 or any(len(rows) > self._max_rows or len(ops[i]) > 1 for i, rows in calls):
+            for i, rows in calls:  # several calls: none runs unless every row is in range
+                gpu_limit, cpu_limit = self._limits[i]
+                limits = (gpu_limit, cpu_limit) if store else (cpu_limit, gpu_limit)
+                problem = out_of_range(rows, *limits)
+                if problem is not None:
+                    raise SpecError(f"block_mapping: {problem}; nothing was copied")
+        stream, kit = self._streams[store], self._events
+        wait_for = self._current_stream() if self._current_stream is not None else None
+        if kit is not None:
+            t.marks = order, start, end = self._free_marks.pop() if self._free_marks else self._new_marks()
+            if wait_for is not None:
+                order.record(wait_for)
+                stream.wait_event(order)
+                wait_for = None
+            start.record(stream)
+        try:
+            for i, rows in calls:
+                for op in ops[i]:
+                    for at in range(0, len(rows), self._max_rows):
+                        chunk = rows[at : at + self._max_rows]
+                        t.events.append(self._call(op, chunk, stream, wait_for))
+                        t.nbytes += len(chunk) * op.bytes_per_pair
+                        wait_for = None  # later calls follow on the same stream
+        finally:
+            if kit is not None:
+                end.record(stream)
+
+    def _new_marks(self) -> tuple:
+        return self._events.new(False), self._events.new(True), self._events.new(True)
+
+    def _call(self, op, rows, stream, wait_for):
+        # A failure of an earlier transfer of this op that no event has told
+        # yet is raised once by the op's next call, which then launches
+        # nothing: that transfer's own event tells it (get_finished), and the
+        # call is made again.
+        waits = () if wait_for is None else wait_for
+        for _ in range(len(self._queues[True]) + len(self._queues[False]) + 1):
+            try:
+                return op(rows, stream=stream, wait_for=waits)
+            except Exception as e:
+                if getattr(e, "swap_seq", None) is None:
+                    raise
+        return op(rows, stream=stream, wait_for=waits)
+
+    def _done(self, t: _Transfer) -> bool:
+        if t.settled:
+            return True
+        if not all(e.done for e in t.events):
+            return False
+        return not t.marks or self._events.done(t.marks[2])
+
+    def _settle(self, t: _Transfer) -> None:
+        """Wait for a transfer's calls and read their verdicts (once)."""
+        if t.settled:
+            return
+        for event in t.events:
+            try:
+                event.synchronize()  # raises the verdict of a bad mapping
+            except Exception as e:  # noqa: BLE001 - every failure is this transfer's result
+                if t.error is None:
+                    t.error = e
+        if t.marks:
+            self._events.wait(t.marks[2])
+            if t.error is None:
+                t.seconds = self._events.elapsed(t.marks[1], t.marks[2])
+        elif self._events is not None and t.error is None:
+            t.seconds = 0.0  # a transfer that failed before launching, or moved nothing
+        t.settled = True
+
+    def _result(self, t: _Transfer):
+        self._settle(t)
+        if t.marks:
+            self._free_marks.append(t.marks)  # every event of the transfer has completed
+            t.marks = ()
+        ok = t.error is None
+        result = self._make_result(
+            job_id=t.job_id,
+            success=ok,
+            transfer_size=t.nbytes if ok else None,
+            transfer_time=t.seconds if ok else None,
+        )
+        if not ok:
+            try:
+                result.error = f"{type(t.error).__name__}: {t.error}"
+            except AttributeError:  # a class with slots: the log has it
+                pass
+        return result
