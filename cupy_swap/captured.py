@@ -38,13 +38,12 @@ import threading
 import numpy as np
 
 from .api_types import Stream
-from .cuda import abi, capture, memory, release
+from .cuda import abi, capture, memory, pools, release
 from .cuda.driver import stream_wait_geq
 from .cuda.gpu_mapping import device_rows, device_word
 from .cuda.launcher import launch_shape
 from .cuda.replay_verdicts import ReplayVerdicts, ring_words
 from .cuda.streams import enqueue_and_wait, on_device, stream_is_capturing, stream_on_device
-from .hostpool import pools
 
 _H2D, _D2D = 1, 3
 

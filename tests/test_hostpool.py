@@ -16,9 +16,9 @@ import pytest
 import cupy_swap.hostpool as hp
 from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.core.parts import as_parts
-from cupy_swap.cuda import capture, memory, release
+from cupy_swap.cuda import capture, memory, pools, release
 from cupy_swap.cuda.resolve import resolve_layout
-from cupy_swap.hostpool import errors, numa, pools
+from cupy_swap.hostpool import errors, numa
 from cupy_swap.hostpool.chunks import plan_chunks
 
 PAGE = 4096

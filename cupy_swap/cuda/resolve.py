@@ -8,8 +8,7 @@ import numpy as np
 
 from ..core.layout import Layout, vector_width
 from ..core.parts import DEVICE, HOST, Part
-from ..hostpool import pools
-from . import abi, memory
+from . import abi, memory, pools
 
 
 def _resolve_part(part: Part, device: int, mapped: bool) -> int | None:
@@ -25,7 +24,7 @@ def _resolve_part(part: Part, device: int, mapped: bool) -> int | None:
     lo, hi = part.span()
     if hi == lo or part.block_bytes == 0:
         return part.ptr  # no byte of it is ever copied: pinned or not, no alias needed
-    pooled = pools.resolve_span(part, lo, hi, mapped)  # a pool pinned in chunks (issue 41, hostpool/pools.py)
+    pooled = pools.resolve_span(part, lo, hi, mapped)  # a pool pinned in chunks (issue 41, cuda/pools.py)
     if pooled is not pools.NOT_A_POOL:
         return pooled
     alias = memory.host_alias(lo, hi - lo) if mapped else 0

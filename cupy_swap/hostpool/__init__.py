@@ -9,7 +9,8 @@ One idea per module:
   ``CUPY_SWAP_PIN_CHUNK_BYTES``);
 - :mod:`.chunks`    where a pool is cut (pure arithmetic);
 - :mod:`.numa`      which node(s) a pool's pages go to, and binding them;
-- :mod:`.pools`     the pools being pinned, and what a swap may read of them;
+- :mod:`cupy_swap.cuda.pools` (below this package, which feeds it) the pools
+  being pinned, and what a swap may read of them;
 - :mod:`.handle`    registering chunk by chunk, the :class:`PinHandle`;
 - :mod:`.errors`    one clear error for a failed registration, no pending one;
 - :mod:`.progress`  a text progress bar;

@@ -26,10 +26,10 @@ import numpy as np
 
 from ..cuda import capture, memory, release, shared
 from ..cuda.availability import translate_unavailable
+from ..cuda.pools import PINNED, PoolRecord, registry
 from . import numa
 from .chunks import plan_chunks
 from .handle import PinHandle
-from .pools import PINNED, PoolRecord, registry
 from .settings import chunk_bytes as chunk_setting
 from .settings import parse_bytes
 

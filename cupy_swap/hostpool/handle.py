@@ -21,8 +21,8 @@ from threading import Event as _Flag
 from typing import NamedTuple
 
 from ..cuda import capture, memory
+from ..cuda.pools import FAILED, PINNED, PoolRecord
 from . import errors
-from .pools import FAILED, PINNED, PoolRecord
 
 
 class Progress(NamedTuple):

@@ -1,6 +1,11 @@
 """The host pools being pinned in chunks, and what a layout may do with a
 span of one.
 
+:mod:`cupy_swap.hostpool` makes the pools and feeds this registry (it
+publishes a :class:`PoolRecord`, sets its chunks' states and retires it);
+:mod:`.resolve` and the captured swap read it.  It lives in the CUDA layer so
+that the lower layer never imports the higher one.
+
 **Invariant.**  A pool is published here before its first chunk is
 registered and unpublished only after its last chunk is unregistered.  A
 pool is *retired* the moment its owner is dropped (before the releaser
@@ -24,7 +29,6 @@ import bisect
 import threading
 
 from ..core.parts import HOST
-from .chunks import Chunk
 
 PENDING, PINNED, FAILED = 0, 1, 2
 
@@ -38,7 +42,8 @@ class PoolRecord:
         Host byte span ``[base, end)``.
     row_bytes, rows : int
         Block-row size and count (the pool's axis 0).
-    chunks : list of Chunk
+    chunks : list of cupy_swap.hostpool.chunks.Chunk
+        ``start``, ``end`` (bytes) and ``end_row`` of each registration.
     states : list of int
         ``PENDING``, ``PINNED`` or ``FAILED`` per chunk.
     offsets : list of int or None
@@ -51,7 +56,7 @@ class PoolRecord:
         True once the owner was dropped: being unpinned, never resolved again.
     """
 
-    def __init__(self, base: int, rows: int, row_bytes: int, chunks: list[Chunk], what: str):
+    def __init__(self, base: int, rows: int, row_bytes: int, chunks: list, what: str):
         self.base, self.end = base, base + rows * row_bytes
         self.rows, self.row_bytes = rows, row_bytes
         self.chunks = chunks
