@@ -157,6 +157,11 @@ class ChunkOffloadWorker:
         self._swapper, self._gpu_pages, self._cpu_chunks = swapper, list(gpu_pages), list(cpu_chunks)
         self._closed = False
 
+    @property
+    def cpu_chunks(self) -> list:
+        """The CPU chunk tensors, one per KV cache tensor (as given)."""
+        return list(self._cpu_chunks)
+
     # -- the engine's calls ---------------------------------------------------
 
     def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
