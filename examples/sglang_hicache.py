@@ -1,15 +1,15 @@
-"""cupy_swap inside SGLang's HiCache, on pools shaped as SGLang keeps them (no SGLang needed).
+"""cupy_swap's sgl-kernel transfer functions, called as SGLang's HiCache host pool calls them (no SGLang needed).
 
-HiCache's host pool (``MHATokenToKVPoolHost``) moves pages between the GPU pool (per layer K
-and V buffers ``[tokens, heads, head_dim]``) and pinned host memory in two calls, both given
-token indices as int64 CUDA tensors: ``backup_from_device_all_layer(device_pool,
-host_indices, device_indices)`` on the controller's write stream, and
-``load_to_device_per_layer(device_pool, host_indices, device_indices, layer_id)`` on its load
-stream, layer by layer, each layer's attention waiting for that layer's event. Here both are
-prepared cupy_swap ops (a block is one page; the indices stay on the GPU), for the host pool
-laid out ``layer_first`` ``[2, layers, tokens, heads, dim]`` and ``page_first_direct``
-``[2, pages, layers, page_size, heads, dim]``. Llama-3-8B: 32 layers, 16-token pages of 8 KV
-heads x 128 dims in bf16 (32 KiB per page and part).
+SGLang's ``MHATokenToKVPoolHost`` moves tokens between the GPU pool (per layer K and V buffers
+``[tokens, heads, head_dim]``) and pinned host memory with sgl-kernel's ``kvcacheio``
+functions, given token indices as int64 CUDA tensors: ``backup_from_device_all_layer`` on the
+controller's write stream, ``load_to_device_per_layer`` layer by layer on its load stream.
+``engines.sglang`` has those functions under the same names and arguments (and
+``patch_host_pools()`` routes a running SGLang's host pools to them). Here: the
+``layer_first`` pool (``io_backend="kernel"``: ``transfer_kv_all_layer`` with SGLang's
+tables of layer addresses, then ``transfer_kv_per_layer``) and the ``page_first_direct``
+pool (``io_backend="direct"``), for Llama-3-8B: 32 layers, 16-token pages, 8 KV heads x 128
+dims in bf16; each load's layer waited for by the forward stream, every byte checked.
 
     python examples/sglang_hicache.py [--layers 32] [--pages 24]
 """
@@ -22,6 +22,7 @@ import sys
 import numpy as np
 
 import cupy_swap
+from cupy_swap import engines
 
 try:
     import torch
@@ -29,91 +30,84 @@ except ImportError:  # --help works without it; main() says what is missing
     torch = None
 
 PAGE, HEADS, DIM, GPU_PAGES, HOST_PAGES = 16, 8, 128, 64, 128
+ITEM = HEADS * DIM * 2  # bytes of one token of one layer (SGLang's token_stride_size)
 
 
-def pages_of(token_indices):
-    return token_indices[::PAGE] // PAGE  # whole pages, as HiCache moves them; stays on the GPU
+def table(buffers):  # SGLang's k_data_ptrs / v_data_ptrs: layer addresses in a uint64 CUDA tensor
+    t = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.uint64, device="cuda")
+    engines.sglang.register_layers(t, buffers)  # once, where the pool is made (adopt() does it in SGLang)
+    return t
 
 
-class HostPool:
-    """MHATokenToKVPoolHost with cupy_swap behind its two transfer calls."""
-
-    def __init__(self, k_buffers, v_buffers, layout: str, sw):
-        layers = len(k_buffers)
-        if layout == "layer_first":
-            self.kv = torch.zeros(2, layers, HOST_PAGES * PAGE, HEADS, DIM, dtype=torch.bfloat16).pin_memory()
-            host = lambda kv, i: self.kv[kv, i].view(HOST_PAGES, PAGE, HEADS, DIM)  # noqa: E731
-        else:  # page_first_direct: a page's bytes of every layer in one run
-            self.kv = torch.zeros(2, HOST_PAGES, layers, PAGE, HEADS, DIM, dtype=torch.bfloat16).pin_memory()
-            host = lambda kv, i: self.kv[kv, :, i]  # noqa: E731
-        dev = lambda kv, i: (k_buffers, v_buffers)[kv][i].view(-1, PAGE, HEADS, DIM)  # noqa: E731
-        self.host_part = host
-        parts = [(kv, i) for i in range(layers) for kv in range(2)]
-        self.backup = sw.prepare([dev(*p) for p in parts], [host(*p) for p in parts])  # all layers
-        self.load = [
-            sw.prepare([host(kv, i) for kv in range(2)], [dev(kv, i) for kv in range(2)])
-            for i in range(layers)
-        ]
-        self.write_stream, self.load_stream = torch.cuda.Stream(), torch.cuda.Stream()
-
-    def backup_from_device_all_layer(self, host_indices, device_indices):
-        pairs = (pages_of(device_indices), pages_of(host_indices))  # SGLang's 1-D index pair
-        return self.backup(pairs, stream=self.write_stream, wait_for=torch.cuda.current_stream())
-
-    def load_to_device_per_layer(self, host_indices, device_indices, layer_id: int):
-        pairs = (pages_of(host_indices), pages_of(device_indices))  # after what the device pool ran
-        return self.load[layer_id](pairs, stream=self.load_stream, wait_for=torch.cuda.current_stream())
+def pages(rng, n, total):  # whole pages' token indices, as HiCache moves them
+    p = rng.permutation(total)[:n]
+    return torch.from_numpy((p[:, None] * PAGE + np.arange(PAGE)).reshape(-1)).cuda()
 
 
 def bits(t):
-    return t.view(torch.int16).cpu().numpy()  # bf16 as raw bits, for bit-exact checks
+    return t.view(torch.int16).cpu().numpy()
+
+
+def run(layout: str, layers: int, n: int) -> str:
+    sg, rng = engines.sglang, np.random.default_rng(0)
+    dev_k, dev_v = (
+        [torch.randn(GPU_PAGES * PAGE, HEADS, DIM, device="cuda").bfloat16() for _ in range(layers)]
+        for _ in "kv"
+    )
+    dev_idx, host_idx = pages(rng, n, GPU_PAGES), pages(rng, n, HOST_PAGES)
+    write, load = torch.cuda.Stream(), torch.cuda.Stream()
+    write.wait_stream(torch.cuda.current_stream())  # the forward pass that wrote the pages
+    with torch.cuda.stream(write):  # backup_from_device_all_layer
+        if layout == "layer_first":
+            host = torch.zeros(2, layers, HOST_PAGES * PAGE, HEADS, DIM, dtype=torch.bfloat16).pin_memory()
+            k_tables, v_tables = (table(list(host[kv])) for kv in range(2))
+            sg.transfer_kv_all_layer(
+                table(dev_k), k_tables, table(dev_v), v_tables, dev_idx, host_idx, ITEM, layers
+            )
+        else:  # page_first_direct: a page's bytes of every layer together
+            host = torch.zeros(2, HOST_PAGES, layers, PAGE, HEADS, DIM, dtype=torch.bfloat16).pin_memory()
+            sg.transfer_kv_all_layer_direct_lf_pf(dev_k + dev_v, [host[0], host[1]], dev_idx, host_idx, PAGE)
+    write.synchronize()
+    want = [(bits(k)[dev_idx.cpu().numpy()], bits(v)[dev_idx.cpu().numpy()]) for k, v in zip(dev_k, dev_v)]
+    for t in dev_k + dev_v:
+        t.zero_()  # evicted; load the pages back into other GPU slots
+    back = pages(rng, n, GPU_PAGES)
+    forward = torch.cuda.current_stream()
+    load.wait_stream(forward)
+    for i in range(layers):  # load_to_device_per_layer, one event per layer for the forward pass
+        with torch.cuda.stream(load):
+            if layout == "layer_first":
+                sg.transfer_kv_per_layer(host[0, i], dev_k[i], host[1, i], dev_v[i], host_idx, back, ITEM)
+            else:
+                sg.transfer_kv_per_layer_direct_pf_lf(
+                    [host[0], host[1]], [dev_k[i], dev_v[i]], host_idx, back, i, PAGE
+                )
+            done = torch.cuda.Event()
+            done.record(load)
+        forward.wait_event(done)  # layer i's attention runs after its load, later layers still loading
+    forward.synchronize()
+    b = back.cpu().numpy()
+    for (k, v), (wk, wv) in zip(zip(dev_k, dev_v), want):
+        got_k, got_v = bits(k), bits(v)
+        assert np.array_equal(got_k[b], wk) and np.array_equal(got_v[b], wv)
+        assert not np.delete(got_k, b, axis=0).any()  # nothing else was written
+    how = "transfer_kv_all_layer, transfer_kv_per_layer" if layout == "layer_first" else "the direct variants"
+    return f"ok: {layout} host pool: {2 * layers} parts x {n} pages backed up in one call, loaded per layer ({how}): bit-exact"
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="SGLang HiCache transfers through cupy_swap.")
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--pages", type=int, default=24, help="pages each transfer moves")
+    p = argparse.ArgumentParser(
+        description="sgl-kernel's kvcacheio transfers on cupy_swap, as HiCache calls them."
+    )
+    p.add_argument("--layers", type=int, default=32, help="layers (a K and a V buffer each)")
+    p.add_argument("--pages", type=int, default=24, help="16-token pages each transfer moves")
     args = p.parse_args(argv)
-    sw = cupy_swap.BlockSwapper(max_blocks=HOST_PAGES)  # without a GPU: CudaUnavailableError (below)
+    engines.sglang.use_swapper(cupy_swap.BlockSwapper(max_blocks=8192))  # without a GPU: CudaUnavailableError
     if torch is None or not torch.cuda.is_available():
         print(f"{sys.argv[0]}: needs PyTorch with CUDA (pip install torch)", file=sys.stderr)
         return 3
-    import cupy  # to make torch's stream wait for one layer's event
-
-    torch.manual_seed(0)
-    tokens = lambda pages: (pages[:, None] * PAGE + torch.arange(PAGE, device="cuda")).reshape(-1)  # noqa: E731
     for layout in ("layer_first", "page_first_direct"):
-        k = [torch.randn(GPU_PAGES * PAGE, HEADS, DIM, device="cuda").bfloat16() for _ in range(args.layers)]
-        v = [torch.randn_like(buf) for buf in k]
-        pool = HostPool(k, v, layout, sw)
-        dev_pages = torch.randperm(GPU_PAGES, device="cuda")[: args.pages]
-        host_pages = torch.randperm(HOST_PAGES, device="cuda")[: args.pages]
-        pool.backup_from_device_all_layer(tokens(host_pages), tokens(dev_pages)).synchronize()
-        g, h = dev_pages.cpu().numpy(), host_pages.cpu().numpy()
-        for i in range(args.layers):
-            for kv, buf in enumerate((k[i], v[i])):
-                want = bits(buf.view(-1, PAGE, HEADS, DIM))[g]
-                assert np.array_equal(bits(pool.host_part(kv, i))[h], want)
-
-        back = torch.randperm(GPU_PAGES, device="cuda")[: args.pages]  # load into other device pages
-        for buf in k + v:
-            buf.zero_()
-        compute, seen = torch.cuda.current_stream(), []
-        events = [
-            pool.load_to_device_per_layer(tokens(host_pages), tokens(back), i) for i in range(args.layers)
-        ]
-        for i in range(args.layers):  # the forward pass: layer i waits for layer i's pages only
-            cupy.cuda.ExternalStream(compute.cuda_stream).wait_event(events[i])
-            seen.append(k[i].view(-1, PAGE, HEADS, DIM)[back].clone())  # attention reads the pages
-        b = back.cpu().numpy()
-        for i, v_pages in enumerate(bits(buf.view(-1, PAGE, HEADS, DIM)) for buf in v):
-            assert np.array_equal(bits(seen[i]), bits(pool.host_part(0, i))[h])
-            assert np.array_equal(v_pages[b], bits(pool.host_part(1, i))[h])  # V loaded, the rest untouched
-            assert not np.delete(v_pages, b, axis=0).any()
-        print(
-            f"ok: {layout} host pool, {2 * args.layers} parts x {args.pages} pages backed up in one call "
-            f"and loaded layer by layer, GPU index tensors: bit-exact"
-        )
+        print(run(layout, args.layers, args.pages))
     return 0
 
 
