@@ -24,7 +24,7 @@ import numpy as np
 from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import check_rows_for, host_rows, run_starts
-from .core.route import check_mode, prepared_route, run_route, run_rows, staged_plan, staged_refusal
+from .core.route import check_mode, prepared_route, run_route, run_rows, staged_refusal
 from .cuda import abi, capture, memory, release
 from .cuda.gpu_mapping import device_rows
 from .cuda.outcomes import Channel
@@ -32,6 +32,7 @@ from .cuda.outcomes import caller as caller_ref
 from .cuda.slots import DST_INDEX, INDEX_STEP, N_PAIRS, SEQ, SRC_INDEX, STATUS
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 from .op_cache import listed
+from .staged.plan import staged_plan
 
 if TYPE_CHECKING:
     from .cuda.streams import SwapEvent

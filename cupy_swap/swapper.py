@@ -24,10 +24,10 @@ from .cuda.copy_engine import DmaCopier
 from .cuda.launcher import Launcher
 from .cuda.resolve import resolve_layout
 from .cuda.settings import load_calibration
-from .cuda.stager import Stager
 from .cuda.streams import EventPool, on_device
 from .op_cache import OpCache, arrays_of
 from .prepared import PreparedSwap
+from .staged.stager import Stager
 
 if TYPE_CHECKING:
     from .cuda.streams import SwapEvent

@@ -41,7 +41,7 @@ OFF_CAPTURE = {
     ("cuda/kernels.py", "load_all"): "Launcher.__init__, inside BlockSwapper.__init__'s relaxed block",
     ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
     ("cuda/slots.py", "SlotRing.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
-    ("cuda/stager.py", "_wait_for_users"): "releaser gate",
+    ("staged/stager.py", "_wait_for_users"): "releaser gate",
     ("graph.py", "_wait_all"): "releaser gate",
     ("cuda/streams.py", "swap_event_class.SwapEvent.device_time"): "SwapEvent.synchronize, relaxed inside",
     (

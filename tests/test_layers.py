@@ -5,7 +5,8 @@ or the layers below it, and no chain of imports comes back to where it began.
     1  cuda/        the driver, kernels, rings, pinned memory and its registries
     2  hostpool/    the pinned-memory engine (feeds cuda/'s registries)
     3  the swap:    the top-level modules (swapper, prepared, op_cache, captured,
-                    graph, api_types, the package's __init__)
+                    graph, api_types, the package's __init__) and the folders of
+                    its paths: staged/ (plan and stager)
     4  tools/, remote/, engines/, __main__: imported by nothing below them
 
 Every import counts: at module level, inside functions and under
@@ -25,7 +26,7 @@ LAYERS = (
     {"core"},
     {"cuda"},
     {"hostpool"},
-    {"__init__", "api_types", "op_cache", "prepared", "swapper", "captured", "graph"},
+    {"__init__", "api_types", "op_cache", "prepared", "swapper", "captured", "graph", "staged"},
     {"tools", "remote", "engines", "__main__"},
 )
 
@@ -167,7 +168,8 @@ def test_core_runs_without_cupy():
     code = (
         "import sys; sys.modules['cupy'] = None\n"  # any import of cupy fails
         "import numpy as np\n"
-        "from cupy_swap.core import layout, mapping, route, staged_plan, copies, parts\n"
+        "from cupy_swap.core import layout, mapping, route, copies, parts\n"
+        "from cupy_swap.staged import plan\n"  # the staged plan: NumPy only too
         "m = mapping.normalize_mapping([(0, 1), (2, 3)])\n"
         "assert mapping.run_starts(m).tolist() == [0, 1]\n"
     )

@@ -7,7 +7,8 @@ import pytest
 
 from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.core.parts import as_parts
-from cupy_swap.core.route import Policy, prepared_route, staged_plan
+from cupy_swap.core.route import Policy, prepared_route
+from cupy_swap.staged.plan import staged_plan
 
 POLICY = Policy()
 

@@ -8,12 +8,11 @@ import zlib
 import numpy as np
 import pytest
 
-from cupy_swap.core.parts import as_parts
-from cupy_swap.core.staged_plan import (
+from cupy_swap.core.parts import as_parts, copy_groups
+from cupy_swap.staged.plan import (
     RowRing,
     chunk_copies,
     chunk_sizes,
-    copy_groups,
     group_regions,
     host_runs,
     kernel_pairs,

@@ -135,8 +135,7 @@ def test_a_per_layer_loop_of_256_layouts_hits_after_its_first_pass():
 def test_staged_refusals_name_the_real_reason():
     import numpy as np
 
-    from cupy_swap.core.parts import as_parts
-    from cupy_swap.core.staged_plan import copy_groups, groups_problem
+    from cupy_swap.core.parts import as_parts, copy_groups, groups_problem
 
     pool = np.zeros((10, 2, 16), np.uint8)
     reversed_view = as_parts(pool[::-1].reshape(10, 32), "dst")

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .mapping import check_mapping_for
-from .parts import DEVICE, HOST, Part, as_parts
-from .staged_plan import copy_groups
+from .parts import DEVICE, HOST, Part, as_parts, copy_groups
 
 IN, OUT, GPU_TO_GPU = "in", "out", "gpu->gpu"
 _DIRECTIONS = {(HOST, DEVICE): IN, (DEVICE, HOST): OUT, (DEVICE, DEVICE): GPU_TO_GPU}
@@ -53,7 +52,7 @@ class Layout:
         largest part's block.
     host_groups : list of CopyGroup or None
         The host side's parts as whole-row copy groups, or None (see
-        :mod:`cupy_swap.core.staged_plan`).
+        :func:`cupy_swap.core.parts.copy_groups`).
     staging_layout : Layout or None
         Staged swaps: the resolved layout of the kernel half.
     """

@@ -11,6 +11,10 @@ viewed as the integer type of its width, and the part's ``dtype`` is an
 type, with a NumPy integer type of its width (vLLM's uint8 fp8 caches) and
 with a NumPy type of its name (ml_dtypes' ``float8_e4m3fn``); never with
 another such type or a NumPy float (the same bytes mean other numbers).
+
+Host parts whose blocks tile whole rows of one pool form *copy groups*
+(:func:`copy_groups`, kept in ``Layout.host_groups``): a staged swap
+(:mod:`cupy_swap.staged`) copies a run of their rows in one copy.
 """
 
 from __future__ import annotations
@@ -268,3 +272,76 @@ def as_parts(obj, name: str, convert=None) -> list[Part]:
             raise ValueError(f"{name}: expected at least one array, got an empty sequence")
         return [_describe(a, f"{name}[{i}]", convert) for i, a in enumerate(obj)]
     raise TypeError(f"{name}: expected an array or a list/tuple of arrays, got {type(obj).__name__}")
+
+
+@dataclass(frozen=True)
+class CopyGroup:
+    """Host parts whose blocks tile whole rows of one pool, so ``k``
+    consecutive blocks of all of them are one contiguous range.
+
+    Attributes
+    ----------
+    host_ptr : int
+        Host address of block 0's row (the lowest part's block 0).
+    row_bytes : int
+        The parts' block stride: bytes a block occupies in the pool, all of
+        them swapped (no bytes of arrays outside the swap).
+    parts : tuple of int
+        Indices of the parts (into the swap's ``src``).
+    offsets : tuple of int
+        Byte offset of each part's block within a row.
+    """
+
+    host_ptr: int
+    row_bytes: int
+    parts: tuple
+    offsets: tuple
+
+
+def copy_groups(parts: list[Part]) -> list[CopyGroup] | None:
+    """Group host parts into :class:`CopyGroup` s (a packed array alone, views
+    ``pool[:, i]`` that together cover every byte of a row), or None when a
+    part's rows hold bytes outside the swap or its blocks descend."""
+    groups: list[CopyGroup] = []
+    members: list[int] = []
+    for i in sorted(range(len(parts)), key=lambda i: (parts[i].ptr, i)):
+        p = parts[i]
+        if members:
+            first = parts[members[0]]
+            end = parts[members[-1]].ptr + parts[members[-1]].block_bytes
+            if p.ptr != end or p.block_stride != first.block_stride or p.num_blocks != first.num_blocks:
+                return None
+        elif p.block_stride < p.block_bytes:
+            return None
+        members.append(i)
+        first = parts[members[0]]
+        span = p.ptr + p.block_bytes - first.ptr
+        if span == first.block_stride:
+            groups.append(
+                CopyGroup(first.ptr, span, tuple(members), tuple(parts[j].ptr - first.ptr for j in members))
+            )
+            members = []
+        elif span > first.block_stride:
+            return None
+    return None if members else groups
+
+
+def groups_problem(parts: list[Part]) -> str:
+    """Why :func:`copy_groups` refused ``parts``, in words (error path only)."""
+    for p in parts:
+        if p.block_stride < 0:
+            return (
+                f"copies runs of host blocks in ascending address order, but {p.name} has a "
+                f"negative block stride ({p.block_stride} bytes: a reversed view); pass the "
+                f"forward array and reverse the mapping instead"
+            )
+    for p in parts:
+        if p.num_blocks > 1 and p.block_stride < p.block_bytes:
+            return (
+                f"copies whole host rows, but {p.name}'s blocks overlap (block stride "
+                f"{p.block_stride} bytes for {p.block_bytes}-byte blocks)"
+            )
+    return (
+        "copies whole runs of host rows, but the host parts' rows hold bytes of arrays that "
+        "are not in this swap (pass every view of a block-first pool, or packed arrays)"
+    )

@@ -6,7 +6,7 @@ Paths: ``"kernel"`` (one launch; SM loads and stores reach scattered host
 blocks cheaply), ``"dma"`` (copy engines, one copy per run of consecutive
 blocks: they win for large copies and lose about 1 us per copy), ``"staged"``
 (asked for with ``mode="staged"``: copy engines move host runs through a GPU
-arena, a kernel scatters or gathers the GPU blocks; see :mod:`.staged_plan`).
+arena, a kernel scatters or gathers the GPU blocks; see :mod:`cupy_swap.staged.plan`).
 Nothing here looks at a mapping's rows: sampling them on every call cost
 more host time than it saved (``benchmarks/NOTES.md``, item 42).
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .layout import GPU_TO_GPU, IN, OUT, Layout
-from .staged_plan import StagedPlan, chunk_sizes, groups_problem, plan_chunks
+from .parts import groups_problem
 
 MODES = ("auto", "kernel", "dma", "staged")
 
@@ -135,13 +135,3 @@ def staged_refusal(layout: Layout, policy: Policy) -> str:
             f"staging_bytes={policy.staging_bytes}; raise staging_bytes"
         )
     return ""
-
-
-def staged_plan(layout: Layout, mapping: np.ndarray, policy: Policy) -> StagedPlan:
-    """The chunks of a staged swap of a checked ``(N, 2)`` mapping."""
-    sizes = chunk_sizes(
-        mapping.shape[0], layout.bytes_per_pair, policy.staging_rows(layout.bytes_per_pair) // 2
-    )
-    if layout.direction == OUT:
-        sizes.reverse()  # a short first gather lets the copy engine start early
-    return plan_chunks(mapping, sizes, HOST_COLUMN[layout.direction])

@@ -9,7 +9,9 @@ blocks between the arena and their GPU blocks at HBM speed.  The swap is cut
 into chunks placed in a ring of staging rows, so one chunk's kernel half
 overlaps the next one's transfer.
 
-NumPy only; :mod:`cupy_swap.cuda.stager` owns the arena and enqueues the work.
+NumPy only (so the plan is tested on the CPU); :mod:`.stager` owns the arena
+and enqueues the work.  The host side's copy groups are a fact of the layout
+(:func:`cupy_swap.core.parts.copy_groups`, ``Layout.host_groups``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .mapping import run_starts
-from .parts import DEVICE, Part
+from ..core.layout import OUT, Layout
+from ..core.mapping import run_starts
+from ..core.parts import DEVICE, CopyGroup, Part
+from ..core.route import HOST_COLUMN, Policy
 
 # A swap-in is cut into as few chunks as the staging ring allows: each extra
 # copy-engine copy costs 30-40 us of link time when SM stores to host memory
@@ -28,79 +32,6 @@ from .parts import DEVICE, Part
 # is only scattered once it has landed, so a swap this large or larger keeps
 # a quarter of its pairs for a short last chunk.
 SPLIT_TAIL_BYTES = 4 << 20
-
-
-@dataclass(frozen=True)
-class CopyGroup:
-    """Host parts whose blocks tile whole rows of one pool, so ``k``
-    consecutive blocks of all of them are one contiguous range.
-
-    Attributes
-    ----------
-    host_ptr : int
-        Host address of block 0's row (the lowest part's block 0).
-    row_bytes : int
-        The parts' block stride: bytes a block occupies in the pool, all of
-        them swapped (no bytes of arrays outside the swap).
-    parts : tuple of int
-        Indices of the parts (into the swap's ``src``).
-    offsets : tuple of int
-        Byte offset of each part's block within a row.
-    """
-
-    host_ptr: int
-    row_bytes: int
-    parts: tuple
-    offsets: tuple
-
-
-def copy_groups(parts: list[Part]) -> list[CopyGroup] | None:
-    """Group host parts into :class:`CopyGroup` s (a packed array alone, views
-    ``pool[:, i]`` that together cover every byte of a row), or None when a
-    part's rows hold bytes outside the swap or its blocks descend."""
-    groups: list[CopyGroup] = []
-    members: list[int] = []
-    for i in sorted(range(len(parts)), key=lambda i: (parts[i].ptr, i)):
-        p = parts[i]
-        if members:
-            first = parts[members[0]]
-            end = parts[members[-1]].ptr + parts[members[-1]].block_bytes
-            if p.ptr != end or p.block_stride != first.block_stride or p.num_blocks != first.num_blocks:
-                return None
-        elif p.block_stride < p.block_bytes:
-            return None
-        members.append(i)
-        first = parts[members[0]]
-        span = p.ptr + p.block_bytes - first.ptr
-        if span == first.block_stride:
-            groups.append(
-                CopyGroup(first.ptr, span, tuple(members), tuple(parts[j].ptr - first.ptr for j in members))
-            )
-            members = []
-        elif span > first.block_stride:
-            return None
-    return None if members else groups
-
-
-def groups_problem(parts: list[Part]) -> str:
-    """Why :func:`copy_groups` refused ``parts``, in words (error path only)."""
-    for p in parts:
-        if p.block_stride < 0:
-            return (
-                f"copies runs of host blocks in ascending address order, but {p.name} has a "
-                f"negative block stride ({p.block_stride} bytes: a reversed view); pass the "
-                f"forward array and reverse the mapping instead"
-            )
-    for p in parts:
-        if p.num_blocks > 1 and p.block_stride < p.block_bytes:
-            return (
-                f"copies whole host rows, but {p.name}'s blocks overlap (block stride "
-                f"{p.block_stride} bytes for {p.block_bytes}-byte blocks)"
-            )
-    return (
-        "copies whole runs of host rows, but the host parts' rows hold bytes of arrays that "
-        "are not in this swap (pass every view of a block-first pool, or packed arrays)"
-    )
 
 
 def staging_parts(host: list[Part], groups: list[CopyGroup], base: int, rows: int, device: int) -> list[Part]:
@@ -227,6 +158,16 @@ def plan_chunks(mapping: np.ndarray, sizes: list[int], host_column: int = 0) -> 
         sizes, starts, gpus, rows.tolist(), hosts[rows].tolist(), np.diff(rows, append=n).tolist(),
         chunk_of.tolist(), cuts,
     )  # fmt: skip
+
+
+def staged_plan(layout: Layout, mapping: np.ndarray, policy: Policy) -> StagedPlan:
+    """The chunks of a staged swap of a checked ``(N, 2)`` mapping."""
+    sizes = chunk_sizes(
+        mapping.shape[0], layout.bytes_per_pair, policy.staging_rows(layout.bytes_per_pair) // 2
+    )
+    if layout.direction == OUT:
+        sizes.reverse()  # a short first gather lets the copy engine start early
+    return plan_chunks(mapping, sizes, HOST_COLUMN[layout.direction])
 
 
 def chunk_copies(plan: StagedPlan, groups: list[CopyGroup], regions: list[int], base: int, chunk_rows: list):

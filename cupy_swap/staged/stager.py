@@ -1,7 +1,7 @@
 """The staged path on the GPU: a staging arena per direction, its copy
 stream and row ring, and the enqueueing of a staged swap's chunks (copy
 engines between host runs and the arena, the kernel between the arena and
-the GPU blocks).  The plan itself is :mod:`cupy_swap.core.staged_plan`."""
+the GPU blocks).  The plan itself is :mod:`.plan`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import functools
 import threading
 
 from ..core.layout import IN, Layout, layout_from_parts
-from ..core.staged_plan import (
-    CopyGroup,
+from ..core.parts import CopyGroup
+from ..cuda import capture, release
+from ..cuda.resolve import resolve_layout
+from .plan import (
     RowRing,
     StagedPlan,
     chunk_copies,
@@ -18,8 +20,6 @@ from ..core.staged_plan import (
     kernel_pairs,
     staging_parts,
 )
-from . import capture, release
-from .resolve import resolve_layout
 
 _H2D, _D2H = 1, 2
 
