@@ -12,7 +12,7 @@ from . import hostpool  # issue 41: pools of any size, pinned in chunks, NUMA-pl
 from .cuda.availability import CudaUnavailableError
 from .cuda.memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
 from .cuda.shared import shared_pinned, unlink_shared
-from .graph import GraphSwap
+from .graphs.graph_swap import GraphSwap
 from .hostpool import PinError, PinHandle, pin_array, pin_pool, pin_shared
 from .swapper import BlockSwapper, PreparedSwap
 

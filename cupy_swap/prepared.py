@@ -199,7 +199,7 @@ class PreparedSwap:
             record on the stream right before each launch.  Default: the
             swap's own ``count``.
         """
-        from .captured import CapturedSwap
+        from .graphs.captured import CapturedSwap
 
         sw = self._swapper
         if sw._closed:

@@ -31,7 +31,7 @@ from .staged.stager import Stager
 
 if TYPE_CHECKING:
     from .cuda.streams import SwapEvent
-    from .graph import GraphSwap
+    from .graphs.graph_swap import GraphSwap
 
 DEFAULT_MAX_CTAS = 8
 DEFAULT_STAGING_BYTES = 64 << 20
@@ -331,8 +331,8 @@ class BlockSwapper:
 
     def graph_swap(self, src: Parts, dst: Parts) -> GraphSwap:
         """A swap of fixed parts whose mapping changes between CUDA-graph
-        replays: see :class:`cupy_swap.graph.GraphSwap`."""
-        from .graph import GraphSwap
+        replays: see :class:`cupy_swap.GraphSwap`."""
+        from .graphs.graph_swap import GraphSwap
 
         with on_device(self.device), capture.relaxed():  # its buffer is allocated and zeroed
             layout = self._layout(src, dst)

@@ -42,7 +42,7 @@ OFF_CAPTURE = {
     ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
     ("cuda/slots.py", "SlotRing.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
     ("staged/stager.py", "_wait_for_users"): "releaser gate",
-    ("graph.py", "_wait_all"): "releaser gate",
+    ("graphs/graph_swap.py", "_wait_all"): "releaser gate",
     ("cuda/streams.py", "swap_event_class.SwapEvent.device_time"): "SwapEvent.synchronize, relaxed inside",
     (
         "cuda/kernels.py",

@@ -1,5 +1,5 @@
 """A swap captured into the caller's CUDA graph (issue 40), on the CPU: the
-replay verdict ring (cupy_swap/cuda/replay_verdicts.py) over NumPy memory,
+replay verdict ring (cupy_swap/graphs/replay_verdicts.py) over NumPy memory,
 with the kernel's writes played by the tests, and what CapturedSwap sets up
 and launches (no GPU: allocations and launches stood in)."""
 
@@ -11,11 +11,11 @@ import types
 import numpy as np
 import pytest
 
-from cupy_swap import captured as captured_module
 from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.cuda import abi, memory, release
-from cupy_swap.cuda.replay_verdicts import ReplayVerdicts, ring_words
 from cupy_swap.cuda.resolve import resolve_layout
+from cupy_swap.graphs import captured as captured_module
+from cupy_swap.graphs.replay_verdicts import ReplayVerdicts, ring_words
 from cupy_swap.prepared import PreparedSwap
 
 from .fakes import FakeSwapper

@@ -4,9 +4,10 @@ or the layers below it, and no chain of imports comes back to where it began.
     0  core/        NumPy only (never imports CuPy), CPU-tested
     1  cuda/        the driver, kernels, rings, pinned memory and its registries
     2  hostpool/    the pinned-memory engine (feeds cuda/'s registries)
-    3  the swap:    the top-level modules (swapper, prepared, op_cache, captured,
-                    graph, api_types, the package's __init__) and the folders of
-                    its paths: staged/ (plan and stager)
+    3  the swap:    the top-level modules (swapper, prepared, op_cache, api_types,
+                    the package's __init__) and the folders of its paths:
+                    graphs/ (captured swap, replay verdicts, GraphSwap) and
+                    staged/ (plan and stager)
     4  tools/, remote/, engines/, __main__: imported by nothing below them
 
 Every import counts: at module level, inside functions and under
@@ -26,7 +27,7 @@ LAYERS = (
     {"core"},
     {"cuda"},
     {"hostpool"},
-    {"__init__", "api_types", "op_cache", "prepared", "swapper", "captured", "graph", "staged"},
+    {"__init__", "api_types", "op_cache", "prepared", "swapper", "graphs", "staged"},
     {"tools", "remote", "engines", "__main__"},
 )
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import functools
 import threading
 
-from .api_types import Mapping, Stream
-from .core.mapping import check_mapping_for
-from .cuda import capture, release
-from .cuda.abi import descriptor_words
-from .cuda.streams import (
+from ..api_types import Mapping, Stream
+from ..core.mapping import check_mapping_for
+from ..cuda import capture, release
+from ..cuda.abi import descriptor_words
+from ..cuda.streams import (
     enqueue_and_wait,
     on_device,
     stream_is_capturing,

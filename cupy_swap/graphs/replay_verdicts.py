@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import abi
-from .outcomes import describe
+from ..cuda import abi
+from ..cuda.outcomes import describe
 
 
 class ReplayVerdicts:

@@ -37,13 +37,13 @@ import threading
 
 import numpy as np
 
-from .api_types import Stream
-from .cuda import abi, capture, memory, pools, release
-from .cuda.driver import stream_wait_geq
-from .cuda.gpu_mapping import device_rows, device_word
-from .cuda.launcher import launch_shape
-from .cuda.replay_verdicts import ReplayVerdicts, ring_words
-from .cuda.streams import enqueue_and_wait, on_device, stream_is_capturing, stream_on_device
+from ..api_types import Stream
+from ..cuda import abi, capture, memory, pools, release
+from ..cuda.driver import stream_wait_geq
+from ..cuda.gpu_mapping import device_rows, device_word
+from ..cuda.launcher import launch_shape
+from ..cuda.streams import enqueue_and_wait, on_device, stream_is_capturing, stream_on_device
+from .replay_verdicts import ReplayVerdicts, ring_words
 
 _H2D, _D2D = 1, 3
 
@@ -203,7 +203,7 @@ class CapturedSwap:
 
 
 def _their_rows(rows, device: int, max_rows: int):
-    """Where the caller's rows are (:class:`~.cuda.gpu_mapping.DeviceRows`):
+    """Where the caller's rows are (:class:`~cupy_swap.cuda.gpu_mapping.DeviceRows`):
     an int64 ``(N, 2)`` GPU array or two 1-D ones, ``N >= max_rows``."""
     try:
         found = device_rows(rows, device, 1 << 62)
