@@ -177,7 +177,7 @@ class PreparedSwap:
     def captured(self, max_rows: int | None = None, *, ring: int = 64, rows=None, count=None):
         """A swap of these arrays to capture into your own CUDA graph, whose
         rows your kernels write in each replay: see
-        :class:`cupy_swap.captured.CapturedSwap`.
+        :class:`cupy_swap.graphs.captured.CapturedSwap`.
 
         Parameters
         ----------
@@ -186,7 +186,7 @@ class PreparedSwap:
             rows one launch can check).
         ring : int, optional
             Failed replays' verdicts kept until
-            :meth:`~cupy_swap.captured.CapturedSwap.failures` reads them
+            :meth:`~cupy_swap.graphs.captured.CapturedSwap.failures` reads them
             (default 64; good replays take no room).
         rows : GPU array, optional
             Your own row buffer, read in place by every replay: int64,
