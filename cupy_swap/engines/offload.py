@@ -42,6 +42,7 @@ from collections import deque
 
 import numpy as np
 
+from ..cuda import capture
 from .chunks import SpecError, merged_rows, out_of_range, part_signatures, transfer_rows
 
 logger = logging.getLogger("cupy_swap.engines")
@@ -284,24 +285,26 @@ class ChunkOffloadWorker:
     def _done(self, t: _Transfer) -> bool:
         if t.settled:
             return True
-        if not all(e.done for e in t.events):
-            return False
-        return not t.marks or self._events.done(t.marks[2])
+        with capture.relaxed():  # event queries: legal while another thread captures
+            if not all(e.done for e in t.events):
+                return False
+            return not t.marks or self._events.done(t.marks[2])
 
     def _settle(self, t: _Transfer) -> None:
         """Wait for a transfer's calls and read their verdicts (once)."""
         if t.settled:
             return
-        for event in t.events:
-            try:
-                event.synchronize()  # raises the verdict of a bad mapping
-            except Exception as e:  # noqa: BLE001 - every failure is this transfer's result
-                if t.error is None:
-                    t.error = e
-        if t.marks:
-            self._events.wait(t.marks[2])
-            if t.error is None:
-                t.seconds = self._events.elapsed(t.marks[1], t.marks[2])
+        with capture.relaxed():  # waits: legal while another thread captures
+            for event in t.events:
+                try:
+                    event.synchronize()  # raises the verdict of a bad mapping
+                except Exception as e:  # noqa: BLE001 - every failure is this transfer's result
+                    if t.error is None:
+                        t.error = e
+            if t.marks:
+                self._events.wait(t.marks[2])
+        if t.marks and t.error is None:
+            t.seconds = self._events.elapsed(t.marks[1], t.marks[2])
         elif self._events is not None and t.error is None:
             t.seconds = 0.0  # a transfer that failed before launching, or moved nothing
         t.settled = True

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cuda import capture
 from .offload import ChunkOffloadWorker, TransferResult
 
 VLLM_COMMIT = "0105e232b7fa4e1b59ec87531f167c0443a5095d"  # vllm/v1/kv_offload/base.py as read
@@ -90,18 +91,23 @@ def page_rows(tensor, page_size_bytes: int):
 
 class TorchEvents:
     """The worker's event kit (:mod:`cupy_swap.engines.offload`) on torch's
-    CUDA events, as vLLM's own worker times its transfers."""
+    CUDA events, as vLLM's own worker times its transfers (queries, waits
+    and creations in relaxed capture mode: legal while another thread
+    captures a CUDA graph)."""
 
     def new(self, timing: bool):
         import torch
 
-        return torch.cuda.Event(enable_timing=timing)
+        with capture.relaxed():
+            return torch.cuda.Event(enable_timing=timing)
 
     def done(self, event) -> bool:
-        return event.query()
+        with capture.relaxed():
+            return event.query()
 
     def wait(self, event) -> None:
-        event.synchronize()
+        with capture.relaxed():
+            event.synchronize()
 
     def elapsed(self, start, end) -> float:
         return start.elapsed_time(end) * 1e-3  # milliseconds
@@ -142,7 +148,12 @@ def make_worker(
     if swapper is None:
         rows = max_rows or min(DEFAULT_MAX_ROWS, max(p.shape[0] for p in pages))
         swapper = BlockSwapper(max_blocks=int(rows), device=device)
-    chunks = [zeros_pinned((int(num_cpu_chunks), int(blocks_per_chunk) * p.shape[1]), np.int8) for p in pages]
+    with capture.relaxed():  # pinned allocations and streams: legal while another thread captures
+        chunks = [
+            zeros_pinned((int(num_cpu_chunks), int(blocks_per_chunk) * p.shape[1]), np.int8) for p in pages
+        ]
+        with torch.cuda.device(device):
+            store_stream, load_stream = torch.cuda.Stream(), torch.cuda.Stream()
     refs = [[(r.tensor_idx, r.page_size_bytes) for r in group] for group in kv_caches.group_data_refs]
     make_result = TransferResult
     if worker_class is None:
@@ -151,8 +162,6 @@ def make_worker(
             make_result = _vllm_base().TransferResult
         except ImportError:
             worker_class = ChunkOffloadWorker
-    with torch.cuda.device(device):
-        store_stream, load_stream = torch.cuda.Stream(), torch.cuda.Stream()
     return worker_class(
         pages,
         chunks,
