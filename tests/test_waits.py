@@ -54,3 +54,56 @@ def test_swap_skips_unrecorded_torch_events(wait_for, waited, fake_gpu):
     # Each wait on the swap's stream (77), then the swap's event recorded on it.
     assert calls == [("wait", 77, ptr) for ptr in waited] + [("record", 0xE0, 77)]
     assert event.path == "none"
+
+
+def test_stream_waits_reuse_one_event_per_thread_and_each_is_enqueued_before_the_next_record(
+    fake_gpu, monkeypatch
+):
+    """Issue 49, finding 6: creating an event waits behind a release's
+    device-wide wait (NOTES 77), so a call must not create one per stream in
+    ``wait_for``.  One event per thread is recorded on each stream in turn,
+    and each stream's wait is enqueued before the next record."""
+    import threading
+
+    import cupy
+
+    from cupy_swap.cuda import capture, streams
+
+    created: list = []
+    monkeypatch.setattr(
+        capture, "new_event", lambda timing=False: created.append(object()) or _Made(len(created))
+    )
+    order: list = []
+    monkeypatch.setattr(
+        cupy.cuda.runtime, "eventRecord", lambda ev, stream: order.append(("record", ev, stream))
+    )
+    monkeypatch.setattr(streams, "stream_device", lambda item: 0)
+    monkeypatch.setattr(streams, "on_device", lambda device: _Nothing())
+    monkeypatch.setattr(streams, "_wait_events", threading.local())
+    calls: list = []
+    op = _op(calls, fake_gpu)
+    monkeypatch.setattr(
+        op._swapper, "_wait_event", lambda stream, ev, flags: order.append(("wait", ev, stream))
+    )
+    for _ in range(3):
+        op([], wait_for=[0x51, 0x52])  # two raw stream handles of the swapper's GPU
+    assert len(created) == 1  # made once, recorded again each time
+    assert order[:4] == [("record", 1, 0x51), ("wait", 1, 77), ("record", 1, 0x52), ("wait", 1, 77)]
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(op([], wait_for=[0x51])))
+    t.start()
+    t.join()
+    assert done and len(created) == 2  # another thread: its own event
+
+
+class _Made:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
