@@ -177,7 +177,9 @@ class _Entry:
     __slots__ = ("__weakref__", "op", "refs", "dead", "generation", "used")
 
     def __init__(self, op, owners: list):
-        self.op, self.dead, self.generation = op, False, memory.generation()
+        decided = getattr(op, "_decided", None)  # its generation was read before its layout resolved
+        self.op, self.dead = op, False
+        self.generation = memory.generation() if decided is None else decided.generation
         entry = weakref.ref(self)
 
         def died(_ref, entry=entry):

@@ -90,7 +90,8 @@ class _Decided:
         low, high = self.kernel_rows
         checks = self.launch_checks and swapper._launcher.slots_ok
         self.fast_rows = (low, min(high, swapper._launcher.check_rows_max + 1)) if checks else (0, 0)
-        self.generation = memory.generation()
+        # Read before the layout's addresses were (resolve_layout), else now (stand-in layouts).
+        self.generation = memory.generation() if layout.generation is None else layout.generation
         # Torch callers are ordered on torch's current stream by default.
         self.default_stream = torch_stream_getter(swapper.device) if torch_parts else None
 
@@ -247,10 +248,15 @@ class PreparedSwap:
         if wait_for is not None and not (type(wait_for) is tuple and not wait_for):  # 0 is a stream
             self._enqueue_waits(handle, wait_for, caller)
         if stream_is_capturing(handle):  # asked after the waits: they may have joined a capture
-            return self._general(caller, block_mapping, stream, want, mode, (), timing, check)
+            return self._general(caller, block_mapping, stream, want, mode, (), timing, check, capturing=True)
         event = sw._events.take(False)
         event.path, event.nbytes = "kernel", n * op.layout.bytes_per_pair
         i = ring.take()
+        if op.generation != memory._generation[0]:  # a registration changed since the look above
+            ring.give_back(i)  # (unpinning waits for taken slots: memory.before_unpin)
+            return self._general(
+                caller, block_mapping, stream, want, mode, (), timing, check, capturing=False
+            )
         try:
             seq = ring.write(i, rows, n, (self._outcomes, op.layout, caller_ref()), event)
             op.kernel.launch_slot(i, handle)
@@ -285,7 +291,9 @@ class PreparedSwap:
             if w.event_ptr:  # 0: an unrecorded torch event, nothing to wait for (streams.NO_WAIT)
                 sw._wait_event(handle, w.event_ptr, 0)
 
-    def _general(self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check):
+    def _general(
+        self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check, capturing=None
+    ):
         """Every call :meth:`_run` does not serve: per-call ``mode``,
         ``check`` or timing, rows on the GPU or as index pairs, the copy
         engines, staging, capture, refusals, an earlier swap's failure."""
@@ -333,7 +341,8 @@ class PreparedSwap:
         if wait_for is not None and not (type(wait_for) is tuple and not wait_for):  # 0 is a stream
             self._enqueue_waits(handle, wait_for, caller)
         # 3. Asked after the waits: waiting on a capturing stream joins its capture.
-        capturing = path != "none" and stream_is_capturing(handle)
+        if capturing is None or path == "none":  # else the fast path asked after its waits
+            capturing = path != "none" and stream_is_capturing(handle)
         if capturing:
             path, rows, checked = self._captured(op, path, rows, on_gpu, checked, looked)
         # 4. One launch (or the copy engines' copies), one event.
@@ -388,6 +397,12 @@ class PreparedSwap:
             return -1
         ring = lau.slots
         i = ring.take()
+        if op.generation != memory._generation[0]:  # a registration changed since this call resolved
+            ring.give_back(i)
+            raise RuntimeError(
+                "swap: pinned memory was registered or unregistered during this call; nothing was "
+                "launched: call again"
+            )
         launched = False
         try:
             if checked:

@@ -55,6 +55,10 @@ class Layout:
         :func:`cupy_swap.core.parts.copy_groups`).
     staging_layout : Layout or None
         Staged swaps: the resolved layout of the kernel half.
+    generation : int or None
+        The host-alias generation read *before* its addresses were resolved
+        (set by :func:`resolve_layout`): an op made from it resolves again
+        once a registration changed, even one that changed mid-resolve.
     """
 
     src: list
@@ -75,6 +79,7 @@ class Layout:
     unmapped_reason: str = ""
     host_groups: list | None = None
     staging_layout: Layout | None = None
+    generation: int | None = None
     copy_groups: tuple | None = field(default=None, repr=False)  # cached by core.copies
     pair_table: list | None = field(default=None, repr=False)  # cached by core.copies
     # Derived once here: the hot path reads them on every swap.

@@ -169,6 +169,12 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# Run first by wait_for_gpus_in_use: slots.py adds the wait for ring slots that calls have
+# taken and not launched yet, so a launch that resolved the old aliases is queued before
+# the GPU wait (a call that takes a slot after the generation bump sees it and goes back).
+before_unpin: list = []
+
+
 def wait_for_gpus_in_use() -> None:
     """Return once the work queued on every GPU this process uses when the
     call starts has completed (the last GPU is left current).  Call it in
@@ -182,6 +188,8 @@ def wait_for_gpus_in_use() -> None:
     Raises RuntimeError when the GPUs in use cannot be listed or a wait
     fails (the page is then set aside).
     """
+    for hook in before_unpin:
+        hook()
     runtime = _runtime()
     with _wait_lock:
         if not _wait_page:

@@ -42,6 +42,7 @@ def _resolve_part(part: Part, device: int, mapped: bool) -> int | None:
 def resolve_layout(layout: Layout, device: int) -> Layout:
     """Fill in device-visible addresses, the vector width and the part table
     (asks the driver about host memory, so it needs a GPU)."""
+    layout.generation = memory.generation()  # before resolving: a change meanwhile resolves again
     has_host = any(p.location == HOST for p in layout.src + layout.dst)
     mapped, why = memory.host_mapping_status(device) if has_host else (True, "")
     layout.src_addrs = [_resolve_part(p, device, mapped) for p in layout.src]

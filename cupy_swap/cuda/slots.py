@@ -28,6 +28,7 @@ import functools
 import itertools
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -40,6 +41,26 @@ N_PAIRS, STATUS, SEQ, DONE, SRC_INDEX, DST_INDEX, INDEX_STEP = range(7)
 _V_SEQ, _V_KIND, _V_ROW, _V_VALUE, _V_ALARM = range(5)
 _TAKEN = -(1 << 62)  # pending value of a slot a call holds and has not launched
 _POLL_FIRST, _POLL_MAX = 5e-6, 100e-6  # seconds between looks at a full ring
+
+
+_live: weakref.WeakSet = weakref.WeakSet()  # every ring of this process
+_TAKEN_WAIT_S = 10.0  # the most an unpin waits for one taken slot (a launch takes microseconds)
+
+
+def wait_for_taken_slots() -> None:
+    """Before memory is unpinned (after its generation bump): wait until
+    every slot a call holds has launched or been given back, so no launch
+    that resolved the old aliases comes after the GPU wait (a call that
+    takes a slot later sees the new generation and gives it back)."""
+    deadline = time.monotonic() + _TAKEN_WAIT_S
+    for ring in list(_live):
+        pending = ring._pending
+        for i in range(len(pending)):
+            while pending[i] == _TAKEN and time.monotonic() < deadline:
+                time.sleep(1e-4)
+
+
+memory.before_unpin.append(wait_for_taken_slots)
 
 
 class SlotRing:
@@ -122,6 +143,7 @@ class SlotRing:
         free = functools.partial(_free_counters, counters, device, words)
         gate = functools.partial(_wait_all, self._lock, self._pending, self._flat, self._row_words)
         self._finalizer = release.when_dropped(self, free, gate, f"slot ring of GPU {device}")
+        _live.add(self)
 
     def take(self) -> int:
         """A free slot's index, held by the caller until it calls
