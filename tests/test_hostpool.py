@@ -549,3 +549,28 @@ def test_a_dropped_pin_array_handle_retires_the_pool_before_anything_can_launch_
     assert release.drain(timeout=10) and len(fake_cuda.unregistered) == 2
     h = hp.pin_array(a, chunk_bytes=8 * 4096)  # pinned again: resolves again
     assert h.usable_rows == 16 and resolve_layout(_layout(fake_gpu, a), device=0).src_addrs
+
+
+def test_pinning_again_waits_for_the_dropped_handles_unpinning_at_most_its_limit(
+    fake_cuda, no_numa, monkeypatch
+):
+    import mmap
+
+    from cupy_swap.hostpool import api
+
+    a = np.frombuffer(mmap.mmap(-1, 4 * 4096), np.uint8).reshape(4, 4096)
+    h = hp.pin_array(a)
+    gate = threading.Event()
+    monkeypatch.setattr(memory.driver, "devices_in_use", lambda: gate.wait(30) and [])  # a busy GPU
+    monkeypatch.setattr(api, "_REPIN_WAIT_S", 0.01)
+    del h
+    gc.collect()
+    try:
+        with pytest.raises(
+            ValueError, match=r"array: .* whose earlier handle was dropped and whose unpinning"
+        ):
+            hp.pin_array(a)
+    finally:
+        gate.set()
+    assert release.drain(timeout=10)
+    assert hp.pin_array(a).usable_rows == 4  # unpinned by now: pinned again

@@ -35,6 +35,7 @@ from .settings import parse_bytes
 
 _TOUCH_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
 _TOUCH_SLICE = 256 << 20
+_REPIN_WAIT_S = 60.0  # pin_array of memory whose dropped handle is still being unpinned
 
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable without writing them
@@ -297,8 +298,14 @@ def pin_array(
     ptr = array.ctypes.data
     pool = registry.find(ptr, ptr + array.nbytes)
     if pool is not None and pool.retired:  # an earlier handle was dropped: let its unpinning finish
-        release.drain()
+        release.drain(timeout=_REPIN_WAIT_S)
         pool = registry.find(ptr, ptr + array.nbytes)
+        if pool is not None:
+            raise ValueError(
+                f"array: expected memory not yet pinned, got the {pool.what} at {ptr:#x} whose earlier handle "
+                f"was dropped and whose unpinning did not finish within {_REPIN_WAIT_S:.0f} s (it waits for "
+                f"the GPUs' queued work; a failed one is in cupy_swap.cuda.release.failures)"
+            )
     if memory._registry.find(ptr, 1) is not None or pool is not None:
         raise ValueError(
             f"array: expected memory not yet pinned, got a range at {ptr:#x} cupy_swap already pinned"

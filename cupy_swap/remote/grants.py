@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cuda import release
 from . import wire
 from .notes import Arrival
 
@@ -313,8 +314,13 @@ class GrantsMixin:
         del slots.grants[grant.key]
         slots.run.give(grant.offset, grant.n)
         if not slots.grants and self._dropped.get(pool.layout.uid) is pool:  # nothing can land in it now
-            del self._dropped[pool.layout.uid]
-            self.nixl.deregister_memory(pool.regs[-1])  # the staging runs' registration
+            try:
+                self.nixl.deregister_memory(pool.regs[-1])  # the staging runs' registration, then the memory
+            except BaseException:
+                release.keep_for_process(pool)  # may still be registered: never freed
+                raise
+            finally:
+                del self._dropped[pool.layout.uid]
 
     def _record_failed(self, grant: Grant, why: str) -> None:
         peer, inc, xfer_id = grant.key
