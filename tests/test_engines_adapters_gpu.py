@@ -220,6 +220,21 @@ def test_vllm_results_in_submission_order_with_an_empty_transfer():
     worker.shutdown()
 
 
+def test_vllm_event_kit_events_exist_when_made():
+    """torch creates a CUDA event at its first record(): the kit's events
+    are recorded once when made, so the worker's records create none."""
+    kit = cv.TorchEvents(torch.cuda.current_device())
+    events = [kit.new(timing) for timing in (False, True, True)]
+    assert all(e.cuda_event != 0 for e in events)
+    assert all(kit.done(e) for e in events)
+    kv = _kv_caches((64, 576), 2, 16)
+    worker = cv.make_worker(kv, 1, 16)
+    worker.submit_store(1, _spec([1], [1], [0]), _spec([1]))
+    (result,) = _finish(worker, [1]).values()
+    assert result.success and result.transfer_time is not None and result.transfer_time >= 0
+    worker.shutdown()
+
+
 def test_vllm_classes_where_vllm_imports():
     base = pytest.importorskip("vllm.v1.kv_offload.base", reason="vLLM is not installed here")
     kv = _kv_caches((64, 576), 2, 16)
@@ -382,6 +397,33 @@ def test_sglang_bad_index_raises_and_writes_nothing():
     with pytest.raises(IndexError, match="out of range"):
         event.synchronize()
     assert not host.any()
+
+
+def test_sglang_a_bad_index_in_a_split_transfer_raises_and_writes_nothing():
+    """GPU indices past one call's rows: checked whole (a min/max read to the
+    host) before the first launch; a bad one in the last slice raises from
+    the call and nothing is written."""
+    from cupy_swap import BlockSwapper
+
+    sw = BlockSwapper(max_blocks=64)
+    sg.use_swapper(sw)
+    try:
+        dev_k, dev_v = _device_pool(1), _device_pool(1)
+        host = _host((2, 1, HOST_TOKENS, H, D))
+        idx = torch.arange(150, dtype=torch.int64, device="cuda")
+        bad = idx.clone()
+        bad[140] = TOKENS  # token 1024 of 1024, in the third call's rows
+        with pytest.raises(IndexError, match="source row 1024 .*nothing was copied"):
+            sg.transfer_kv_per_layer(dev_k[0], host[0, 0], dev_v[0], host[1, 0], bad, idx, ITEM)
+        assert sg.last_events() == [] and not host.any()
+        sg.transfer_kv_per_layer(dev_k[0], host[0, 0], dev_v[0], host[1, 0], idx, idx, ITEM)
+        assert len(sg.last_events()) == 3
+        for event in sg.last_events():
+            event.synchronize()
+        assert np.array_equal(_bits(host[0, 0])[:150], _bits(dev_k[0])[:150])
+    finally:
+        sg.use_swapper(None)
+        sw.close()
 
 
 def test_sglang_against_sgl_kernel_where_it_imports():

@@ -29,8 +29,15 @@ every tensor at once.
   where the class allows.
 * **Events.**  With an ``events`` kit, the wait for the current stream and
   the timing use events the worker keeps and reuses once their transfer is
-  reported (creating a CUDA event can wait behind other work of the GPU:
-  none is made per transfer once the pool holds enough); without one, the
+  reported.  Creating a CUDA event can wait behind other work of the GPU
+  (about 950 ms behind another thread's release of pinned memory:
+  benchmarks/NOTES.md, item 77), so the events of ``event_pool`` transfers
+  are made with the worker, and a submit makes none while no more than that
+  many transfers are unreported (beyond, it makes the next transfer's
+  events, through the kit: relaxed, and real when made).  The kit must hand
+  out events whose CUDA event exists (:class:`~.vllm.TorchEvents` records
+  each once, since torch creates it at the first ``record()``): the worker's
+  records on the transfer streams must create nothing.  Without a kit, the
   wait is the op's ``wait_for=`` and there is no timing.
 """
 
@@ -92,9 +99,13 @@ class ChunkOffloadWorker:
         The stream whose work a transfer waits for (vLLM: torch's current
         stream); None: no wait.
     events : object, optional
-        ``new(timing) -> event`` (with ``record(stream)``), ``done(event)``,
+        ``new(timing) -> event`` (with ``record(stream)``; its CUDA event
+        created by ``new``, in relaxed capture mode), ``done(event)``,
         ``wait(event)``, ``elapsed(start, end) -> seconds``; see the module
         docstring.  None: waits through ``wait_for=``, no timing.
+    event_pool : int, optional
+        Transfers whose events (three each) are made with the worker
+        (default 16); more unreported transfers make theirs when submitted.
     make_result : callable, optional
         Builds each result (default :class:`TransferResult`).
     """
@@ -112,6 +123,7 @@ class ChunkOffloadWorker:
         current_stream=None,
         events=None,
         make_result=TransferResult,
+        event_pool: int = 16,
     ):
         if not gpu_pages or len(gpu_pages) != len(cpu_chunks):
             raise ValueError(
@@ -153,6 +165,8 @@ class ChunkOffloadWorker:
         self._streams = {True: store_stream, False: load_stream}
         self._current_stream = current_stream
         self._events, self._free_marks = events, []
+        if events is not None:  # made here, not on the submit path (the module docstring)
+            self._free_marks = [self._new_marks() for _ in range(max(0, int(event_pool)))]
         self._make_result = make_result
         self._queues: dict[bool, deque] = {True: deque(), False: deque()}
         self._swapper, self._gpu_pages, self._cpu_chunks = swapper, list(gpu_pages), list(cpu_chunks)

@@ -8,8 +8,9 @@ the layouts SGLang's host pools keep (``lf`` layer-first: a layer's buffer
 ``[tokens, ...]``; ``pf`` page-first: ``[tokens, layers, ...]`` with
 ``layout_dim`` bytes per token; ``ph`` page-head: ``[pages, heads,
 page_size, layers, head_dim]``), with the indices as int64 tensors on the
-GPU (read there: nothing waits on the host), on the caller's stream (torch's
-current stream for torch tensors), returning nothing.  ``block_quota`` and
+GPU (read there: nothing waits on the host, but for the check of a transfer
+of several calls, below), on the caller's stream (torch's current stream
+for torch tensors), returning nothing.  ``block_quota`` and
 ``num_warps_per_block`` are accepted and unused.  The ``all_layer`` functions
 take what SGLang passes: tables of layer addresses (uint64 tensors), known
 to this module by :func:`register_layers` (:func:`adopt` registers a host
@@ -17,12 +18,38 @@ pool's and its device pool's), or the lists of layer tensors themselves.
 
 Each call is one prepared-op call over every layer (and K and V) it moves,
 more only past ``max_parts`` parts or one call's rows
-(:data:`DEFAULT_MAX_ROWS`).  Unlike sgl-kernel, every index is checked:
-a bad one makes the call copy nothing and is raised by the call's event and
-by the next call of the same transfer (:func:`last_events` gives this
-thread's last events).  sgl-kernel's layer-first and page-first kernels skip
-an item whose source or destination index is negative; here that is an
-index out of range, reported as above.
+(:data:`DEFAULT_MAX_ROWS`, and for indices on the GPU at most the rows one
+launch checks: 8192 on an H200).  Unlike sgl-kernel, every index is checked:
+
+* **One op call** (the usual case): the launch checks every row and copies
+  nothing for a bad one (an index out of range, or one destination twice).
+  The function has returned by then: the failure is raised by the call's
+  event (:func:`last_events` gives this thread's last events;
+  ``synchronize()`` raises it), and, where nobody synchronizes it (SGLang
+  does not), once by the next call of the *same op* from the same thread:
+  the next call of the same function with the same buffers and parameters
+  (for a per-layer function, the next transfer of that layer), which then
+  raises that earlier failure (naming the earlier call's swap number),
+  launches nothing and copies none of its own indices.  A call of another
+  op (another layer, another function) is not affected.
+* **Several op calls** (more rows than one call takes, or more than
+  ``max_parts`` parts; the page-head layouts make one row per item and
+  head, so with 8 heads on an H200 a transfer past 1,024 tokens): before the first launch, the minimum and maximum of
+  the source and destination rows are checked against every buffer's
+  rows, and an index out of range raises IndexError from the call itself,
+  with nothing copied.  For indices on the GPU that costs four reductions
+  on the caller's stream and one 32-byte device-to-host read, for which
+  the host waits until that stream has run everything queued before it
+  (not measured yet; made in relaxed capture mode; skipped while that
+  stream captures a graph, where the op refuses GPU indices at its first
+  call, before launching anything).  A destination given twice is still
+  found by each call alone: twice within one call's rows, that call
+  copies nothing and is reported as above while the others copy; in two
+  different calls, both copies are made.
+
+sgl-kernel's layer-first and page-first kernels skip an item whose source
+or destination index is negative; here that is an index out of range,
+reported as above.
 
 **Followed.**  sgl-project/sglang: ``sgl-kernel/python/sgl_kernel/kvcacheio.py``
 at 0ba3cdd474639a50317df43db246ca3351fbeecf (names, signatures),
@@ -49,6 +76,8 @@ import sys
 import threading
 
 import numpy as np
+
+from ..cuda import capture
 
 SGL_KERNEL_COMMIT = "0ba3cdd474639a50317df43db246ca3351fbeecf"  # sgl-kernel/python/sgl_kernel/kvcacheio.py
 DEFAULT_MAX_ROWS = 8192  # rows of one op call (items, or items x heads for page-head layouts)
@@ -261,28 +290,81 @@ def last_events() -> list:
     return list(getattr(_state, "events", ()))
 
 
+def _bounds(src_rows, dst_rows) -> list[int]:
+    """``[min, max]`` of the source rows, then of the destination rows: on
+    the host for NumPy; for GPU tensors, four reductions on the caller's
+    stream and one 32-byte device-to-host read (the host waits for that
+    stream), in relaxed capture mode (a stream synchronize)."""
+    kind = _framework(src_rows)
+    if kind == "numpy":
+        return [int(src_rows.min()), int(src_rows.max()), int(dst_rows.min()), int(dst_rows.max())]
+    xp = sys.modules["torch"] if kind == "torch" else sys.modules["cupy"]
+    with capture.relaxed():
+        both = xp.stack((src_rows.min(), src_rows.max(), dst_rows.min(), dst_rows.max()))
+        return (both if kind == "torch" else both.get()).tolist()
+
+
+def _capturing(rows) -> bool:
+    """Whether the stream a call on GPU ``rows`` would use captures a graph."""
+    kind = _framework(rows)
+    if kind == "torch":
+        import torch
+
+        return bool(rows.is_cuda) and torch.cuda.is_current_stream_capturing()
+    if kind == "cupy":
+        import cupy
+
+        return cupy.cuda.get_current_stream().is_capturing()
+    return False
+
+
+def _check_split(src_rows, dst_rows, limits) -> None:
+    """Before the first call of a transfer of several: every row in range,
+    or IndexError and nothing launched."""
+    if _capturing(src_rows):
+        return  # the op refuses GPU rows in a capture at its first call, before launching anything
+    low_s, high_s, low_d, high_d = _bounds(src_rows, dst_rows)
+    for side, low, high, limit in (
+        ("source", low_s, high_s, limits[0]),
+        ("destination", low_d, high_d, limits[1]),
+    ):
+        if low < 0 or high >= limit:
+            value = low if low < 0 else high
+            raise IndexError(
+                f"{side} row {value} (of the {side} indices) is out of range (expected 0 <= row < {limit}); "
+                f"this transfer takes several calls and was checked whole before the first: nothing was copied"
+            )
+
+
 def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows, n: int) -> None:
     """One transfer: the ops of ``build() -> (src views, dst views)`` (kept by
     the buffers' addresses and ``params``), called on rows ``(src_rows[i],
-    dst_rows[i])``."""
+    dst_rows[i])``.  A transfer of several calls (several ops, or more rows
+    than one call takes) has every row's range checked first
+    (:func:`_check_split`)."""
     _state.events = []
     if n == 0:
         return
     sw = _swapper_for(buffers)
     key = (name, id(sw), params, tuple((_ptr(b), _span(b)) for b in buffers))
-    ops = _ops.get(key)
-    if ops is None:
+    entry = _ops.get(key)
+    if entry is None:
         src, dst = build()
         step = int(getattr(sw, "max_parts", 256))
         ops = [sw.prepare(src[i : i + step], dst[i : i + step]) for i in range(0, len(src), step)]
+        limits = (min(v.shape[0] for v in src), min(v.shape[0] for v in dst))  # rows every part has
+        entry = (ops, limits)
         with _lock:
             if len(_ops) >= _OPS_KEPT:
                 _ops.clear()
-            _ops[key] = ops
+            _ops[key] = entry
+    ops, limits = entry
     rows = int(sw.max_blocks)
     if _framework(src_rows) != "numpy":  # rows on the GPU: at most what one launch checks
         rows = min(rows, int(getattr(getattr(sw, "_launcher", None), "check_rows_max", rows)))
     src_rows, dst_rows = src_rows.reshape(-1), dst_rows.reshape(-1)
+    if len(ops) > 1 or len(src_rows) > rows:
+        _check_split(src_rows, dst_rows, limits)
     for op in ops:
         for at in range(0, len(src_rows), rows):
             _state.events.append(op((src_rows[at : at + rows], dst_rows[at : at + rows])))

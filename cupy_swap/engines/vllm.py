@@ -33,12 +33,18 @@ transfer_time)``), the connector's worker side
 this API unstable: this module stays thin, and everything below the engine's
 calls is engine-independent.
 
-**Not followed.**  ``enable_compact_layout`` and the canonical (shared,
-parallelism-free) CPU layout are refused when the worker is made; the older
-``OffloadingHandler.transfer_async`` interface is not provided.  At commit
-0078e9d2 the connector asserts ``transfer_result.success``: a failed
-transfer is reported as vLLM's interface allows, and that vLLM then stops at
-its own assertion rather than using bad blocks.
+**Not followed.**  The worker keeps vLLM's direct per-rank CPU layout only
+(each rank its own pinned tensor per KV cache tensor, chunk ids its rows):
+``per_group_cpu_pools`` (chunk ids are rows of a shared per-group arena),
+the replicated layout (one copy for every rank, stored by rank 0, which
+vLLM picks by itself for a pure-MLA model at tensor parallel > 1 on one
+node), ``enable_compact_layout`` and the canonical (shared,
+parallelism-free) layout are refused with NotImplementedError when the
+worker is made.  The older ``OffloadingHandler.transfer_async`` interface
+is not provided.  At commit 0078e9d2 the connector asserts
+``transfer_result.success``: a failed transfer is reported as vLLM's
+interface allows, and that vLLM then stops at its own assertion rather than
+using bad blocks.
 
 Importing this module needs neither vLLM nor torch: the two classes are
 built on first use (``getattr(module, "CupySwapOffloadingSpec")``, as vLLM's
@@ -91,15 +97,31 @@ def page_rows(tensor, page_size_bytes: int):
 
 class TorchEvents:
     """The worker's event kit (:mod:`cupy_swap.engines.offload`) on torch's
-    CUDA events, as vLLM's own worker times its transfers (queries, waits
-    and creations in relaxed capture mode: legal while another thread
-    captures a CUDA graph)."""
+    CUDA events, as vLLM's own worker times its transfers.
+
+    torch creates an event's CUDA event (``cudaEventCreate``) lazily, at its
+    first ``record()``: :meth:`new` records each event once on a private
+    stream of ``device`` (made on first use), so the CUDA event exists when
+    :meth:`new` returns.  Creations, queries, waits and timings run in relaxed
+    capture mode (legal while another thread captures a CUDA graph:
+    :mod:`cupy_swap.cuda.capture`); the worker's records on its own streams
+    then create nothing (and so never wait behind another thread's release
+    of pinned memory, which ``cudaEventCreate`` can: benchmarks/NOTES.md,
+    item 77)."""
+
+    def __init__(self, device=None):
+        self.device = device  # None: torch's current device when the first event is made
+        self._stream = None
 
     def new(self, timing: bool):
         import torch
 
         with capture.relaxed():
-            return torch.cuda.Event(enable_timing=timing)
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=self.device)
+            event = torch.cuda.Event(enable_timing=timing)
+            event.record(self._stream)  # creates the CUDA event, here (torch's is lazy)
+        return event
 
     def done(self, event) -> bool:
         with capture.relaxed():
@@ -110,7 +132,8 @@ class TorchEvents:
             event.synchronize()
 
     def elapsed(self, start, end) -> float:
-        return start.elapsed_time(end) * 1e-3  # milliseconds
+        with capture.relaxed():  # cudaEventElapsedTime
+            return start.elapsed_time(end) * 1e-3  # milliseconds
 
 
 def make_worker(
@@ -171,9 +194,60 @@ def make_worker(
         store_stream=store_stream,
         load_stream=load_stream,
         current_stream=lambda: torch.cuda.current_stream(device),
-        events=TorchEvents(),
+        events=TorchEvents(device),
         make_result=make_result,
     )
+
+
+# The CPU layouts of vLLM's own worker that this one does not keep: (what
+# names it, whether a spec asks for it, why it cannot serve it, what to do).
+_LAYOUTS = (
+    (
+        "per_group_cpu_pools (OffloadingConfig.per_group_pools)",
+        lambda spec, config: (
+            bool(getattr(config, "per_group_pools", False)) or getattr(spec, "arena", None) is not None
+        ),
+        "chunk ids are then rows of vLLM's shared per-group arena, sized per group",
+        "remove per_group_cpu_pools from kv_connector_extra_config",
+    ),
+    (
+        "the replicated layout (OffloadingConfig.replicated_layout, which vLLM picks by itself for a pure-MLA "
+        "model at tensor parallel > 1 on one node)",
+        lambda spec, config: bool(
+            getattr(spec, "replicated_layout", getattr(config, "replicated_layout", False))
+        ),
+        "the CPU space is then sized for one copy and shared by every rank, and only rank 0 stores",
+        "run such a model at tensor parallel 1, or with vLLM's own CPUOffloadingSpec",
+    ),
+    (
+        "enable_compact_layout",
+        lambda spec, config: bool(getattr(spec, "compact_layout_requested", False)),
+        "it packs blocks in vLLM's own compact format",
+        "remove enable_compact_layout from kv_connector_extra_config",
+    ),
+    (
+        "canonical_layout (OffloadingConfig.canonical_layout)",
+        lambda spec, config: bool(getattr(config, "canonical_layout", False)),
+        "it stores parallelism-free canonical pages shared across ranks",
+        "remove canonical_layout from kv_connector_extra_config",
+    ),
+)
+
+
+def _refuse_layouts(spec) -> None:
+    """Raise NotImplementedError, naming each setting, where ``spec`` (vLLM's
+    ``CPUOffloadingSpec`` and its ``config``) asks for a CPU layout other than
+    the one this worker keeps: per rank, one private pinned tensor per KV
+    cache tensor, whose rows are the chunk ids (vLLM's direct per-rank
+    layout).  Settings missing from this vLLM's classes count as unset."""
+    config = getattr(spec, "config", None)
+    found = [(name, why, fix) for name, asked, why, fix in _LAYOUTS if asked(spec, config)]
+    if found:
+        raise NotImplementedError(
+            "CupySwapOffloadingSpec: cupy_swap's worker keeps vLLM's direct per-rank CPU layout only (each rank "
+            "its own pinned tensor per KV cache tensor, chunk ids its rows); not supported: "
+            + "; ".join(f"{name}: {why} ({fix})" for name, why, fix in found)
+        )
 
 
 def _worker_class():
@@ -207,13 +281,7 @@ def _spec_class():
             def get_worker(self, kv_caches):
                 worker = getattr(self, "_cupy_swap_worker", None)
                 if worker is None:
-                    if getattr(self, "compact_layout_requested", False) or getattr(
-                        self.config, "canonical_layout", False
-                    ):
-                        raise ValueError(
-                            "CupySwapOffloadingSpec: enable_compact_layout and canonical_layout are vLLM's "
-                            "own worker's; leave them unset"
-                        )
+                    _refuse_layouts(self)
                     extra = self.extra_config
                     worker = make_worker(
                         kv_caches,
