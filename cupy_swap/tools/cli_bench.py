@@ -87,6 +87,20 @@ def _sweep_arg(text: str) -> str:
     return SWEEPS[text]
 
 
+def adapters_arg(text: str) -> list[str]:
+    """``--adapters``: a comma list of the engines whose adapter rows
+    ``--engines`` adds (``vllm``, ``sglang``), or ``none``."""
+    names = common.choices_arg((*engines.ADAPTER_ENGINES, "none"))(text)
+    if "none" in names:
+        if len(names) > 1:
+            raise argparse.ArgumentTypeError("'none' leaves every adapter row out: give it alone")
+        return []
+    return list(dict.fromkeys(names))
+
+
+adapters_arg.__name__ = "comma list"  # argparse names the type in its messages
+
+
 def _plot_file_arg(text: str) -> str:
     try:
         return check_plot_file(common.check_output_file(text))
@@ -126,7 +140,13 @@ PART_MEASURES = {
     "--captured": "its own engine shapes (64 x 32 KiB, 61 x 72 KiB, 1 x 2 MiB), random blocks, device time",
 }
 # Options that mean something to one part only.
-OWNED = {"bidir_blocks": "--bidir", "bidir_rounds": "--bidir", "gpu_blocks": "--gpus", "drivers": "--gpus"}
+OWNED = {
+    "bidir_blocks": "--bidir",
+    "bidir_rounds": "--bidir",
+    "gpu_blocks": "--gpus",
+    "drivers": "--gpus",
+    "adapters": "--engines",
+}
 
 
 def _flag(dest: str) -> str:
@@ -260,6 +280,7 @@ def _replot(args) -> int:
         print(f"  {line}")
     if run.kind == "engines":
         _print_engines_table(run.rows)
+        _print_adapters_table(_stored_adapters(run.path))
     else:
         _print_peers_legend(all(r.get("contiguous") for r in run.rows))
         print(_peers_head())
@@ -310,6 +331,8 @@ def cmd_bench(args) -> int:
     if args.engines:
         report["engines"] = rows = _bench_engines(args, report)
         ok &= all(r.get(name + "_ok", False) for r in rows for name in engines.CONTENDERS)
+        rows = _bench_adapters(args, report)
+        ok &= all(r.get(c + "_ok", False) for r in rows for c in engines.ADAPTER_CONTENDERS[r["engine"]])
     if args.captured:
         report["captured"] = rows = _bench_captured(args, report)
         ok &= all(r["replay_ok"] and r["eager_ok"] for r in rows)
@@ -529,6 +552,56 @@ def _bench_engines(args, report: dict) -> list:
     return rows
 
 
+def _print_adapters_table(rows: list) -> None:
+    if not rows:
+        return
+    print()
+    for line in engines.adapter_legend_lines():
+        print(line)
+    print(engines.adapter_table_head())
+    for r in rows:
+        print(engines.adapter_table_line(r))
+    for line in engines.adapter_goal_lines(rows):
+        print(line)
+
+
+def _stored_adapters(path: str) -> list:
+    """The ``"adapters"`` rows a stored ``bench --engines --json`` report
+    holds (none in reports older than them)."""
+    import json
+
+    try:
+        with open(path) as f:
+            rows = json.load(f).get("adapters") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [r for r in rows if isinstance(r, dict) and r.get("engine") in engines.ADAPTER_CONTENDERS]
+
+
+def _bench_adapters(args, report: dict) -> list:
+    """``bench --engines``' adapter rows (``--adapters``, default every
+    engine): each printed as it is measured and, with ``--json``, stored at
+    once under ``"adapters"``; then issue 51's goals against them."""
+    keys = engines.adapter_shapes(args.adapters)
+    if not keys:
+        return []
+    given = getattr(args, "given", frozenset())
+    counts = args.counts if "counts" in given else engines.ENGINE_COUNTS
+    print()
+    for line in engines.adapter_legend_lines():
+        print(line)
+    print(engines.adapter_table_head(), flush=True)
+    rows, on_row, on_skip = _streamed_rows(
+        args, report, "adapters", engines.adapter_table_line, engines.adapter_skip_line
+    )
+    engines.run_adapters(
+        keys, counts=counts, directions=args.directions, reps=args.reps, on_row=on_row, on_skip=on_skip
+    )
+    for line in engines.adapter_goal_lines(rows):
+        print(line)
+    return rows
+
+
 def _streamed_rows(args, report: dict, key: str, line, skip_line) -> tuple:
     """``(rows, on_row, on_skip)`` for a mode that measures row by row:
     each row printed (``line(row)``) as it comes and, with ``--json``, the
@@ -623,7 +696,10 @@ def add_arguments(b) -> None:
         "one block-first host pool; 61 MLA parts of 72 KiB; one part of 2 MiB) x 1, 16, 256, 1250 blocks "
         "where memory allows, in and out, against the patterns engines use (the pull request's kernel "
         "once per part, vLLM V1's pointer lists + cuMemcpyBatchAsync) and the memcpy ceiling: GB/s and "
-        "host us per call (--counts, --directions change that)",
+        "host us per call; then the adapters' rows (--adapters): cupy_swap.engines' vLLM worker driven as "
+        "vLLM drives it against vLLM's worker pattern, its SGLang functions against SGLang's kernel as the "
+        "host pool launches it, GB/s and host us per transfer (needs torch with CUDA) (--counts, "
+        "--directions change that)",
     )
     what.add_argument(
         "--captured",
@@ -733,6 +809,14 @@ def add_arguments(b) -> None:
         default=",".join(DRIVERS),
         action=common.Given,
         help="who submits the swaps of --gpus: a thread per GPU, one thread, a process per GPU",
+    )
+    parts.add_argument(
+        "--adapters",
+        type=adapters_arg,
+        metavar="ENGINES",
+        default=",".join(engines.ADAPTER_ENGINES),
+        action=common.Given,
+        help="the engines whose adapter rows --engines adds: vllm, sglang (default both), or none",
     )
     out = b.add_argument_group("output")
     out.add_argument(
