@@ -19,7 +19,19 @@ cp = require_gpu()
 def test_bench_engines_tiny_every_contender_bit_exact(tmp_path):
     out = tmp_path / "engines.json"
     r = subprocess.run(
-        [sys.executable, "-m", "cupy_swap", "bench", "--engines", "--counts", "1,3", "--reps", "3"]
+        [
+            sys.executable,
+            "-m",
+            "cupy_swap",
+            "bench",
+            "--engines",
+            "--counts",
+            "1,3",
+            "--reps",
+            "3",
+            "--adapters",
+            "none",
+        ]
         + ["--json", str(out)],
         capture_output=True,
         text=True,
