@@ -74,8 +74,6 @@ class _Decided:
         self.kernel_rows = (
             (policy.dma_max_copies // len(layout.src), self.run_rows or (1 << 62)) if kernel_auto else (0, 0)
         )
-        if self.route == "kernel" and swapper.mode == "kernel" and layout.bytes_per_pair:
-            self.kernel_rows = (0, 1 << 62)
         # The launch can check: the ring (and its status records) mapped, no parts that may
         # share bytes (only the host checks those), blocks its table holds
         # (then every row of every call is checked there, up to the
@@ -87,7 +85,8 @@ class _Decided:
             and max(layout.src_limit, layout.dst_limit) < abi.CHECK_KEY_LIMIT
         )
         # The one-screen call (PreparedSwap._run) serves low < n < high rows; (0, 0): never.
-        low, high = self.kernel_rows
+        kernel_only = self.route == "kernel" and swapper.mode == "kernel" and layout.bytes_per_pair
+        low, high = (0, 1 << 62) if kernel_only else self.kernel_rows
         checks = self.launch_checks and swapper._launcher.slots_ok
         self.fast_rows = (low, min(high, swapper._launcher.check_rows_max + 1)) if checks else (0, 0)
         # Read before the layout's addresses were (resolve_layout), else now (stand-in layouts).

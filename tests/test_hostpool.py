@@ -192,10 +192,9 @@ def _layout(fake_gpu, host, name="src"):
     return layout_from_parts(src, dst)
 
 
-def test_background_pinning_refuses_rows_not_pinned_yet_then_allows_them(
-    fake_cuda, no_numa, fake_gpu, monkeypatch
-):
-    monkeypatch.setattr(memory, "host_mapping_status", lambda device: (True, "mapped"))
+def _gated_registration(fake_cuda):
+    """``(gate, entered)``: each chunk's registration releases ``entered``,
+    then waits for ``gate``."""
     gate, entered = threading.Semaphore(0), threading.Semaphore(0)
 
     def register(ptr, n, flags):
@@ -204,6 +203,14 @@ def test_background_pinning_refuses_rows_not_pinned_yet_then_allows_them(
         fake_cuda.registered.append((ptr, n))
 
     fake_cuda.hostRegister = register
+    return gate, entered
+
+
+def test_background_pinning_refuses_rows_not_pinned_yet_then_allows_them(
+    fake_cuda, no_numa, fake_gpu, monkeypatch
+):
+    monkeypatch.setattr(memory, "host_mapping_status", lambda device: (True, "mapped"))
+    gate, entered = _gated_registration(fake_cuda)
     h = hp.pin_pool((32, 4096), np.uint8, chunk_bytes=8 * 4096, background=True)
     try:
         assert entered.acquire(timeout=30)  # chunk 0 is being registered
@@ -463,14 +470,7 @@ def test_first_touch_leaves_every_byte_as_it_was(monkeypatch):
 
 def test_background_pinning_keeps_what_the_caller_wrote_meanwhile(fake_cuda, no_numa):
     """Finding 2 of issue 49: the caller fills rows while the pool pins."""
-    gate, entered = threading.Semaphore(0), threading.Semaphore(0)
-
-    def register(ptr, n, flags):
-        entered.release()
-        assert gate.acquire(timeout=30)
-        fake_cuda.registered.append((ptr, n))
-
-    fake_cuda.hostRegister = register
+    gate, entered = _gated_registration(fake_cuda)
     h = hp.pin_pool((32, 4096), np.uint8, chunk_bytes=8 * 4096, background=True)
     try:
         assert entered.acquire(timeout=30)  # chunk 0 registers; chunks 1..3 not touched yet

@@ -113,13 +113,11 @@ class _PoolBuffer:
 
 
 def _retire(record: PoolRecord, keep, device: int, what: str) -> None:
-    """When the owner is dropped (in the dropping thread, no CUDA call):
-    retire the pool and unpublish its chunks, so no op resolves it again
-    (the generation bump makes ops resolve again), then queue its release."""
+    """When the owner is dropped (a finalizer, in whatever thread dropped it:
+    no lock, no CUDA call): retire the pool, so no span of it resolves
+    again (the generation bump makes ops resolve again), then queue its
+    release."""
     record.retired = True
-    for c, s in zip(record.chunks, record.states):
-        if s == PINNED:
-            memory._registry.remove(c.start)
     memory._generation[0] += 1
     release.defer(functools.partial(_release_pool, record, keep, device), None, what)
 
@@ -130,6 +128,8 @@ def _release_pool(record: PoolRecord, keep, device: int) -> None:
     would keep a registered range with nothing behind it)."""
     with capture.relaxed():  # the releaser is relaxed for good; said here for the capture rule's test
         pinned = [c for c, s in zip(record.chunks, record.states) if s == PINNED]
+        for c in pinned:
+            memory._registry.remove(c.start)  # its chunks' own ranges (is_pinned of a view)
         try:
             if pinned:
                 memory.wait_for_gpus_in_use()
