@@ -300,6 +300,13 @@ def fake_engines(monkeypatch):
 
     monkeypatch.setattr(bench, "swapper_settings", lambda: "settings: fake")
     monkeypatch.setattr(engines, "run_engines", fake_run)
+    # The adapter rows are measured by their own GPU test (test_engines_bench_gpu.py):
+    # here they are only asked for, so a GPU machine does not run them in full.
+    def fake_adapters(keys, counts=engines.ENGINE_COUNTS, **kw):
+        seen.update(adapter_keys=list(keys), adapter_counts=list(counts))
+        return []
+
+    monkeypatch.setattr(engines, "run_adapters", fake_adapters)
     return seen
 
 
@@ -319,7 +326,12 @@ def test_bench_engines_prints_stores_and_charts(fake_engines, tmp_path, capsys):
         str(chart),
     ]
     assert cli.main(argv) == cli.EXIT_OK
-    assert fake_engines == {"counts": [1, 16], "directions": ["in"], "reps": 30}
+    assert {k: fake_engines[k] for k in ("counts", "directions", "reps")} == {
+        "counts": [1, 16],
+        "directions": ["in"],
+        "reps": 30,
+    }
+    assert fake_engines["adapter_counts"] == [1, 16]
     text = capsys.readouterr().out
     assert "PR per part" in text and "V1 pattern" in text and "headline: 16 blocks" in text
     assert "prepared at or above the best engine pattern in 2 of 2 rows" in text
@@ -335,6 +347,8 @@ def test_bench_engines_prints_stores_and_charts(fake_engines, tmp_path, capsys):
 def test_bench_engines_defaults_to_every_count(fake_engines):
     assert cli.main(["bench", "--engines"]) == cli.EXIT_OK
     assert fake_engines["counts"] == [1, 16, 256, 1250] and fake_engines["directions"] == ["in", "out"]
+    assert fake_engines["adapter_counts"] == [1, 16, 256, 1250]
+    assert {k.split("-")[0] for k in fake_engines["adapter_keys"]} == {"vllm", "sglang"}
 
 
 def test_a_mismatch_in_bench_engines_exits_1(fake_engines, monkeypatch):

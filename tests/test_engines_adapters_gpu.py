@@ -226,6 +226,8 @@ def test_vllm_event_kit_events_exist_when_made():
     kit = cv.TorchEvents(torch.cuda.current_device())
     events = [kit.new(timing) for timing in (False, True, True)]
     assert all(e.cuda_event != 0 for e in events)
+    for e in events:  # recorded on an idle stream: done once the record ran
+        kit.wait(e)
     assert all(kit.done(e) for e in events)
     kv = _kv_caches((64, 576), 2, 16)
     worker = cv.make_worker(kv, 1, 16)

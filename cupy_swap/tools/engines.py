@@ -2397,7 +2397,9 @@ class SglangBuffers:
         from ..engines import sglang as sg
 
         self.shape = shape
-        self.device_pages = self.host_pages = max(SPARE * n_max, n_max + 1)
+        # SGLang's page_head pool indexes its buffer's page axis by layer for
+        # its per-layer views: a pool has at least as many pages as layers.
+        self.device_pages = self.host_pages = max(SPARE * n_max, n_max + 1, shape.layers)
         self.pools = SglangPools(shape, self.device_pages, self.host_pages)
         sg.adopt(self.pools)  # what patch_host_pools() does to each host pool it sees built
         self.host = _cupy_host(self.pools.kv_buffer)
