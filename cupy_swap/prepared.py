@@ -25,11 +25,11 @@ from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import check_rows_for, host_rows, run_starts
 from .core.route import check_mode, prepared_route, run_route, run_rows, staged_refusal
-from .cuda import abi, capture, memory, release
+from .cuda import abi, capture, memory
 from .cuda.gpu_mapping import device_rows
 from .cuda.outcomes import Channel
 from .cuda.outcomes import caller as caller_ref
-from .cuda.slots import DST_INDEX, INDEX_STEP, N_PAIRS, SEQ, SRC_INDEX, STATUS
+from .cuda.slots import N_PAIRS, SEQ, SRC_INDEX, STATUS
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 from .op_cache import listed
 from .staged.plan import staged_plan
@@ -55,6 +55,7 @@ class _Decided:
         "merge_runs",
         "kernel_rows",
         "fast_rows",
+        "gpu_rows",
     )
 
     def __init__(self, swapper, layout: Layout, torch_parts: bool):
@@ -89,6 +90,8 @@ class _Decided:
         low, high = (0, 1 << 62) if kernel_only else self.kernel_rows
         checks = self.launch_checks and swapper._launcher.slots_ok
         self.fast_rows = (low, min(high, swapper._launcher.check_rows_max + 1)) if checks else (0, 0)
+        # It serves rows on the GPU too, 0 < n < gpu_rows (0: never; they take no route).
+        self.gpu_rows = swapper._launcher.check_rows_max + 1 if checks and layout.bytes_per_pair else 0
         # Read before the layout's addresses were (resolve_layout), else now (stand-in layouts).
         self.generation = memory.generation() if layout.generation is None else layout.generation
         # Torch callers are ordered on torch's current stream by default.
@@ -229,21 +232,25 @@ class PreparedSwap:
         in its launch (no per-call ``mode``/``check``/timing, not capturing).
         Anything else goes to :meth:`_general` before anything is enqueued."""
         sw, op = self._swapper, self._decided
-        low, high = op.fast_rows
         ring = sw._launcher.slots
-        kind = type(block_mapping)
         if (
             mode is not None or check is not None or timing or sw.timing or sw._closed
-            or op.generation != memory._generation[0] or (kind is not np.ndarray and kind is not list)
+            or op.generation != memory._generation[0]
             or (want is not None and want != op.layout.direction) or self._outcomes.failed or ring.alarmed()
         ):  # fmt: skip
             return self._general(caller, block_mapping, stream, want, mode, wait_for, timing, check)
-        rows = host_rows(block_mapping, sw.max_blocks)
-        n = len(rows) >> 1 if type(rows) is list else rows.shape[0]
+        if (kind := type(block_mapping)) is np.ndarray or kind is list:
+            rows, write = host_rows(block_mapping, sw.max_blocks), ring.write
+            n = len(rows) >> 1 if type(rows) is list else rows.shape[0]
+            low, high = op.fast_rows
+        else:  # rows on the GPU, read and checked by the launch (None: host index pairs)
+            rows, write = device_rows(block_mapping, sw.device, sw.max_blocks), ring.write_gpu
+            n, low, high = (0, 0, 0) if rows is None else (rows.n, 0, op.gpu_rows)
         if not low < n < high:
             return self._general(caller, block_mapping, stream, want, mode, wait_for, timing, check)
-        last = self._last_stream
-        handle = last[1] if stream is not None and last[0] is stream else self._handle(stream, op)
+        handle = (
+            self._last_stream[1] if stream is self._last_stream[0] is not None else self._handle(stream, op)
+        )
         if wait_for is not None and not (type(wait_for) is tuple and not wait_for):  # 0 is a stream
             self._enqueue_waits(handle, wait_for, caller)
         if stream_is_capturing(handle):  # asked after the waits: they may have joined a capture
@@ -257,7 +264,7 @@ class PreparedSwap:
                 caller, block_mapping, stream, want, mode, (), timing, check, capturing=False
             )
         try:
-            seq = ring.write(i, rows, n, (self._outcomes, op.layout, caller_ref()), event)
+            seq = write(i, rows, n, (self._outcomes, op.layout, caller_ref()), event)
             op.kernel.launch_slot(i, handle)
         except BaseException:
             ring.give_back(i)
@@ -350,14 +357,13 @@ class PreparedSwap:
         event.path, event.nbytes = path, n * op.layout.bytes_per_pair
         held: list = []  # descriptor ring slots (staged swaps, unmapped hosts), locked until gated
         slot = -1  # the ring slot of a checked launch
-        launched = recorded = False
+        recorded = False
         try:
             if timed:
                 event.start = capture.new_event(timing=True)
                 sw._record(event.start.ptr, handle)
             if path == "kernel":
                 slot = self._launch_kernel(op, rows, on_gpu, n, handle, capturing, checked, held, event)
-                launched = True
             elif path == "dma":
                 sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs or looked)
             elif path == "staged":
@@ -371,11 +377,6 @@ class PreparedSwap:
                 sw._launcher.release(held, event if recorded else None, handle)
             if slot >= 0 and not recorded:
                 ring.forget(slot, event)  # the caller gets no event: nobody is told its verdict
-            if launched and on_gpu is not None:  # the kernel reads the caller's rows: hold them
-                if recorded:
-                    sw._launcher.keep_until_done(event, on_gpu.keep)
-                else:
-                    release.keep_for_process(on_gpu.keep)  # no event to wait for
         sw.last_path = path
         return event
 
@@ -404,27 +405,19 @@ class PreparedSwap:
             )
         launched = False
         try:
-            if checked:
-                seq, status = ring.checked_seq(), ring.status_at[i]
-            else:
-                seq, status = ring.unchecked_seq(), 0
-            control = ring.controls[i]
-            if on_gpu is None:
+            owner = (self._outcomes, op.layout, caller_ref())
+            if on_gpu is not None:  # checked (else refused); its arrays held by the slot until it ran
+                seq = ring.write_gpu(i, on_gpu, n, owner, event)
+            elif checked:  # who is told its verdict: known before the launch can write it
+                seq = ring.write(i, rows, n, owner, event)
+            else:  # rows the host checked: no verdict comes back
+                seq = ring.unchecked_seq()
                 if type(rows) is list:
                     ring.rows_c[i][: 2 * n] = rows
                 else:
                     ring.rows[i][:n] = rows
-                control[SRC_INDEX] = 0
-            else:
-                control[SRC_INDEX], control[DST_INDEX], control[INDEX_STEP] = (
-                    on_gpu.src,
-                    on_gpu.dst,
-                    on_gpu.step,
-                )
-            control[N_PAIRS], control[STATUS], control[SEQ] = n, status, seq
-            if checked:  # who is told its verdict: known before the launch can write it
-                event.check, event.seq, event.slot = ring, seq, i
-                ring.claim(i, seq, (self._outcomes, op.layout, caller_ref()), event)
+                control = ring.controls[i]
+                control[SRC_INDEX], control[N_PAIRS], control[STATUS], control[SEQ] = 0, n, 0, seq
             op.kernel.launch_slot(i, handle)
             launched = True
         finally:

@@ -234,7 +234,6 @@ class FakeSwapper:
             slots=ring,
             slots_ok=slots_ok,
             check_rows_max=8192,
-            keep_until_done=lambda event, keep: calls.append(("keep", keep)),
         )
         self._dma = types.SimpleNamespace(
             copy=lambda layout, pairs, stream, capturing, merge=True: calls.append(("dma", stream))

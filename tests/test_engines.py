@@ -300,6 +300,7 @@ def fake_engines(monkeypatch):
 
     monkeypatch.setattr(bench, "swapper_settings", lambda: "settings: fake")
     monkeypatch.setattr(engines, "run_engines", fake_run)
+
     # The adapter rows are measured by their own GPU test (test_engines_bench_gpu.py):
     # here they are only asked for, so a GPU machine does not run them in full.
     def fake_adapters(keys, counts=engines.ENGINE_COUNTS, **kw):

@@ -21,6 +21,7 @@ import importlib
 import inspect
 import subprocess
 import sys
+import threading
 import types
 import zlib
 from pathlib import Path
@@ -1005,6 +1006,30 @@ def test_rows_longer_than_one_call_are_split(sglang_swapper):
     sg.transfer_kv_per_layer(dev[0], host[0], dev[1], host[1], idx, idx, ITEM)
     assert [c[4] for c in sw.calls] == [64, 64, 22]
     assert np.array_equal(host[0][idx], dev[0][idx]) and np.array_equal(host[1][idx], dev[1][idx])
+
+
+def test_a_split_transfer_reads_its_index_bounds_once_per_index_tensors(monkeypatch):
+    """SGLang loads layer by layer with the same index tensors: their bounds
+    are read back (a stream synchronize on the GPU) at the first layer only,
+    again when torch counts an in-place write to them, and for new tensors."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here (the torch extra)")
+    reads = []
+    bounds = sg._bounds
+    monkeypatch.setattr(sg, "_bounds", lambda s, d: reads.append(1) or bounds(s, d))
+    monkeypatch.setattr(sg, "_state", threading.local())
+    idx, other = torch.tensor([5, 0, 13, 7]), torch.tensor([2, 9, 1, 4])
+    for _ in range(4):  # four layers
+        sg._check_split(idx, other, (14, 10))
+    assert len(reads) == 1
+    other.add_(0)  # an in-place write: checked again
+    sg._check_split(idx, other, (14, 10))
+    sg._check_split(idx.clone(), other, (14, 10))  # other tensors: checked again
+    assert len(reads) == 3
+    other[1] = 10  # out of range now, and counted by torch
+    with pytest.raises(IndexError, match="destination row 10"):
+        sg._check_split(idx, other, (14, 10))
+    with pytest.raises(IndexError, match="destination row 10"):  # a failed check is not remembered
+        sg._check_split(idx, other, (14, 10))
 
 
 def test_a_bad_index_in_any_call_of_a_split_transfer_copies_nothing(sglang_swapper):

@@ -209,8 +209,10 @@ def test_a_mapping_on_the_gpu_takes_the_kernel_whatever_the_route(fake_gpu, not_
     op = PreparedSwap(FakeSwapper(calls), layout_from_parts(as_parts(host, "src"), gpu), (host,))
     assert op.route == "dma"
     rows = object()
-    op(rows)
-    assert calls[0][0] == "rows" and ("keep", rows) in calls  # the kernel, and the rows held until it ran
+    event = op(rows)
+    assert (
+        calls[0][0] == "rows" and _ring(op)._kept[event.slot] is rows
+    )  # the kernel; the rows held by its slot
     with pytest.raises(ValueError, match="check: 'host' needs the rows on the host"):
         op(rows, check="host")
 

@@ -5,6 +5,7 @@ queueing rule (over parts that claim to be GPU memory: ``fake_gpu``)."""
 
 import ctypes
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -250,28 +251,48 @@ def test_with_every_slot_busy_a_swap_takes_the_first_to_free(capture_modes):
     assert lau.acquire(held) is lau._slots[2] and lau.ring_waits == 1
 
 
-def test_a_kept_gpu_mapping_is_held_first_and_released_by_relaxed_queries(capture_modes):
-    """Finding 6 of issue 32: keep_until_done queried the previous swap's
-    event in global mode (breaking another thread's capture) and could
-    raise after the kernel launched, before holding the mapping it reads."""
-    import collections
-    import types
+def test_gpu_rows_are_held_by_their_slot_until_it_is_written_again():
+    """A GPU mapping's arrays (a temporary index tensor, say) are read by
+    the launch: its slot holds them until the slot is written again, which
+    is only after that launch's kernel said it finished.  (This replaces
+    the launcher's event-queried keep list.)"""
+    import gc
+    import weakref
 
-    from cupy_swap.cuda import capture
-    from cupy_swap.cuda.launcher import Launcher
+    from cupy_swap.cuda.gpu_mapping import DeviceRows
+    from cupy_swap.cuda.slots import DST_INDEX, INDEX_STEP, N_PAIRS, SRC_INDEX
 
-    calls: list = []
-    lau = types.SimpleNamespace(_kept=collections.deque(), _kept_lock=threading.Lock())
-    done = _Event(calls, capture_modes)
-    Launcher.keep_until_done(lau, done, "first")
-    Launcher.keep_until_done(lau, _Event(calls, capture_modes, queries=10), "second")
-    assert [k for _, k in lau._kept] == ["second"] and calls == [("query", capture.RELAXED)]
+    from .fakes import fake_ring, land
 
-    class Broken:
-        @property
-        def done(self):
-            raise RuntimeError("cudaErrorIllegalAddress")
+    class Rows:  # stands for the caller's index arrays
+        pass
 
-    lau._kept.appendleft((Broken(), "broken"))
-    Launcher.keep_until_done(lau, done, "third")  # never raises: it keeps what it cannot query
-    assert [k for _, k in lau._kept] == ["broken", "second", "third"]
+    class Event:
+        check = seq = slot = path = nbytes = None
+
+    layout = types.SimpleNamespace(bytes_per_pair=64)
+    ring = fake_ring(size=1)
+    first, second = Rows(), Rows()
+    i = ring.take()
+    seq = ring.write_gpu(i, DeviceRows(0x10, 0x18, 2, 3, first), 3, (None, layout, None), Event())
+    control = ring.controls[i]
+    assert (control[SRC_INDEX], control[DST_INDEX], control[INDEX_STEP], control[N_PAIRS]) == (
+        0x10,
+        0x18,
+        2,
+        3,
+    )
+    ring.launched(i, seq)
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is not None  # the launch may still read them
+    land(ring, seq)
+    j = ring.take()  # free again only now: its kernel finished
+    ring.write_gpu(j, DeviceRows(0x20, 0x28, 1, 1, second), 1, (None, layout, None), Event())
+    gc.collect()
+    assert j == i and gone() is None
+    kept = weakref.ref(second)
+    del second
+    assert kept() is not None and ring._kept[j] is kept()
+    ring.give_back(j)  # nothing launched: the dropped ring's release waits for no slot

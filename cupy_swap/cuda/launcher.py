@@ -21,7 +21,6 @@ the releaser frees the ring after every slot's last launch.
 
 from __future__ import annotations
 
-import collections
 import functools
 import threading
 import time
@@ -241,8 +240,6 @@ class Launcher:
         self.check_rows_max = _check_rows_max(device)
         # Every kernel loaded now, not by a swap (a load may wait for the whole GPU).
         kernels.load_all(device, abi.check_shared_bytes(self.check_rows_max))
-        self._kept: collections.deque = collections.deque()  # (event, arrays) of GPU-mapping swaps
-        self._kept_lock = threading.Lock()
 
     def _ring(self) -> list:
         """The descriptor ring's slots, allocated on first use (under the
@@ -277,23 +274,6 @@ class Launcher:
             self._finalizer = release.when_dropped(self, free, wait, f"descriptor ring of GPU {device}")
             self._slots = slots
         return slots
-
-    def keep_until_done(self, event, keep) -> None:
-        """Hold ``keep`` (the caller's GPU mapping, which the swap's kernel
-        reads) until ``event`` (recorded after that kernel) has completed:
-        a temporary index tensor freed at once could otherwise be reused,
-        by an allocator of another stream, before the kernel reads it.
-        Held first; completed ones are dropped with queries in relaxed mode,
-        and a query that fails keeps them (this never raises)."""
-        with self._kept_lock:
-            kept = self._kept
-            kept.append((event, keep))
-            try:
-                with capture.relaxed():
-                    while len(kept) > 1 and capture.query_in_block(kept[0][0]):
-                        kept.popleft()
-            except Exception:
-                pass
 
     def close(self) -> None:
         """Hand the rings to the releaser (freed after the swaps that read them)."""

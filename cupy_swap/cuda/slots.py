@@ -133,6 +133,7 @@ class SlotRing:
         self._owners: list = [None] * size  # (channel, layout, thread) of a checked launch not read yet
         self._seqs = [0] * size  # that launch's number
         self._events: list = [None] * size  # that launch's event
+        self._kept: list = [None] * size  # GPU rows a launch reads, held until the slot's next write_gpu
         self._alarm_seen = 0
         self.failing: set = set()
         self._next = 0
@@ -140,7 +141,7 @@ class SlotRing:
         self._checked = itertools.count(1)  # numbers of checked launches (errors name them)
         self._unchecked = itertools.count(-1, -1)  # numbers of unchecked launches
         self.waits = 0
-        free = functools.partial(_free_counters, counters, device, words)
+        free = functools.partial(_free_counters, counters, device, words, self._kept)
         gate = functools.partial(_wait_all, self._lock, self._pending, self._flat, self._row_words)
         self._finalizer = release.when_dropped(self, free, gate, f"slot ring of GPU {device}")
         _live.add(self)
@@ -169,24 +170,10 @@ class SlotRing:
             pause = min(2 * pause, _POLL_MAX) if pause else _POLL_FIRST
             time.sleep(pause)
 
-    def checked_seq(self) -> int:
-        """A number for a launch that writes a verdict (positive; its errors
-        name it)."""
-        return next(self._checked)
-
     def unchecked_seq(self) -> int:
         """A number for a launch with no verdict (negative: never a checked
         launch's)."""
         return next(self._unchecked)
-
-    def claim(self, i: int, seq: int, owner: tuple, event) -> None:
-        """Before its launch: slot ``i`` (taken) will carry the checked swap
-        ``seq`` of ``owner`` ``(channel, layout, thread)``, whose ``event``
-        has its ``check``, ``seq`` and ``slot`` set.  Known before the launch,
-        so a verdict that lands before :meth:`launched` is found."""
-        self._seqs[i] = seq
-        self._events[i] = event
-        self._owners[i] = owner  # last: a look that sees it sees the rest
 
     def write(self, i: int, rows, n: int, owner: tuple, event) -> int:
         """Slot ``i`` (taken) before its launch: ``n`` host rows (a flat
@@ -203,6 +190,17 @@ class SlotRing:
         event.check, event.seq, event.slot = self, seq, i
         self._seqs[i], self._events[i] = seq, event
         self._owners[i] = owner  # last: a look that sees it sees the rest
+        return seq
+
+    def write_gpu(self, i: int, rows, n: int, owner: tuple, event) -> int:
+        """:meth:`write` for ``n`` rows on the GPU (a
+        :class:`~.gpu_mapping.DeviceRows`): where the launch reads them.
+        Their arrays stay held by the slot until it is written again, so
+        after its kernel ran (a slot is taken again only then)."""
+        seq = self.write(i, [], 0, owner, event)
+        control = self.controls[i]
+        control[SRC_INDEX], control[DST_INDEX], control[INDEX_STEP] = rows.src, rows.dst, rows.step
+        control[N_PAIRS], self._kept[i] = n, rows.keep
         return seq
 
     def launched(self, i: int, seq: int) -> None:
@@ -328,7 +326,7 @@ def _zeroed_counters(device: int, size: int) -> int:
     return counters
 
 
-def _free_counters(counters: int, device: int, words: np.ndarray) -> None:
+def _free_counters(counters: int, device: int, words: np.ndarray, kept: list) -> None:
     if counters:
         release.device_free(counters, device)
-    del words  # the pinned words go with the last reference, held until here
+    del words, kept  # the pinned words, and GPU rows launches read, go with their last references

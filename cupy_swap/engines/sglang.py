@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import sys
 import threading
 
@@ -157,6 +158,19 @@ def _rows(a, offset: int, stride: int, block: int):
     return xp.lib.stride_tricks.as_strided(flat[offset:], (count, block), (stride, 1))
 
 
+def _geometry(a) -> tuple:
+    """What identifies ``a``'s memory as the rows built over it read it:
+    address, shape, strides and dtype (a key of the op cache: one attribute
+    read each, where :func:`_span` computes)."""
+    if type(a) is _Registered:  # a registered table's layers
+        return a.serial
+    if isinstance(a, list):
+        return tuple(_geometry(b) for b in a)
+    if _framework(a) == "torch":
+        return a.data_ptr(), a.shape, a.stride(), a.dtype
+    return _ptr(a), a.shape, a.strides, a.dtype
+
+
 def _token_bytes(a) -> int:
     """Bytes of one row along axis 0 (one token of a layer buffer)."""
     itemsize = a.element_size() if _framework(a) == "torch" else a.itemsize
@@ -183,11 +197,15 @@ def _spread(first, offsets):
 # -- indices, tables, swappers, ops ------------------------------------------------
 
 
+def _numel(a) -> int:
+    return a.numel() if _framework(a) == "torch" else int(a.size)
+
+
 def _check_indices(src_indices, dst_indices) -> int:
     for name, idx in (("Source", src_indices), ("Destination", dst_indices)):
         if not str(idx.dtype).endswith("int64"):
             raise TypeError(f"{name} indices must be of type long (int64), got {idx.dtype}")
-    n, m = int(np.prod(src_indices.shape)), int(np.prod(dst_indices.shape))
+    n, m = _numel(src_indices), _numel(dst_indices)
     if n != m:
         raise ValueError(f"Source and destination indices must have the same length, got {n} and {m}")
     return n
@@ -225,7 +243,18 @@ def register_layers(table, buffers) -> None:
             f"register_layers: the table holds {len(values)} addresses that are not those of the {len(buffers)} "
             f"buffers given (first: {values[:1]} against {wanted[:1]})"
         )
-    _tables[_ptr(table)] = (table, buffers)
+    _tables[_ptr(table)] = (table, _Registered(buffers))
+
+
+class _Registered(list):
+    """A registered table's layer buffers: one op-cache key for all of
+    them (its serial), where a list passed in is keyed buffer by buffer."""
+
+    _serials = itertools.count(1)
+
+    def __init__(self, buffers):
+        super().__init__(buffers)
+        self.serial = next(self._serials)
 
 
 def _layers(arg, num_layers: int, name: str) -> list:
@@ -247,7 +276,7 @@ def _layers(arg, num_layers: int, name: str) -> list:
     return layers
 
 
-_state = threading.local()  # .events: this thread's last call's events
+_state = threading.local()  # .events: this thread's last call's events; .checked: its last split check
 _lock = threading.Lock()
 _swappers: dict = {}
 _override: list = [None]
@@ -268,6 +297,8 @@ def _swapper_for(buffers):
         return _override[0]
     device = None
     for b in buffers:
+        if isinstance(b, list):  # a group of layers (see _geometry)
+            b = b[0]
         kind = _framework(b)
         if kind == "torch" and b.is_cuda:
             device = b.device.index
@@ -323,6 +354,23 @@ def _check_split(src_rows, dst_rows, limits) -> None:
     or IndexError and nothing launched."""
     if _capturing(src_rows):
         return  # the op refuses GPU rows in a capture at its first call, before launching anything
+    # SGLang loads layer by layer with the same index tensors: their bounds
+    # are read back (a stream synchronize) once, not once per layer, while
+    # torch says they were not written since (the version of a tensor counts
+    # its in-place writes; a raw kernel's write is not counted, and then
+    # each launch still checks its own rows, so a bad row is never copied).
+    key = None
+    if _framework(src_rows) == "torch":
+        key = (
+            src_rows,
+            dst_rows,
+            src_rows._version,
+            dst_rows._version,
+            limits,
+        )  # holds them: ids stay theirs
+        last = getattr(_state, "checked", None)
+        if last is not None and last[0] is key[0] and last[1] is key[1] and last[2:] == key[2:]:
+            return
     low_s, high_s, low_d, high_d = _bounds(src_rows, dst_rows)
     for side, low, high, limit in (
         ("source", low_s, high_s, limits[0]),
@@ -334,6 +382,7 @@ def _check_split(src_rows, dst_rows, limits) -> None:
                 f"{side} row {value} (of the {side} indices) is out of range (expected 0 <= row < {limit}); "
                 f"this transfer takes several calls and was checked whole before the first: nothing was copied"
             )
+    _state.checked = key
 
 
 def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows, n: int) -> None:
@@ -346,25 +395,28 @@ def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows
     if n == 0:
         return
     sw = _swapper_for(buffers)
-    key = (name, id(sw), params, tuple((_ptr(b), _span(b)) for b in buffers))
+    key = (name, id(sw), params, tuple(_geometry(b) for b in buffers))
     entry = _ops.get(key)
     if entry is None:
         src, dst = build()
         step = int(getattr(sw, "max_parts", 256))
         ops = [sw.prepare(src[i : i + step], dst[i : i + step]) for i in range(0, len(src), step)]
         limits = (min(v.shape[0] for v in src), min(v.shape[0] for v in dst))  # rows every part has
-        entry = (ops, limits)
+        host_max = int(sw.max_blocks)  # rows of one call; on the GPU at most what one launch checks
+        gpu_max = min(host_max, int(getattr(getattr(sw, "_launcher", None), "check_rows_max", host_max)))
+        entry = (ops, limits, host_max, gpu_max)
         with _lock:
             if len(_ops) >= _OPS_KEPT:
                 _ops.clear()
             _ops[key] = entry
-    ops, limits = entry
-    rows = int(sw.max_blocks)
-    if _framework(src_rows) != "numpy":  # rows on the GPU: at most what one launch checks
-        rows = min(rows, int(getattr(getattr(sw, "_launcher", None), "check_rows_max", rows)))
-    src_rows, dst_rows = src_rows.reshape(-1), dst_rows.reshape(-1)
-    if len(ops) > 1 or len(src_rows) > rows:
-        _check_split(src_rows, dst_rows, limits)
+    ops, limits, host_max, gpu_max = entry
+    rows = host_max if _framework(src_rows) == "numpy" else gpu_max
+    if src_rows.ndim != 1 or dst_rows.ndim != 1:
+        src_rows, dst_rows = src_rows.reshape(-1), dst_rows.reshape(-1)
+    if len(ops) == 1 and src_rows.shape[0] <= rows:  # the usual transfer: one op call
+        _state.events.append(ops[0]((src_rows, dst_rows)))
+        return
+    _check_split(src_rows, dst_rows, limits)
     for op in ops:
         for at in range(0, len(src_rows), rows):
             _state.events.append(op((src_rows[at : at + rows], dst_rows[at : at + rows])))
@@ -501,7 +553,7 @@ def transfer_kv_all_layer(
             _rows(b, 0, item_size, item_size) for b in dst
         ]
 
-    _transfer("all_layer", (item_size,), src + dst, build, src_indices, dst_indices, n)
+    _transfer("all_layer", (item_size,), [sk, sv, dk, dv], build, src_indices, dst_indices, n)
 
 
 def transfer_kv_all_layer_lf_pf(
@@ -536,7 +588,7 @@ def transfer_kv_all_layer_lf_pf(
         return [_rows(b, 0, item_size, item_size) for b in src], dst
 
     params = (item_size, dst_layout_dim, num_layers)
-    _transfer("all_layer_lf_pf", params, [*src, dst_k, dst_v], build, src_indices, dst_indices, n)
+    _transfer("all_layer_lf_pf", params, [sk, sv, dst_k, dst_v], build, src_indices, dst_indices, n)
 
 
 def transfer_kv_all_layer_lf_ph(
@@ -573,7 +625,7 @@ def transfer_kv_all_layer_lf_ph(
     params = (item_size, dst_layout_dim, num_layers, page_size, head_num)
     src_rows = _head_rows(src_indices.reshape(-1), head_num) if n else src_indices
     dst_rows = _page_head_rows(dst_indices.reshape(-1), page_size, head_num) if n else dst_indices
-    _transfer("all_layer_lf_ph", params, [*src, dst_k, dst_v], build, src_rows, dst_rows, n * head_num)
+    _transfer("all_layer_lf_ph", params, [sk, sv, dst_k, dst_v], build, src_rows, dst_rows, n * head_num)
 
 
 def transfer_kv_per_layer_mla(
@@ -634,7 +686,7 @@ def transfer_kv_all_layer_mla(
             _rows(b, 0, item_size, item_size) for b in dst
         ]
 
-    _transfer("all_layer_mla", (item_size,), src + dst, build, src_indices, dst_indices, n)
+    _transfer("all_layer_mla", (item_size,), [src, dst], build, src_indices, dst_indices, n)
 
 
 def transfer_kv_all_layer_mla_lf_pf(
@@ -658,7 +710,7 @@ def transfer_kv_all_layer_mla_lf_pf(
         return [_rows(b, 0, item_size, item_size) for b in src], dst_parts
 
     params = (item_size, dst_layout_dim, num_layers)
-    _transfer("all_layer_mla_lf_pf", params, [*src, dst], build, src_indices, dst_indices, n)
+    _transfer("all_layer_mla_lf_pf", params, [src, dst], build, src_indices, dst_indices, n)
 
 
 def _check_pages(n: int, page_size: int) -> None:
