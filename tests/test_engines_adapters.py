@@ -1008,6 +1008,22 @@ def test_rows_longer_than_one_call_are_split(sglang_swapper):
     assert np.array_equal(host[0][idx], dev[0][idx]) and np.array_equal(host[1][idx], dev[1][idx])
 
 
+def test_the_modules_own_swapper_queues_a_layer_by_layer_load(monkeypatch):
+    """SGLang queues a load layer by layer (61 layers of one launch, 32 of
+    three at 20,000 tokens): the module's own swapper keeps DEFAULT_RING launches queued
+    before a call waits for the GPU (16, the BlockSwapper default, made
+    the host wait for the copies: NOTES 79)."""
+    from cupy_swap import swapper
+
+    made = []
+    monkeypatch.setattr(swapper, "BlockSwapper", lambda **kw: made.append(kw) or object())
+    monkeypatch.setattr(sg, "_swappers", {})
+    monkeypatch.setattr(sg, "_override", [None])
+    sg._swapper_for([np.zeros(4)])
+    assert made == [{"max_blocks": sg.DEFAULT_MAX_ROWS, "device": None, "ring_size": sg.DEFAULT_RING}]
+    assert sg.DEFAULT_RING >= max(61, 32 * 3)
+
+
 def test_a_split_transfer_reads_its_index_bounds_once_per_index_tensors(monkeypatch):
     """SGLang loads layer by layer with the same index tensors: their bounds
     are read back (a stream synchronize on the GPU) at the first layer only,

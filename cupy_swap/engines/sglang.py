@@ -82,6 +82,11 @@ from ..cuda import capture
 
 SGL_KERNEL_COMMIT = "0ba3cdd474639a50317df43db246ca3351fbeecf"  # sgl-kernel/python/sgl_kernel/kvcacheio.py
 DEFAULT_MAX_ROWS = 8192  # rows of one op call (items, or items x heads for page-head layouts)
+# Launches a swapper of this module keeps queued before a call waits for the
+# GPU (its slot ring, 128 KiB of pinned memory a slot): SGLang queues a load
+# layer by layer (a launch per layer up to 8,192 rows, 3 at 20,000 tokens of
+# 32 layers); at 16 slots the host waited for the copies (NOTES 79).
+DEFAULT_RING = 128
 
 KERNEL_FUNCTIONS = (
     "transfer_kv_per_layer",
@@ -286,7 +291,8 @@ _OPS_KEPT = 1024
 
 def use_swapper(swapper) -> None:
     """Make every transfer go through ``swapper`` (None: one ``BlockSwapper``
-    per GPU, made on first use, :data:`DEFAULT_MAX_ROWS` rows a call)."""
+    per GPU, made on first use, :data:`DEFAULT_MAX_ROWS` rows a call and
+    :data:`DEFAULT_RING` launches queued)."""
     with _lock:
         _override[0] = swapper
         _ops.clear()
@@ -311,7 +317,9 @@ def _swapper_for(buffers):
         if sw is None:
             from ..swapper import BlockSwapper
 
-            sw = _swappers[device] = BlockSwapper(max_blocks=DEFAULT_MAX_ROWS, device=device)
+            sw = _swappers[device] = BlockSwapper(
+                max_blocks=DEFAULT_MAX_ROWS, device=device, ring_size=DEFAULT_RING
+            )
         return sw
 
 
