@@ -15,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from cupy_swap.tools import cli, cli_bench, cli_common, engines, plot
+from cupy_swap.tools import cli, cli_bench, cli_common, engine_adapters, engines, plot
 from cupy_swap.tools.engines import (
     CONTENDERS,
     SHAPES,
@@ -307,7 +307,7 @@ def fake_engines(monkeypatch):
         seen.update(adapter_keys=list(keys), adapter_counts=list(counts))
         return []
 
-    monkeypatch.setattr(engines, "run_adapters", fake_adapters)
+    monkeypatch.setattr(engine_adapters, "run_adapters", fake_adapters)
     return seen
 
 

@@ -21,8 +21,8 @@ import pytest
 
 from cupy_swap.engines import chunks
 from cupy_swap.engines import sglang as sg
-from cupy_swap.tools import cli, cli_bench, cli_common, engines
-from cupy_swap.tools.engines import (
+from cupy_swap.tools import cli, cli_bench, cli_common, engine_adapters, engines
+from cupy_swap.tools.engine_adapters import (
     ADAPTER_CONTENDERS,
     ADAPTER_KEYS,
     SGLANG_SHAPES,
@@ -52,40 +52,42 @@ def test_adapter_shapes_are_the_engines_geometries():
         1,
         61,
     ) and sg_mla.label() == "MLA layer_first"
-    assert engines.adapter_shapes(["sglang"]) == tuple(s.key for s in SGLANG_SHAPES)
-    assert engines.adapter_shapes(["sglang", "vllm"]) == ADAPTER_KEYS  # table order, whatever was asked
-    assert engines.adapter_shapes([]) == ()
+    assert engine_adapters.adapter_shapes(["sglang"]) == tuple(s.key for s in SGLANG_SHAPES)
+    assert (
+        engine_adapters.adapter_shapes(["sglang", "vllm"]) == ADAPTER_KEYS
+    )  # table order, whatever was asked
+    assert engine_adapters.adapter_shapes([]) == ()
     with pytest.raises(ValueError, match="expected engines among vllm, sglang, got lmcache"):
-        engines.adapter_shapes(["lmcache"])
-    assert set(engines.ADAPTER_LABELS) == {c for pair in ADAPTER_CONTENDERS.values() for c in pair}
+        engine_adapters.adapter_shapes(["lmcache"])
+    assert set(engine_adapters.ADAPTER_LABELS) == {c for pair in ADAPTER_CONTENDERS.values() for c in pair}
 
 
 def test_footprint_and_what_fits():
     llama = VLLM_SHAPES[0]
-    gpu, host = engines.adapter_footprint(llama, 16)
-    blocks, chunks_ = engines.vllm_sizes(llama, 16)
+    gpu, host = engine_adapters.adapter_footprint(llama, 16)
+    blocks, chunks_ = engine_adapters.vllm_sizes(llama, 16)
     assert (blocks, chunks_) == (32, 32)
     page = 64 * KIB
     assert gpu == 32 * 32 * page + 16 * 32 * page + (32 * page + 2 * 16 * page)
     assert host == 32 * 32 * page + 16 * 32 * page
     c4 = VLLM_SHAPES[1]
-    assert engines.vllm_sizes(c4, 16) == (32, 10)  # 17 sub-blocks from position 1: 5 chunks, twice
+    assert engine_adapters.vllm_sizes(c4, 16) == (32, 10)  # 17 sub-blocks from position 1: 5 chunks, twice
     lf = SGLANG_SHAPES[0]
     pool = 32 * 16 * 2048 * 32 * 2
-    assert engines.adapter_footprint(lf, 16) == (
+    assert engine_adapters.adapter_footprint(lf, 16) == (
         2 * pool + lf.case_bytes(16) + 2 * 32 * 16 * 2048,
         pool + lf.case_bytes(16),
     )
-    fits = engines.adapter_footprint(lf, 256)[0] / 0.8
-    assert engines.adapter_counts_that_fit(lf, (1250, 1, 256, 16), fits, 1 << 50) == [1, 16, 256]
+    fits = engine_adapters.adapter_footprint(lf, 256)[0] / 0.8
+    assert engine_adapters.adapter_counts_that_fit(lf, (1250, 1, 256, 16), fits, 1 << 50) == [1, 16, 256]
 
 
 @pytest.mark.parametrize("bpc, first", [(1, 0), (4, 0), (4, 1), (4, 3), (2, 5)])
 def test_vllm_plan_names_distinct_blocks_and_the_chunk_rows_vllm_means(bpc, first, rng):
     shape = VllmShape("t", 2, 64, bpc, first, "test")
     for n in (1, 5, 16):
-        blocks, num_chunks = engines.vllm_sizes(shape, n)
-        case = engines.vllm_plan(shape, n, blocks, num_chunks, rng)
+        blocks, num_chunks = engine_adapters.vllm_sizes(shape, n)
+        case = engine_adapters.vllm_plan(shape, n, blocks, num_chunks, rng)
         assert case.gpu_ids.dtype == case.chunk_ids.dtype == np.int32  # as vLLM's specs hold them
         assert len(set(case.gpu_ids.tolist())) == n and len(set(case.chunk_ids.tolist())) == shape.chunks_for(
             n
@@ -98,12 +100,12 @@ def test_vllm_plan_names_distinct_blocks_and_the_chunk_rows_vllm_means(bpc, firs
         at = [first % bpc + i for i in range(n)]
         assert case.pairs[:, 1].tolist() == [int(case.chunk_ids[a // bpc]) * bpc + a % bpc for a in at]
     with pytest.raises(ValueError, match="need"):
-        engines.vllm_plan(shape, 9, 8, 100, rng)
+        engine_adapters.vllm_plan(shape, 9, 8, 100, rng)
 
 
 def test_sglang_plan_names_whole_pages():
     rng = np.random.default_rng(3)
-    case = engines.sglang_plan(5, 12, 20, rng, page_size=4)
+    case = engine_adapters.sglang_plan(5, 12, 20, rng, page_size=4)
     assert case.device_tokens.dtype == case.host_tokens.dtype == np.int64
     assert len(set(case.pages[:, 0].tolist())) == len(set(case.pages[:, 1].tolist())) == 5
     assert case.device_tokens.tolist() == [p * 4 + t for p in case.pages[:, 0] for t in range(4)]
@@ -114,13 +116,13 @@ def test_sglang_plan_names_whole_pages():
 def test_sglang_launch_is_sgl_kernels():
     """transfer_kv_launcher: items per warp = ceil(n / (quota x warps)), CTAs
     = ceil(n / (items per warp x warps)), warps x 32 threads."""
-    assert engines.sglang_launch(256) == (4, 2, 1024)  # 16 pages of 16 tokens: 2 CTAs
-    assert engines.sglang_launch(1) == (1, 1, 1024)
-    assert engines.sglang_launch(20000) == (313, 2, 1024)
-    assert engines.sglang_launch(100, block_quota=4, num_warps_per_block=8) == (4, 4, 256)
-    assert engines.sglang_launch(0) == (0, 0, 1024)
+    assert engine_adapters.sglang_launch(256) == (4, 2, 1024)  # 16 pages of 16 tokens: 2 CTAs
+    assert engine_adapters.sglang_launch(1) == (1, 1, 1024)
+    assert engine_adapters.sglang_launch(20000) == (313, 2, 1024)
+    assert engine_adapters.sglang_launch(100, block_quota=4, num_warps_per_block=8) == (4, 4, 256)
+    assert engine_adapters.sglang_launch(0) == (0, 0, 1024)
     for n in (1, 7, 64, 65, 1000, 20000):
-        per_warp, ctas, threads = engines.sglang_launch(n)
+        per_warp, ctas, threads = engine_adapters.sglang_launch(n)
         assert per_warp * ctas * threads // 32 >= n  # every item has a warp
 
 
@@ -129,10 +131,10 @@ def test_sglang_launch_is_sgl_kernels():
 
 def test_vllm_sub_block_ptrs_is_compute_sub_block_ptrs():
     out = np.empty(5, np.int64)
-    engines.vllm_sub_block_ptrs(np.array([3, 1], np.int32), 4, out, 1000, 400, 256, skip=2)
+    engine_adapters.vllm_sub_block_ptrs(np.array([3, 1], np.int32), 4, out, 1000, 400, 256, skip=2)
     assert out.tolist() == [1000 + 3 * 400 + 128, 1000 + 3 * 400 + 192, 1400, 1464, 1528]
     out = np.empty(2, np.int64)
-    engines.vllm_sub_block_ptrs(np.array([7, 2, 9]), 1, out, 10, 64, 64)
+    engine_adapters.vllm_sub_block_ptrs(np.array([7, 2, 9]), 1, out, 10, 64, 64)
     assert out.tolist() == [10 + 7 * 64, 10 + 2 * 64]
 
 
@@ -173,7 +175,7 @@ def test_vllm_copy_lists_copy_what_vllm_copies(store, bpc, rng):
         src_ids, dst_ids = (gpu_ids, chunk_ids) if store else (chunk_ids, gpu_ids)
         src_t, dst_t = (gpu, cpu) if store else (cpu, gpu)
         factors = (1, bpc) if store else (bpc, 1)
-        src, dst, nbytes_each, nbytes = engines.vllm_copy_lists(
+        src, dst, nbytes_each, nbytes = engine_adapters.vllm_copy_lists(
             src_t, dst_t, refs, src_ids, dst_ids, sizes, starts, *factors
         )
         assert len(src) == len(dst) == len(nbytes_each) == 2 * sum(sizes)
@@ -256,11 +258,11 @@ class _Kit:
 
 def test_vllm_worker_pattern_is_vllms_worker_with_a_stand_in_kit(rng):
     shape = VllmShape("t", 3, 64, 2, 1, "test")
-    blocks, num_chunks = engines.vllm_sizes(shape, 6)
+    blocks, num_chunks = engine_adapters.vllm_sizes(shape, 6)
     gpu, cpu = _vllm_caches(rng, [64] * 3, blocks, num_chunks, 2)
     kit = _Kit()
-    worker = engines.VllmWorkerPattern(gpu, cpu, 2, [[(t, 64) for t in range(3)]], kit=kit)
-    case = engines.vllm_plan(shape, 6, blocks, num_chunks, rng)
+    worker = engine_adapters.VllmWorkerPattern(gpu, cpu, 2, [[(t, 64) for t in range(3)]], kit=kit)
+    case = engine_adapters.vllm_plan(shape, 6, blocks, num_chunks, rng)
     gpu_spec = types.SimpleNamespace(block_ids=case.gpu_ids, group_sizes=(6,), block_indices=(1,))
     cpu_spec = types.SimpleNamespace(block_ids=case.chunk_ids)
     want = [c.copy() for c in cpu]
@@ -308,10 +310,12 @@ def deque_empty():
 
 def test_sgl_kernel_source_compiles_for_every_function():
     nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy with NVRTC bindings is needed")
-    for name, (kernel, *_modes) in engines.SGL_FUNCTIONS.items():
-        prog = nvrtc.createProgram(engines.SGL_KERNEL_SOURCE, f"{name}.cu", [], [])
+    for name, (kernel, *_modes) in engine_adapters.SGL_FUNCTIONS.items():
+        prog = nvrtc.createProgram(engine_adapters.SGL_KERNEL_SOURCE, f"{name}.cu", [], [])
         try:
-            nvrtc.compileProgram(prog, ["--gpu-architecture=sm_90", *engines.sgl_kernel_options(name)])
+            nvrtc.compileProgram(
+                prog, ["--gpu-architecture=sm_90", *engine_adapters.sgl_kernel_options(name)]
+            )
             assert kernel.encode() in nvrtc.getCUBIN(prog), name
         finally:
             nvrtc.destroyProgram(prog)
@@ -319,13 +323,13 @@ def test_sgl_kernel_source_compiles_for_every_function():
 
 def _at(mode, base, table, layer, dim, i, item, head=0, heads=1, page_size=1):
     """SGL_KERNEL_SOURCE's cs_at, in Python (sgl-kernel's get_global_offset_*)."""
-    if mode == engines.LF:
+    if mode == engine_adapters.LF:
         return base + layer * dim + i * item
-    if mode == engines.PF:
+    if mode == engine_adapters.PF:
         return base + i * dim + layer * item
-    if mode == engines.TABLE:
+    if mode == engine_adapters.TABLE:
         return _u64(table + 8 * layer) + i * item
-    if mode == engines.PH:
+    if mode == engine_adapters.PH:
         return (
             base
             + i // page_size * page_size * dim
@@ -333,7 +337,7 @@ def _at(mode, base, table, layer, dim, i, item, head=0, heads=1, page_size=1):
             + i % page_size * dim // heads
             + layer * item // heads
         )
-    if mode == engines.HEAD_LF:
+    if mode == engine_adapters.HEAD_LF:
         return base + layer * dim + i * item + item // heads * head
     return _u64(table + 8 * layer) + i * item + item // heads * head
 
@@ -352,7 +356,7 @@ class _Emulated:
 
     def __init__(self, name, launches):
         self.name, self.launches = name, launches
-        self.kernel, self.src_mode, self.dst_mode, self.kv = engines.SGL_FUNCTIONS[name]
+        self.kernel, self.src_mode, self.dst_mode, self.kv = engine_adapters.SGL_FUNCTIONS[name]
 
     def __call__(self, grid, block, args, stream=None):
         a = [int(x) for x in args]
@@ -393,7 +397,7 @@ def test_the_transcription_called_by_the_host_pool_copies_what_the_layouts_say(k
     as the layouts' own indexing (host_tokens_view) reads them."""
     torch = pytest.importorskip("torch")
     shape, rng = SMALL[key], np.random.default_rng(len(key) + (direction == "in"))
-    pools = engines.SglangPools(
+    pools = engine_adapters.SglangPools(
         shape,
         6,
         8,
@@ -401,10 +405,10 @@ def test_the_transcription_called_by_the_host_pool_copies_what_the_layouts_say(k
         table=lambda bufs: torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64),
     )
     launches = []
-    io = engines.SglKernelTranscription()
+    io = engine_adapters.SglKernelTranscription()
     monkeypatch.setattr(io, "_kernel", lambda name: _Emulated(name, launches))
     monkeypatch.setattr(io, "_stream", lambda: None)
-    case = engines.sglang_plan(3, 6, 8, rng, shape.page_size)
+    case = engine_adapters.sglang_plan(3, 6, 8, rng, shape.page_size)
     host_idx, dev_idx = torch.from_numpy(case.host_tokens), torch.from_numpy(case.device_tokens)
     d = pools.device_pool
     device = [d.kv_buffer] if shape.mla else [d.k_buffer, d.v_buffer]
@@ -425,13 +429,13 @@ def test_the_transcription_called_by_the_host_pool_copies_what_the_layouts_say(k
     for kv, layers in enumerate(device):
         for layer, t in enumerate(layers):
             dev = t.numpy().reshape(-1, width)
-            host = engines.host_tokens_view(pools.kv_buffer.numpy(), shape, kv, layer)
+            host = engine_adapters.host_tokens_view(pools.kv_buffer.numpy(), shape, kv, layer)
             assert np.array_equal(dev[case.device_tokens], host[case.host_tokens])
             if direction == "in":  # nothing else of the device pool written
                 before = device_before[kv][layer].reshape(-1, width)
                 assert np.array_equal(dev[~mapped_dev], before[~mapped_dev])
             else:
-                before = engines.host_tokens_view(host_before, shape, kv, layer)
+                before = engine_adapters.host_tokens_view(host_before, shape, kv, layer)
                 assert np.array_equal(host[~mapped_host], before[~mapped_host])
     if direction == "in":
         assert np.array_equal(pools.kv_buffer.numpy(), host_before)  # the source untouched
@@ -457,14 +461,14 @@ def test_the_host_pools_calls_fit_the_adapter_and_the_transcription(key):
     """Every call the stand-in host pool makes binds to cupy_swap.engines.sglang's
     function and to the transcription's, with the host pool's arguments."""
     shape = SMALL[key]
-    pools = engines.SglangPools(
+    pools = engine_adapters.SglangPools(
         shape,
         4,
         5,
         alloc=lambda dims, pinned: np.zeros(dims, np.int16),
         table=lambda bufs: [id(b) for b in bufs],
     )
-    for against in (sg, engines.SglKernelTranscription()):
+    for against in (sg, engine_adapters.SglKernelTranscription()):
         io = _Recorder(against)
         pools.load(io, "host_idx", "dev_idx")
         pools.backup(io, "host_idx", "dev_idx")
@@ -488,13 +492,13 @@ def test_host_tokens_view_reads_each_layout_by_its_dims():
     shape = SglangShape("t", "page_head", 3, 2, 4, False, "test")
     pages, P = 2, shape.page_size
     pool = np.arange(2 * pages * 2 * P * 3 * 4).reshape(2, pages, 2, P, 3, 4)
-    view = engines.host_tokens_view(pool, shape, 1, 2)
+    view = engine_adapters.host_tokens_view(pool, shape, 1, 2)
     assert view.shape == (pages * P, 8)
     token = P + 5  # page 1, token 5: heads 0 and 1 of layer 2, V
     assert view[token].tolist() == pool[1, 1, 0, 5, 2].tolist() + pool[1, 1, 1, 5, 2].tolist()
     pf = SglangShape("t", "page_first", 3, 2, 4, False, "test")
     pool = np.arange(2 * 10 * 3 * 2 * 4).reshape(2, 10, 3, 2, 4)
-    assert engines.host_tokens_view(pool, pf, 0, 1)[7].tolist() == pool[0, 7, 1].reshape(-1).tolist()
+    assert engine_adapters.host_tokens_view(pool, pf, 0, 1)[7].tolist() == pool[0, 7, 1].reshape(-1).tolist()
 
 
 # -- the rows ----------------------------------------------------------------------------
@@ -544,7 +548,7 @@ def _adapter_row(
         }
     )
     row["path"] = "kernel"
-    return engines.finish_adapter_row(row)
+    return engine_adapters.finish_adapter_row(row)
 
 
 def test_adapter_rows_name_their_lead_gains_and_goals():
@@ -554,51 +558,53 @@ def test_adapter_rows_name_their_lead_gains_and_goals():
     bad["vllm_worker_ok"] = False
     for key in ("gain", "host_gain"):
         bad.pop(key)
-    engines.finish_adapter_row(bad)
+    engine_adapters.finish_adapter_row(bad)
     assert bad["lead"] == "vllm_pattern" and "gain" not in bad  # a mismatch never leads nor counts
     slow = _adapter_row(direction="out", ours=39.0, host=(500.0, 40.0))
     sg_rows = [
         _adapter_row("sglang", "sglang-lf", 16, "in", theirs=10.0, ours=30.0),
         _adapter_row("sglang", "sglang-ph", 1, "out", theirs=10.0, ours=9.0),
     ]
-    s = engines.adapter_summary([r, bad, slow, *sg_rows])
+    s = engine_adapters.adapter_summary([r, bad, slow, *sg_rows])
     assert s["vllm"]["rows"] == 2 and s["vllm"]["leads"] == 2 and s["vllm"]["gain"] == (1.95, 2.25)
     assert s["sglang"]["leads"] == 1 and s["sglang"]["worst"] == ("sglang-ph", 1, "out")
-    lines = engines.adapter_goal_lines([r, slow, *sg_rows])
+    lines = engine_adapters.adapter_goal_lines([r, slow, *sg_rows])
     assert lines[0].startswith("vLLM goal at 16 blocks of 32 x 64 KiB, in: 2.25x GB/s, 33.3x less host time")
     assert lines[0].endswith(": met") and lines[1].endswith("NOT met")  # 1.95x GB/s, 12.5x host
     assert (
         lines[2]
         == "SGLang goal: at or above SGLang's kernel in 1 of 2 rows (lowest 0.90x at sglang-ph, 1, out): NOT met"
     )
-    assert engines.adapter_goal_lines([]) == [
+    assert engine_adapters.adapter_goal_lines([]) == [
         "vLLM goal (2x GB/s, 10x less host time at 16 blocks of vllm-llama): not measured",
         "SGLang goal (at or above SGLang's kernel in every row): not measured",
     ]
-    assert "not decided" in engines.adapter_goal_lines([bad | {"num_blocks": 16}])[0]
+    assert "not decided" in engine_adapters.adapter_goal_lines([bad | {"num_blocks": 16}])[0]
 
 
 def test_adapter_table_and_markdown():
     r = _adapter_row()
-    line = engines.adapter_table_line(r)
+    line = engine_adapters.adapter_table_line(r)
     assert line.startswith("vllm-llama        16  in    54.0") and "  45.0 (   30)*" in line
     assert line.endswith("   2.25    33.3  kernel")
-    head = engines.adapter_table_head()
+    head = engine_adapters.adapter_table_head()
     assert head.startswith("shape") and "x GB/s  x host  path" in head
     partial = _adapter_row("sglang", "sglang-mla")
     del partial["sglang_kernel"]
     partial["sglang_functions_ok"] = False
-    text = engines.adapter_table_line(partial)
+    text = engine_adapters.adapter_table_line(partial)
     assert " - " in text and "!" in text
-    md = engines.adapter_markdown_table([r, partial])
+    md = engine_adapters.adapter_markdown_table([r, partial])
     assert (
         md[2]
         == "| vLLM | 32 x 64 KiB | 16 | host -> GPU | 54.0 | 20.0 (1000) | **45.0 (30)** | 2.25 | 33.3 |"
     )
     assert md[3].startswith("| SGLang | MLA layer_first | 16 | host -> GPU | 54.0 | - | 45.0 (30) ! |")
-    legend = "\n".join(engines.adapter_legend_lines())
+    legend = "\n".join(engine_adapters.adapter_legend_lines())
     assert "vllm-llama" in legend and "cuMemcpyBatchAsync" in legend and "load_to_device_per_layer" in legend
-    page = "\n".join(engines.results_page({"engines": [], "adapters": [r]}, "abc", "cmd"))
+    page = "\n".join(
+        engines.results_page({"engines": []}, "abc", "cmd", engine_adapters.adapter_findings([r]))
+    )
     assert "| vLLM | 32 x 64 KiB | 16 |" in page and "vLLM goal at 16 blocks" in page
 
 
@@ -665,10 +671,10 @@ class _FakeAdapterHarness:
 
 
 def test_run_adapters_measures_checks_and_reports_with_a_stand_in_gpu():
-    lf = engines._adapter_shape("sglang-lf")
-    h = _FakeAdapterHarness(gpu_free=engines.adapter_footprint(lf, 16)[0] / 0.8)
+    lf = engine_adapters._adapter_shape("sglang-lf")
+    h = _FakeAdapterHarness(gpu_free=engine_adapters.adapter_footprint(lf, 16)[0] / 0.8)
     rows, skipped = [], []
-    out = engines.run_adapters(
+    out = engine_adapters.run_adapters(
         ("vllm-llama", "sglang-lf"),
         (1, 16, 1250),
         ("in", "out"),
@@ -716,7 +722,7 @@ def test_run_adapters_measures_checks_and_reports_with_a_stand_in_gpu():
 
 def test_run_adapters_leaves_out_an_engine_that_cannot_run_here():
     h, skipped = _FakeAdapterHarness(without=("vllm",)), []
-    rows = engines.run_adapters(
+    rows = engine_adapters.run_adapters(
         ("vllm-mla", "sglang-mla"), (1, 16), ("in",), reps=2, harness=h,
         on_skip=lambda shape, n, why: skipped.append((shape.key, n, why)),
     )  # fmt: skip
@@ -728,10 +734,10 @@ def test_the_adapter_harness_says_why_without_torch_cuda(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
-    assert "needs PyTorch" in engines.AdapterHarness().unavailable("vllm")
+    assert "needs PyTorch" in engine_adapters.AdapterHarness().unavailable("vllm")
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
     monkeypatch.setitem(sys.modules, "torch", fake)
-    assert engines.AdapterHarness().unavailable("sglang").startswith("needs PyTorch with CUDA")
+    assert engine_adapters.AdapterHarness().unavailable("sglang").startswith("needs PyTorch with CUDA")
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -763,7 +769,7 @@ def fake_runs(monkeypatch):
         ]
         for r in rows:
             kw["on_row"](r)
-        kw["on_skip"](engines._adapter_shape(shapes[0]), 99999, "needs 1 TB (test)")
+        kw["on_skip"](engine_adapters._adapter_shape(shapes[0]), 99999, "needs 1 TB (test)")
         return rows
 
     monkeypatch.setattr(cli_common, "require_gpu", lambda: "fake GPU")
@@ -772,7 +778,7 @@ def fake_runs(monkeypatch):
 
     monkeypatch.setattr(bench, "swapper_settings", lambda: "settings: fake")
     monkeypatch.setattr(engines, "run_engines", run_engines)
-    monkeypatch.setattr(engines, "run_adapters", run_adapters)
+    monkeypatch.setattr(engine_adapters, "run_adapters", run_adapters)
     return seen
 
 
@@ -827,7 +833,7 @@ def test_a_mismatch_in_an_adapter_row_exits_1(fake_runs, monkeypatch):
         kw["on_row"](row)
         return [row]
 
-    monkeypatch.setattr(engines, "run_adapters", run_adapters)
+    monkeypatch.setattr(engine_adapters, "run_adapters", run_adapters)
     assert cli.main(["bench", "--engines", "--adapters", "sglang"]) == cli.EXIT_MISMATCH
 
 
@@ -874,7 +880,7 @@ def test_jobs_drive_a_worker_as_vllms_connector_does():
     from cupy_swap.engines.offload import TransferResult
 
     worker = _Results()
-    jobs = engines._Jobs(worker, False, "gpu", "cpu", 96)
+    jobs = engine_adapters._Jobs(worker, False, "gpu", "cpu", 96)
     jobs.submit()
     jobs.submit()
     (_, first, src, dst), (_, second, _, _) = worker.submitted
@@ -886,7 +892,7 @@ def test_jobs_drive_a_worker_as_vllms_connector_does():
     worker.ready = [TransferResult(second + 1, False)]
     with pytest.raises(RuntimeError, match="success=False"):
         jobs.finish()
-    jobs = engines._Jobs(worker, True, "gpu", "cpu", 96)
+    jobs = engine_adapters._Jobs(worker, True, "gpu", "cpu", 96)
     jobs.submit()
     assert worker.submitted[-1][0] == "store" and worker.submitted[-1][2:] == ("gpu", "cpu")
     worker.ready = [TransferResult(worker.submitted[-1][1], True, 64, 1e-3)]

@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from cupy_swap.tools import engines
-from cupy_swap.tools.engines import ADAPTER_CONTENDERS, ADAPTER_KEYS
+from cupy_swap.tools import engine_adapters
+from cupy_swap.tools.engine_adapters import ADAPTER_CONTENDERS, ADAPTER_KEYS
 
 from .gpu_helpers import require_gpu, require_torch_cuda
 
@@ -28,7 +28,7 @@ torch = require_torch_cuda()
 
 def test_adapter_rows_tiny_every_contender_bit_exact():
     rows, skipped = [], []
-    out = engines.run_adapters(
+    out = engine_adapters.run_adapters(
         counts=(1, 3),
         reps=3,
         on_row=rows.append,
@@ -49,7 +49,9 @@ def test_adapter_rows_tiny_every_contender_bit_exact():
             assert row["sglang_kernel_source"].startswith(("sgl-kernel", "transcription"))
         else:
             assert row["vllm_classes"] in ("vLLM's", "stand-ins of vLLM's")
-    for line in engines.adapter_goal_lines(rows):  # the figures are tiny; the lines must still be made
+    for line in engine_adapters.adapter_goal_lines(
+        rows
+    ):  # the figures are tiny; the lines must still be made
         assert "not measured" not in line or "vLLM goal (" in line
 
 
@@ -96,8 +98,8 @@ def _spoil(bufs, shape, direction, case, mapped: bool):
 @pytest.mark.parametrize("direction", ["in", "out"])
 @pytest.mark.parametrize("key", ["vllm-llama-c4", "sglang-pf", "sglang-ph", "sglang-mla"])
 def test_the_adapter_rows_checks_catch_wrong_and_stray_bytes(key, direction):
-    shape = engines._adapter_shape(key)
-    bufs = engines.AdapterHarness().buffers(shape, 4)
+    shape = engine_adapters._adapter_shape(key)
+    bufs = engine_adapters.AdapterHarness().buffers(shape, 4)
     try:
         bufs.fill(5)
         case = bufs.plan(3, np.random.default_rng(6))
@@ -133,6 +135,6 @@ def test_bench_engines_stores_the_adapter_rows(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(out.read_text())
     rows = report["adapters"]
-    assert [x["shape"] for x in rows] == list(engines.adapter_shapes(["sglang"]))
+    assert [x["shape"] for x in rows] == list(engine_adapters.adapter_shapes(["sglang"]))
     assert all(x["sglang_kernel_ok"] and x["sglang_functions_ok"] for x in rows)
     assert "SGLang goal: at or above SGLang's kernel in" in r.stdout

@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 
-from . import bench, captured_bench, engines
+from . import bench, captured_bench, engine_adapters, engines
 from . import cli_common as common
 from .bench import HOST_LAYOUTS, SwapCase
 from .cli_demo import BLOCK_BYTES, BLOCK_TEXT
@@ -90,7 +90,7 @@ def _sweep_arg(text: str) -> str:
 def adapters_arg(text: str) -> list[str]:
     """``--adapters``: a comma list of the engines whose adapter rows
     ``--engines`` adds (``vllm``, ``sglang``), or ``none``."""
-    names = common.choices_arg((*engines.ADAPTER_ENGINES, "none"))(text)
+    names = common.choices_arg((*engine_adapters.ADAPTER_ENGINES, "none"))(text)
     if "none" in names:
         if len(names) > 1:
             raise argparse.ArgumentTypeError("'none' leaves every adapter row out: give it alone")
@@ -332,7 +332,9 @@ def cmd_bench(args) -> int:
         report["engines"] = rows = _bench_engines(args, report)
         ok &= all(r.get(name + "_ok", False) for r in rows for name in engines.CONTENDERS)
         rows = _bench_adapters(args, report)
-        ok &= all(r.get(c + "_ok", False) for r in rows for c in engines.ADAPTER_CONTENDERS[r["engine"]])
+        ok &= all(
+            r.get(c + "_ok", False) for r in rows for c in engine_adapters.ADAPTER_CONTENDERS[r["engine"]]
+        )
     if args.captured:
         report["captured"] = rows = _bench_captured(args, report)
         ok &= all(r["replay_ok"] and r["eager_ok"] for r in rows)
@@ -556,12 +558,12 @@ def _print_adapters_table(rows: list) -> None:
     if not rows:
         return
     print()
-    for line in engines.adapter_legend_lines():
+    for line in engine_adapters.adapter_legend_lines():
         print(line)
-    print(engines.adapter_table_head())
+    print(engine_adapters.adapter_table_head())
     for r in rows:
-        print(engines.adapter_table_line(r))
-    for line in engines.adapter_goal_lines(rows):
+        print(engine_adapters.adapter_table_line(r))
+    for line in engine_adapters.adapter_goal_lines(rows):
         print(line)
 
 
@@ -575,29 +577,29 @@ def _stored_adapters(path: str) -> list:
             rows = json.load(f).get("adapters") or []
     except (OSError, ValueError, AttributeError):
         return []
-    return [r for r in rows if isinstance(r, dict) and r.get("engine") in engines.ADAPTER_CONTENDERS]
+    return [r for r in rows if isinstance(r, dict) and r.get("engine") in engine_adapters.ADAPTER_CONTENDERS]
 
 
 def _bench_adapters(args, report: dict) -> list:
     """``bench --engines``' adapter rows (``--adapters``, default every
     engine): each printed as it is measured and, with ``--json``, stored at
     once under ``"adapters"``; then issue 51's goals against them."""
-    keys = engines.adapter_shapes(args.adapters)
+    keys = engine_adapters.adapter_shapes(args.adapters)
     if not keys:
         return []
     given = getattr(args, "given", frozenset())
     counts = args.counts if "counts" in given else engines.ENGINE_COUNTS
     print()
-    for line in engines.adapter_legend_lines():
+    for line in engine_adapters.adapter_legend_lines():
         print(line)
-    print(engines.adapter_table_head(), flush=True)
+    print(engine_adapters.adapter_table_head(), flush=True)
     rows, on_row, on_skip = _streamed_rows(
-        args, report, "adapters", engines.adapter_table_line, engines.adapter_skip_line
+        args, report, "adapters", engine_adapters.adapter_table_line, engine_adapters.adapter_skip_line
     )
-    engines.run_adapters(
+    engine_adapters.run_adapters(
         keys, counts=counts, directions=args.directions, reps=args.reps, on_row=on_row, on_skip=on_skip
     )
-    for line in engines.adapter_goal_lines(rows):
+    for line in engine_adapters.adapter_goal_lines(rows):
         print(line)
     return rows
 
@@ -814,7 +816,7 @@ def add_arguments(b) -> None:
         "--adapters",
         type=adapters_arg,
         metavar="ENGINES",
-        default=",".join(engines.ADAPTER_ENGINES),
+        default=",".join(engine_adapters.ADAPTER_ENGINES),
         action=common.Given,
         help="the engines whose adapter rows --engines adds: vllm, sglang (default both), or none",
     )
