@@ -304,7 +304,7 @@ def _swapper_for(buffers):
     device = None
     for b in buffers:
         if isinstance(b, list):  # a group of layers (see _geometry)
-            b = b[0]
+            b = b[0] if b else None
         kind = _framework(b)
         if kind == "torch" and b.is_cuda:
             device = b.device.index
