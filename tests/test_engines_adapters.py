@@ -1046,6 +1046,11 @@ def test_a_split_transfer_reads_its_index_bounds_once_per_index_tensors(monkeypa
         sg._check_split(idx, other, (14, 10))
     with pytest.raises(IndexError, match="destination row 10"):  # a failed check is not remembered
         sg._check_split(idx, other, (14, 10))
+    with torch.inference_mode():  # as SGLang's scheduler may make them: no version to read
+        idx, other = torch.tensor([5, 0, 13, 7]), torch.tensor([2, 9, 1, 4])
+    for _ in range(2):
+        sg._check_split(idx, other, (14, 10))
+    assert len(reads) == 7  # checked at every call
 
 
 def test_a_bad_index_in_any_call_of_a_split_transfer_copies_nothing(sglang_swapper):

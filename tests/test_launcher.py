@@ -251,21 +251,26 @@ def test_with_every_slot_busy_a_swap_takes_the_first_to_free(capture_modes):
     assert lau.acquire(held) is lau._slots[2] and lau.ring_waits == 1
 
 
-def test_gpu_rows_are_held_by_their_slot_until_it_is_written_again():
+def test_gpu_rows_are_held_by_their_slot_until_it_is_written_again(capture_modes):
     """A GPU mapping's arrays (a temporary index tensor, say) are read by
     the launch: its slot holds them until the slot is written again, which
-    is only after that launch's kernel said it finished.  (This replaces
-    the launcher's event-queried keep list.)"""
+    is only after that launch's kernel said it finished, or given back
+    (nothing launched), and drops them in relaxed capture mode.  (This
+    replaces the launcher's event-queried keep list.)"""
     import gc
     import weakref
 
+    from cupy_swap.cuda import capture
     from cupy_swap.cuda.gpu_mapping import DeviceRows
     from cupy_swap.cuda.slots import DST_INDEX, INDEX_STEP, N_PAIRS, SRC_INDEX
 
     from .fakes import fake_ring, land
 
-    class Rows:  # stands for the caller's index arrays
-        pass
+    class Rows:  # stands for the caller's index arrays; dropped: in which capture mode
+        def __del__(self):
+            modes.append(capture_modes[0])
+
+    modes: list = []
 
     class Event:
         check = seq = slot = path = nbytes = None
@@ -295,4 +300,6 @@ def test_gpu_rows_are_held_by_their_slot_until_it_is_written_again():
     kept = weakref.ref(second)
     del second
     assert kept() is not None and ring._kept[j] is kept()
-    ring.give_back(j)  # nothing launched: the dropped ring's release waits for no slot
+    ring.give_back(j)  # nothing launched: dropped, and the dropped ring's release waits for no slot
+    assert kept() is None and ring._kept[j] is None
+    assert modes == [capture.RELAXED, capture.RELAXED]  # a last reference may free GPU memory

@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from . import abi, memory, release
+from . import abi, capture, memory, release
 from .outcomes import LOST, Failure, mapping_error
 
 # SwapControl words (kernels_cu/swap_abi.cuh).
@@ -133,7 +133,10 @@ class SlotRing:
         self._owners: list = [None] * size  # (channel, layout, thread) of a checked launch not read yet
         self._seqs = [0] * size  # that launch's number
         self._events: list = [None] * size  # that launch's event
-        self._kept: list = [None] * size  # GPU rows a launch reads, held until the slot's next write_gpu
+        # The GPU index arrays of each slot's last GPU-rows launch: held until that slot
+        # next carries GPU rows or is given back, or the ring is released (so at most
+        # one set a slot outlives its launch).
+        self._kept: list = [None] * size
         self._alarm_seen = 0
         self.failing: set = set()
         self._next = 0
@@ -178,8 +181,10 @@ class SlotRing:
     def write(self, i: int, rows, n: int, owner: tuple, event) -> int:
         """Slot ``i`` (taken) before its launch: ``n`` host rows (a flat
         list or an ``(n, 2)`` int64 array), its control record for a
-        checked launch, and who is told its verdict (``owner``, ``event``:
-        :meth:`claim`); the launch's number."""
+        checked launch, and who is told its verdict: ``owner`` ``(channel,
+        layout, thread)`` and ``event`` (its ``check``, ``seq`` and ``slot``
+        set), known before the launch, so a verdict that lands before
+        :meth:`launched` is found; the launch's number."""
         seq = next(self._checked)
         if type(rows) is list:
             self.rows_c[i][: 2 * n] = rows
@@ -200,7 +205,10 @@ class SlotRing:
         seq = self.write(i, [], 0, owner, event)
         control = self.controls[i]
         control[SRC_INDEX], control[DST_INDEX], control[INDEX_STEP] = rows.src, rows.dst, rows.step
-        control[N_PAIRS], self._kept[i] = n, rows.keep
+        control[N_PAIRS] = n
+        old = [self._kept[i]]  # their launch finished: the slot was taken again (or never launched)
+        self._kept[i] = rows.keep
+        _drop(old)
         return seq
 
     def launched(self, i: int, seq: int) -> None:
@@ -211,7 +219,10 @@ class SlotRing:
         """Slot ``i`` was taken and nothing that reads it was launched."""
         with self._lock:
             self._owners[i] = self._events[i] = None
-            self._pending[i] = 0
+            old = [self._kept[i]]  # (their launch finished, or never happened)
+            self._kept[i] = None
+            self._pending[i] = 0  # last: free for another thread, whose arrays stay
+        _drop(old)
 
     def forget(self, i: int, event) -> None:
         """The call whose swap launched from slot ``i`` with ``event`` failed
@@ -324,6 +335,16 @@ def _zeroed_counters(device: int, size: int) -> int:
     # blocking stream).
     enqueue_and_wait(device, lambda stream: runtime.memsetAsync(counters, 0, 4 * size, stream))
     return counters
+
+
+def _drop(box: list) -> None:
+    """Empty ``box``, which holds the only reference the ring had to a
+    finished launch's GPU index arrays, in relaxed capture mode: the last
+    reference may free GPU memory (an allocator without a cache), which
+    another thread's global-mode capture would not allow."""
+    if box[0] is not None:
+        with capture.relaxed():
+            box.clear()
 
 
 def _free_counters(counters: int, device: int, words: np.ndarray, kept: list) -> None:

@@ -367,8 +367,9 @@ def _check_split(src_rows, dst_rows, limits) -> None:
     # torch says they were not written since (the version of a tensor counts
     # its in-place writes; a raw kernel's write is not counted, and then
     # each launch still checks its own rows, so a bad row is never copied).
+    # Inference tensors count no writes: checked at every call.
     key = None
-    if _framework(src_rows) == "torch":
+    if _framework(src_rows) == "torch" and not (src_rows.is_inference() or dst_rows.is_inference()):
         key = (
             src_rows,
             dst_rows,
