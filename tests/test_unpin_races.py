@@ -15,7 +15,7 @@ from cupy_swap.core.parts import as_parts
 from cupy_swap.cuda import memory, resolve, slots
 from cupy_swap.prepared import PreparedSwap
 
-from .fakes import FakeSwapper, fake_ring
+from .fakes import FakeSwapper, fake_ring, land
 
 pytest.importorskip("cupy", reason="the prepared call's wait handling imports CuPy")
 
@@ -80,3 +80,4 @@ def test_an_unpin_waits_for_the_slots_calls_hold(monkeypatch):
     assert slots.wait_for_taken_slots in memory.before_unpin
     slots.wait_for_taken_slots()
     assert len(looks) == 3 and ring._pending[i] == 7
+    land(ring, 7)  # its kernel done: the dropped ring's release has nothing to wait for
