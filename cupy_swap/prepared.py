@@ -25,7 +25,7 @@ from .api_types import Mapping, Stream, WaitFor
 from .core.layout import DIRECTION_TEXT, IN, Layout
 from .core.mapping import check_rows_for, host_rows, run_starts
 from .core.route import check_mode, prepared_route, run_route, run_rows, staged_refusal
-from .cuda import abi, capture, memory
+from .cuda import abi, capture, memory, pools, release
 from .cuda.gpu_mapping import device_rows
 from .cuda.outcomes import Channel
 from .cuda.outcomes import caller as caller_ref
@@ -471,6 +471,7 @@ class PreparedSwap:
                 "swap: a mapping on the GPU cannot be captured into a CUDA graph (its check reports "
                 "through the returned event); pass the rows on the host, or use graph_swap()"
             )
+        release.keep_for_process(pools.owners(op.layout))  # a replay may come at any time: stay pinned
         if checked:
             rows = check_rows_for(op.layout, rows, self._swapper.max_blocks)
         if path == "staged" and looked:

@@ -17,7 +17,7 @@ from .api_types import Mapping, Parts, Stream, WaitFor
 from .core.layout import IN, OUT, Layout, SwapPlan, check_layout
 from .core.mapping import check_mapping_for
 from .core.route import Policy, check_mode
-from .cuda import abi, capture
+from .cuda import abi, capture, pools
 from .cuda.arrays import convert_array
 from .cuda.availability import translate_unavailable
 from .cuda.copy_engine import DmaCopier
@@ -336,7 +336,8 @@ class BlockSwapper:
 
         with on_device(self.device), capture.relaxed():  # its buffer is allocated and zeroed
             layout = self._layout(src, dst)
-            return GraphSwap(self._launcher, layout, (src, dst), self.max_blocks, _any_torch(src, dst))
+            held = (src, dst, pools.owners(layout))  # its pools stay pinned: a replay may come at any time
+            return GraphSwap(self._launcher, layout, held, self.max_blocks, _any_torch(src, dst))
 
     def plan(self, src: Parts, dst: Parts, block_mapping: Mapping) -> SwapPlan:
         """Check a swap and return its :class:`~cupy_swap.core.layout.SwapPlan`

@@ -543,6 +543,10 @@ def test_a_dropped_pin_array_handle_retires_the_pool_before_anything_can_launch_
             r"whose pin handle was dropped .* keep the PinHandle",
         ):
             resolve_layout(_layout(fake_gpu, a), device=0)
+        # What a captured swap, a graph swap or a swap captured by swap() keeps pinned: refused too
+        # (review finding: a retired pool was skipped, so the capture went on over memory being unpinned).
+        with pytest.raises(ValueError, match=r"src: .* whose pin handle was dropped .* captured or not"):
+            pools.owners(_layout(fake_gpu, a))
         assert fake_cuda.unregistered == []  # refused before the releaser unpinned anything
     finally:
         gate.set()

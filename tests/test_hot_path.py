@@ -279,3 +279,30 @@ def test_auto_sends_one_long_run_to_the_copy_engines(fake_gpu, not_capturing):
     assert op(np.array([(2, 3), (3, 4), (4, 5), (5, 6)], np.int64), mode="kernel").path == "kernel"
     with pytest.raises(ValueError, match="distinct destination blocks"):  # the copy engines' host check
         op(np.array([(2, 3), (3, 3), (4, 5), (5, 6)], np.int64), mode="dma")
+
+
+def test_a_swap_captured_by_a_call_keeps_its_pools_pinned(fake_gpu, monkeypatch):
+    """Review finding: a swap captured by ``swap()`` or an op on a capturing
+    stream kept its row words but not the pools of its host memory, so
+    dropping a ``pin_array`` handle unpinned memory a replay reads.  The
+    call now keeps the pools' owners for the process, and refuses a pool
+    whose handle was dropped before anything is captured."""
+    from cupy_swap.cuda import release
+
+    monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: True)
+    kept: list = []
+    monkeypatch.setattr(release, "keep_for_process", kept.append)
+    monkeypatch.setattr(prepared.pools, "owners", lambda layout: ["the pool's owner"])
+    calls: list = []
+    op = _op(calls, fake_gpu)
+    op([(1, 2), (3, 4)], mode="kernel")
+    assert calls[0][:4] == ("kernel", [1, 2, 3, 4], 77, True) and ["the pool's owner"] in kept
+
+    def retired(layout):
+        raise ValueError("src: ... whose pin handle was dropped")
+
+    monkeypatch.setattr(prepared.pools, "owners", retired)
+    calls.clear()
+    with pytest.raises(ValueError, match="pin handle was dropped"):
+        op([(1, 2), (3, 4)], mode="kernel")
+    assert [c for c in calls if c[0] == "kernel"] == []  # nothing captured

@@ -81,3 +81,17 @@ def test_an_unpin_waits_for_the_slots_calls_hold(monkeypatch):
     slots.wait_for_taken_slots()
     assert len(looks) == 3 and ring._pending[i] == 7
     land(ring, 7)  # its kernel done: the dropped ring's release has nothing to wait for
+
+
+def test_an_unpin_fails_rather_than_passing_a_slot_held_past_the_limit(monkeypatch):
+    """Review finding: past its limit the wait gave up silently and the
+    unpin went on under a call that could still launch over the memory.
+    It fails now, and a failed unpin keeps the memory pinned."""
+    ring = fake_ring(4)
+    i = ring.take()  # a call that never launches nor gives its slot back (within the limit)
+    monkeypatch.setattr(slots, "_TAKEN_WAIT_S", 0.0)
+    try:
+        with pytest.raises(RuntimeError, match="held a ring slot for more than 0 s .* stays pinned"):
+            slots.wait_for_taken_slots()
+    finally:
+        ring.give_back(i)

@@ -196,14 +196,27 @@ def resolve_span(part, lo: int, hi: int, mapped: bool):
 
 def owners(layout) -> list:
     """The owners of the pools the layout's host parts lie in (holding them
-    keeps those pools pinned: a captured graph may replay at any time)."""
+    keeps those pools pinned: a captured graph may replay at any time).
+
+    Raises
+    ------
+    ValueError
+        A part lies in a pool whose owner was dropped (retired): its
+        memory is being unpinned, and nothing may be captured over it."""
     found = []
     for part in layout.src + layout.dst:
         lo, hi = part.span()
         pool = registry.find(lo, hi) if part.location == HOST and len(registry) else None
-        owner = pool.owner() if pool is not None and pool.owner is not None else None
-        if owner is not None:
-            found.append(owner)
+        if pool is None or pool.owner is None:
+            continue
+        owner = pool.owner()
+        if owner is None or pool.retired:
+            raise ValueError(
+                f"{part.name}: expected pinned host memory, got memory of a {pool.what} whose pin handle "
+                f"was dropped (its chunks are being unpinned); keep the PinHandle alive as long as swaps, "
+                f"captured or not, use the array"
+            )
+        found.append(owner)
     return found
 
 

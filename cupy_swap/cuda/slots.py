@@ -51,12 +51,19 @@ def wait_for_taken_slots() -> None:
     """Before memory is unpinned (after its generation bump): wait until
     every slot a call holds has launched or been given back, so no launch
     that resolved the old aliases comes after the GPU wait (a call that
-    takes a slot later sees the new generation and gives it back)."""
+    takes a slot later sees the new generation and gives it back).  Raises
+    RuntimeError past ``_TAKEN_WAIT_S``: the unpin then fails and keeps the
+    memory pinned (:func:`memory.wait_for_gpus_in_use`'s failure)."""
     deadline = time.monotonic() + _TAKEN_WAIT_S
     for ring in list(_live):
         pending = ring._pending
         for i in range(len(pending)):
-            while pending[i] == _TAKEN and time.monotonic() < deadline:
+            while pending[i] == _TAKEN:
+                if time.monotonic() >= deadline:  # the unpin fails: the memory stays pinned for good
+                    raise RuntimeError(
+                        f"a swap call held a ring slot for more than {_TAKEN_WAIT_S:g} s while host memory "
+                        f"was being unpinned; it may launch over that memory, so it stays pinned"
+                    )
                 time.sleep(1e-4)
 
 

@@ -66,6 +66,9 @@ class CapturedSwap:
     def __init__(self, op, max_rows: int, ring: int, alloc=None, rows=None, count=None):
         sw = op._swapper
         decided = op._decided
+        # The pools of its host memory, held from here on (before anything is
+        # allocated, so a drop meanwhile raises here instead of being missed).
+        keep_pinned = pools.owners(decided.layout)
         limit = min(sw.max_blocks, sw._launcher.check_rows_max)
         if type(max_rows) is not int or not 1 <= max_rows <= limit:
             raise ValueError(
@@ -114,7 +117,7 @@ class CapturedSwap:
         self.rows = rows if rows is not None else _device_view(rows_at, (max_rows, 2), sw.device, self)
         self.count = count if count is not None else _device_view(base, (), sw.device, self)
         # What a replay reads or writes, at any time, and the pools that keep its host memory pinned.
-        release.keep_for_process((op, rows, count, pools.owners(decided.layout)))
+        release.keep_for_process((op, rows, count, keep_pinned))
 
     @staticmethod
     def _upload(base: int, control: np.ndarray, device: int) -> None:
