@@ -33,14 +33,16 @@ launch checks: 8192 on an H200).  Unlike sgl-kernel, every index is checked:
   launches nothing and copies none of its own indices.  A call of another
   op (another layer, another function) is not affected.
 * **Several op calls** (more rows than one call takes, or more than
-  ``max_parts`` parts; the page-head layouts make one row per item and
-  head, so with 8 heads on an H200 a transfer past 1,024 tokens): before the first launch, the minimum and maximum of
+  ``max_parts`` parts; a page-head load makes a part per head, a page-head
+  backup a row per item and head, so with 8 heads on an H200 a backup past
+  1,024 tokens): before the first launch, the minimum and maximum of
   the source and destination rows are checked against every buffer's
   rows, and an index out of range raises IndexError from the call itself,
   with nothing copied.  For indices on the GPU that costs four reductions
   on the caller's stream and one 32-byte device-to-host read, for which
   the host waits until that stream has run everything queued before it
-  (not measured yet; made in relaxed capture mode; skipped while that
+  (once for the index tensors of a load layer by layer: NOTES 79, 82;
+  made in relaxed capture mode; skipped while that
   stream captures a graph, where the op refuses GPU indices at its first
   call, before launching anything).  A destination given twice is still
   found by each call alone: twice within one call's rows, that call
@@ -70,6 +72,7 @@ Importing this module needs neither SGLang, sgl-kernel, torch nor CuPy.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import itertools
@@ -184,14 +187,28 @@ def _token_bytes(a) -> int:
     return itemsize
 
 
-def _arange(like, n: int):
+def _offsets(like, n: int, step: int):
+    """``[0, step, ..., (n - 1) step]`` as int64 on ``like``'s device, made
+    once per device (a transfer per layer would otherwise launch it each call)."""
     kind = _framework(like)
-    if kind == "torch":
-        import torch
+    device = like.device if kind != "numpy" else None
+    key = (kind, str(device), n, step)
+    got = _offsets_made.get(key)
+    if got is None:
+        if kind == "torch":
+            import torch
 
-        return torch.arange(n, dtype=torch.int64, device=like.device)
-    xp = sys.modules["cupy"] if kind == "cupy" else np
-    return xp.arange(n, dtype=xp.int64)
+            got = torch.arange(0, n * step, step, dtype=torch.int64, device=device)
+        else:
+            xp = sys.modules["cupy"] if kind == "cupy" else np
+            with device if kind == "cupy" else contextlib.nullcontext():
+                got = xp.arange(0, n * step, step, dtype=xp.int64)
+        if not _capturing(like):  # made in a capture, it would hold its values only in replays
+            _offsets_made[key] = got
+    return got
+
+
+_offsets_made: dict = {}
 
 
 def _spread(first, offsets):
@@ -357,9 +374,11 @@ def _capturing(rows) -> bool:
     return False
 
 
-def _check_split(src_rows, dst_rows, limits) -> None:
+def _check_split(src_rows, dst_rows, limits, origin=None, how=()) -> None:
     """Before the first call of a transfer of several: every row in range,
-    or IndexError and nothing launched."""
+    or IndexError and nothing launched.  ``origin``: the source indices
+    ``src_rows`` were computed from (as ``how`` says), the tensor a memo of
+    the check is kept by."""
     if _capturing(src_rows):
         return  # the op refuses GPU rows in a capture at its first call, before launching anything
     # SGLang loads layer by layer with the same index tensors: their bounds
@@ -368,15 +387,9 @@ def _check_split(src_rows, dst_rows, limits) -> None:
     # its in-place writes; a raw kernel's write is not counted, and then
     # each launch still checks its own rows, so a bad row is never copied).
     # Inference tensors count no writes: checked at every call.
-    key = None
-    if _framework(src_rows) == "torch" and not (src_rows.is_inference() or dst_rows.is_inference()):
-        key = (
-            src_rows,
-            dst_rows,
-            src_rows._version,
-            dst_rows._version,
-            limits,
-        )  # holds them: ids stay theirs
+    key, src = None, src_rows if origin is None else origin
+    if _framework(src) == "torch" and not (src.is_inference() or dst_rows.is_inference()):
+        key = (src, dst_rows, src._version, dst_rows._version, limits, how)  # holds them: ids stay theirs
         last = getattr(_state, "checked", None)
         if last is not None and last[0] is key[0] and last[1] is key[1] and last[2:] == key[2:]:
             return
@@ -394,12 +407,13 @@ def _check_split(src_rows, dst_rows, limits) -> None:
     _state.checked = key
 
 
-def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows, n: int) -> None:
+def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows, n: int, origin=()) -> None:
     """One transfer: the ops of ``build() -> (src views, dst views)`` (kept by
     the buffers' addresses and ``params``), called on rows ``(src_rows[i],
     dst_rows[i])``.  A transfer of several calls (several ops, or more rows
     than one call takes) has every row's range checked first
-    (:func:`_check_split`)."""
+    (:func:`_check_split`; ``origin``: where ``src_rows`` were computed
+    from the caller's source indices, those indices and how)."""
     _state.events = []
     if n == 0:
         return
@@ -425,22 +439,29 @@ def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows
     if len(ops) == 1 and src_rows.shape[0] <= rows:  # the usual transfer: one op call
         _state.events.append(ops[0]((src_rows, dst_rows)))
         return
-    _check_split(src_rows, dst_rows, limits)
+    _check_split(src_rows, dst_rows, limits, *origin)
     for op in ops:
         for at in range(0, len(src_rows), rows):
             _state.events.append(op((src_rows[at : at + rows], dst_rows[at : at + rows])))
 
 
+def _page_rows(indices, page_size: int, head_num: int):
+    """Rows of a page-head buffer seen one head at a time (rows of that
+    head's bytes of a layer, a token apart, from the head's first page):
+    token ``i`` sits ``(i // page_size) * page_size * head_num + i %
+    page_size`` rows in, as the pages of the other heads lie between."""
+    return indices + (indices // page_size) * ((head_num - 1) * page_size)
+
+
 def _page_head_rows(indices, page_size: int, head_num: int):
     """Rows of a page-head buffer, one per (item, head): its page's heads
     are ``page_size`` items apart, its items ``head_num`` rows apart."""
-    first = (indices // page_size) * (page_size * head_num) + indices % page_size
-    return _spread(first, _arange(indices, head_num) * page_size)
+    return _spread(_page_rows(indices, page_size, head_num), _offsets(indices, head_num, page_size))
 
 
 def _head_rows(indices, head_num: int):
     """Rows of a layer-first buffer seen one head at a time."""
-    return _spread(indices * head_num, _arange(indices, head_num))
+    return _spread(indices * head_num, _offsets(indices, head_num, 1))
 
 
 # -- sgl_kernel.kvcacheio ---------------------------------------------------------
@@ -514,21 +535,23 @@ def transfer_kv_per_layer_ph_lf(
     num_warps_per_block=32,
 ):
     """Layer ``layer_id``'s items from page-head buffers to a layer's
-    layer-first buffers (one row per item and head: a head's bytes are the
-    contiguous unit of this layout)."""
+    layer-first buffers (one row per item, a part per head of K and of V:
+    a head's bytes are the contiguous unit of this layout)."""
     _check_item_size(item_size)
     n = _check_indices(src_indices, dst_indices)
     head = item_size // head_num
     bufs = [src_k, src_v, dst_k, dst_v]
 
-    def build():
-        src = [_rows(b, layer_id * head, src_layout_dim // head_num, head) for b in bufs[:2]]
-        return src, [_rows(b, 0, head, head) for b in bufs[2:]]
+    def build():  # a part per head of K and of V: a token's head is the unit of this layout
+        stride = src_layout_dim // head_num  # a (page, head, token)'s bytes of every layer
+        heads = [layer_id * head + h * page_size * stride for h in range(head_num)]
+        src = [_rows(b, at, stride, head) for b in bufs[:2] for at in heads]
+        return src, [_rows(b, h * head, item_size, head) for b in bufs[2:] for h in range(head_num)]
 
     params = (layer_id, item_size, src_layout_dim, page_size, head_num)
-    src_rows = _page_head_rows(src_indices.reshape(-1), page_size, head_num) if n else src_indices
-    dst_rows = _head_rows(dst_indices.reshape(-1), head_num) if n else dst_indices
-    _transfer("per_layer_ph_lf", params, bufs, build, src_rows, dst_rows, n * head_num)
+    src_rows = _page_rows(src_indices.reshape(-1), page_size, head_num) if n else src_indices
+    origin = (src_indices, ("page rows", page_size, head_num))
+    _transfer("per_layer_ph_lf", params, bufs, build, src_rows, dst_indices, n, origin)
 
 
 def transfer_kv_all_layer(
@@ -770,7 +793,7 @@ def transfer_kv_per_layer_direct_pf_lf(
 
     pages = n // page_size
     if pages:
-        offsets = _arange(src_indices, page_size)
+        offsets = _offsets(src_indices, page_size, 1)
         src_rows = _spread((src_indices.reshape(-1)[::page_size] // page_size) * (held * page_size), offsets)
         dst_rows = _spread(dst_indices.reshape(-1)[::page_size], offsets)
     else:
