@@ -85,7 +85,7 @@ class _Decided:
             and not layout.meeting
             and max(layout.src_limit, layout.dst_limit) < abi.CHECK_KEY_LIMIT
         )
-        # The one-screen call (PreparedSwap._run) serves low < n < high rows; (0, 0): never.
+        # The one-screen call (PreparedSwap.__call__) serves low < n < high rows; (0, 0): never.
         kernel_only = self.route == "kernel" and swapper.mode == "kernel" and layout.bytes_per_pair
         low, high = (0, 1 << 62) if kernel_only else self.kernel_rows
         checks = self.launch_checks and swapper._launcher.slots_ok
@@ -159,24 +159,6 @@ class PreparedSwap:
 
     route = property(lambda self: self._decided.route)
 
-    def __call__(
-        self,
-        block_mapping: Mapping,
-        *,
-        stream: Stream = None,
-        mode: str | None = None,
-        wait_for: WaitFor = (),
-        timing: bool | None = None,
-        check: str | None = None,
-    ) -> SwapEvent:
-        sw = self._swapper
-        caller = sw._get_device()
-        if caller != sw.device:
-            return sw._on_own_device(
-                self._run, caller, block_mapping, stream, None, mode, wait_for, timing, check
-            )
-        return self._run(caller, block_mapping, stream, None, mode, wait_for, timing, check)
-
     def captured(self, max_rows: int | None = None, *, ring: int = 64, rows=None, count=None):
         """A swap of these arrays to capture into your own CUDA graph, whose
         rows your kernels write in each replay: see
@@ -223,22 +205,28 @@ class PreparedSwap:
         self._decided = decided
         return decided
 
-    def _run(self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check):
-        """The swap, with the swapper's GPU current (``caller`` was current
-        when the caller called: default-stream ``wait_for`` entries are
-        its); ``want``: the direction ``swap_in``/``swap_out`` ask for.
-
-        The common call, one screen: host rows the kernel copies and checks
-        in its launch (no per-call ``mode``/``check``/timing, not capturing).
-        Anything else goes to :meth:`_general` before anything is enqueued."""
+    def __call__(
+        self,
+        block_mapping: Mapping,
+        *,
+        stream: Stream = None,
+        mode: str | None = None,
+        wait_for: WaitFor = (),
+        timing: bool | None = None,
+        check: str | None = None,
+    ) -> SwapEvent:
+        """The common call, one screen: host rows (or rows on the GPU) the
+        kernel copies and checks in its launch, from the swapper's GPU, with
+        no per-call ``mode``/``check``/timing, not capturing.  Anything else
+        goes to :meth:`_general` before anything is enqueued."""
         sw, op = self._swapper, self._decided
         ring = sw._launcher.slots
+        caller = sw._get_device()
         if (
-            mode is not None or check is not None or timing or sw.timing or sw._closed
-            or op.generation != memory._generation[0]
-            or (want is not None and want != op.layout.direction) or self._outcomes.failed or ring.alarmed()
+            caller != sw.device or mode is not None or check is not None or timing or sw.timing or sw._closed
+            or op.generation != memory._generation[0] or self._outcomes.failed or ring.alarmed()
         ):  # fmt: skip
-            return self._general(caller, block_mapping, stream, want, mode, wait_for, timing, check)
+            return self._other(caller, block_mapping, stream, None, mode, wait_for, timing, check)
         if (kind := type(block_mapping)) is np.ndarray or kind is list:
             rows, write = host_rows(block_mapping, sw.max_blocks), ring.write
             n = len(rows) >> 1 if type(rows) is list else rows.shape[0]
@@ -247,22 +235,20 @@ class PreparedSwap:
             rows, write = device_rows(block_mapping, sw.device, sw.max_blocks), ring.write_gpu
             n, low, high = (0, 0, 0) if rows is None else (rows.n, 0, op.gpu_rows)
         if not low < n < high:
-            return self._general(caller, block_mapping, stream, want, mode, wait_for, timing, check)
+            return self._general(caller, block_mapping, stream, None, mode, wait_for, timing, check)
         handle = (
             self._last_stream[1] if stream is self._last_stream[0] is not None else self._handle(stream, op)
         )
         if wait_for is not None and not (type(wait_for) is tuple and not wait_for):  # 0 is a stream
             self._enqueue_waits(handle, wait_for, caller)
         if stream_is_capturing(handle):  # asked after the waits: they may have joined a capture
-            return self._general(caller, block_mapping, stream, want, mode, (), timing, check, capturing=True)
+            return self._general(caller, block_mapping, stream, None, mode, (), timing, check, capturing=True)
         event = sw._events.take(False)
         event.path, event.nbytes = "kernel", n * op.layout.bytes_per_pair
         i = ring.take()
         if op.generation != memory._generation[0]:  # a registration changed since the look above
             ring.give_back(i)  # (unpinning waits for taken slots: memory.before_unpin)
-            return self._general(
-                caller, block_mapping, stream, want, mode, (), timing, check, capturing=False
-            )
+            return self._general(caller, block_mapping, stream, None, mode, (), timing, check, capturing=False)
         try:
             seq = write(i, rows, n, (self._outcomes, op.layout, caller_ref()), event)
             op.kernel.launch_slot(i, handle)
@@ -277,6 +263,16 @@ class PreparedSwap:
             raise
         sw.last_path = "kernel"
         return event
+
+    def _other(self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check):
+        """:meth:`_general` with the swapper's GPU current (``caller`` was
+        current when the caller called: default-stream ``wait_for`` entries
+        are its); ``want``: the direction ``swap_in``/``swap_out`` ask for."""
+        if caller != self._swapper.device:
+            return self._swapper._on_own_device(
+                self._general, caller, block_mapping, stream, want, mode, wait_for, timing, check
+            )
+        return self._general(caller, block_mapping, stream, want, mode, wait_for, timing, check)
 
     def _handle(self, stream, op: _Decided) -> int:
         """The raw handle of ``stream`` (``None``: torch's or CuPy's current
@@ -300,7 +296,7 @@ class PreparedSwap:
     def _general(
         self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check, capturing=None
     ):
-        """Every call :meth:`_run` does not serve: per-call ``mode``,
+        """Every call :meth:`__call__` does not serve: per-call ``mode``,
         ``check`` or timing, rows on the GPU or as index pairs, the copy
         engines, staging, capture, refusals, an earlier swap's failure."""
         sw = self._swapper

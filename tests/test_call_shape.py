@@ -6,12 +6,13 @@ the call executes more distinct library lines or enters more library
 functions than the bound below.
 
 Issue 50's goal is 50 lines in 10 functions; the call was 132 lines in 15
-functions at 8a13f9a and is 82 in 11 since the one-screen call
-(``PreparedSwap._run``) and the slot ring's one ``take`` and ``write``
-(NOTES 77), with the generation looked at again once a slot is taken
-(an unpin waits for taken slots).  The bound holds what is reached; the rest is the work itself
-(the mapping's form 6 lines, the event 7, a slot 12, its last verdict 6,
-the rows and record 10, the launch 6)."""
+functions at 8a13f9a, 82 in 11 with the one-screen call and the slot
+ring's one ``take`` and ``write`` (NOTES 77; the generation looked at
+again once a slot is taken: an unpin waits for taken slots), and is 78 in
+10 since that screen is ``PreparedSwap.__call__`` itself (NOTES 82).  The
+bound holds what is reached; the rest is the work itself (the mapping's
+form 6 lines, the event 7, a slot 12, its last verdict 6, the rows and
+record 10, the launch 6)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_LINES, MAX_FUNCTIONS = 82, 11
+MAX_LINES, MAX_FUNCTIONS = 78, 10
 
 
 def _warm_op(n: int = 16):
