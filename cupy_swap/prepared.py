@@ -248,7 +248,9 @@ class PreparedSwap:
         i = ring.take()
         if op.generation != memory._generation[0]:  # a registration changed since the look above
             ring.give_back(i)  # (unpinning waits for taken slots: memory.before_unpin)
-            return self._general(caller, block_mapping, stream, None, mode, (), timing, check, capturing=False)
+            return self._general(
+                caller, block_mapping, stream, None, mode, (), timing, check, capturing=False
+            )
         try:
             seq = write(i, rows, n, (self._outcomes, op.layout, caller_ref()), event)
             op.kernel.launch_slot(i, handle)
