@@ -298,9 +298,10 @@ class PreparedSwap:
     def _general(
         self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check, capturing=None
     ):
-        """Every call :meth:`__call__` does not serve: per-call ``mode``,
-        ``check`` or timing, rows on the GPU or as index pairs, the copy
-        engines, staging, capture, refusals, an earlier swap's failure."""
+        """Every call :meth:`__call__` does not serve: a caller on another
+        GPU, per-call ``mode``, ``check`` or timing, rows as index pairs or
+        more than one launch checks, the copy engines, staging, capture,
+        refusals, an earlier swap's failure."""
         sw = self._swapper
         if sw._closed:
             raise RuntimeError("swap: this BlockSwapper is closed; make a new one")

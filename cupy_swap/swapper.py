@@ -356,8 +356,8 @@ class BlockSwapper:
                 self._swap_here, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing, check
             )
         op = self._op(src, dst)
-        if want is not None and want != op.direction:
-            op._refuse_direction(want)
+        if want is not None and want != op.direction:  # refused there, after a pending failure is told
+            return op._general(caller, block_mapping, stream, want, mode, wait_for, timing, check)
         return op(block_mapping, stream=stream, mode=mode, wait_for=wait_for, timing=timing, check=check)
 
     def _swap_here(self, caller, src, dst, block_mapping, stream, want, mode, wait_for, timing, check):

@@ -1082,6 +1082,30 @@ def test_a_split_page_head_load_reads_its_bounds_once_for_all_layers(sglang_swap
     assert len(reads) == 1
 
 
+def test_a_huge_index_never_wraps_into_a_page_head_row(sglang_swapper):
+    """The page-head rows multiply the indices: an index near 2**62 once
+    wrapped an int64 back to a row in range (2**62 + 3 copied token 3).
+    Clipped first, it stays out of range and copies nothing."""
+    rng = np.random.default_rng(24)
+    sw = sglang_swapper
+    host = rng.integers(-9, 9, (2, SLOTS // PAGE, H, PAGE, LAYERS, D), dtype=np.int16)
+    dev_k, dev_v = [_pool(rng, (SLOTS, H, D), sw) for _ in range(2)]
+    before = dev_k.copy(), dev_v.copy()
+    for huge in (2**62 + 3, -(2**62), 2**63 - 1):
+        bad = np.array([huge, 1], np.int64)
+        sg.transfer_kv_per_layer_ph_lf(
+            host[0], dev_k, host[1], dev_v, bad, np.array([0, 1], np.int64), 0, ITEM, ITEM * LAYERS, PAGE, H
+        )
+        with pytest.raises(IndexError, match="out of range"):
+            sg.last_events()[0].synchronize()
+        assert np.array_equal(dev_k, before[0]) and np.array_equal(dev_v, before[1]), huge
+    for page_size, heads in ((4, 4), (16, 8), (1, 64)):
+        rows = sg._page_rows(np.array([2**62 + 3, -(2**62), 5], np.int64), page_size, heads)
+        assert (
+            rows[0] > 2**40 and rows[1] < 0 and rows[2] == 5 // page_size * page_size * heads + 5 % page_size
+        )
+
+
 def test_a_bad_index_in_any_call_of_a_split_transfer_copies_nothing(sglang_swapper):
     """A transfer of several op calls (rows past one call's, or parts past
     one op's) is checked whole before its first launch: a bad index in any

@@ -84,7 +84,7 @@ import numpy as np
 from ..cuda import capture
 
 SGL_KERNEL_COMMIT = "0ba3cdd474639a50317df43db246ca3351fbeecf"  # sgl-kernel/python/sgl_kernel/kvcacheio.py
-DEFAULT_MAX_ROWS = 8192  # rows of one op call (items, or items x heads for page-head layouts)
+DEFAULT_MAX_ROWS = 8192  # rows of one op call (items, or items x heads for a page-head backup)
 # Launches a swapper of this module keeps queued before a call waits for the
 # GPU (its slot ring, 128 KiB of pinned memory a slot): SGLang queues a load
 # layer by layer (a launch per layer up to 8,192 rows, 3 at 20,000 tokens of
@@ -189,7 +189,9 @@ def _token_bytes(a) -> int:
 
 def _offsets(like, n: int, step: int):
     """``[0, step, ..., (n - 1) step]`` as int64 on ``like``'s device, made
-    once per device (a transfer per layer would otherwise launch it each call)."""
+    once per device (a transfer per layer would otherwise launch it each
+    call), and kept only once its values landed: a call on another stream
+    reads it with nothing ordering it after the kernel that wrote it."""
     kind = _framework(like)
     device = like.device if kind != "numpy" else None
     key = (kind, str(device), n, step)
@@ -204,6 +206,9 @@ def _offsets(like, n: int, step: int):
             with device if kind == "cupy" else contextlib.nullcontext():
                 got = xp.arange(0, n * step, step, dtype=xp.int64)
         if not _capturing(like):  # made in a capture, it would hold its values only in replays
+            if kind != "numpy":
+                with capture.relaxed():  # once per key: a stream synchronize
+                    got.cpu() if kind == "torch" else got.get()
             _offsets_made[key] = got
     return got
 
@@ -445,11 +450,21 @@ def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows
             _state.events.append(op((src_rows[at : at + rows], dst_rows[at : at + rows])))
 
 
+def _bounded(indices):
+    """``indices`` clipped to ``[-1, 2**40]``: as far out of range as they
+    were, and no product below can wrap an int64 back into range."""
+    return indices.clip(-1, _INDEX_CLIP)
+
+
+_INDEX_CLIP = 1 << 40  # tokens: past any pool's
+
+
 def _page_rows(indices, page_size: int, head_num: int):
     """Rows of a page-head buffer seen one head at a time (rows of that
     head's bytes of a layer, a token apart, from the head's first page):
     token ``i`` sits ``(i // page_size) * page_size * head_num + i %
     page_size`` rows in, as the pages of the other heads lie between."""
+    indices = _bounded(indices)
     return indices + (indices // page_size) * ((head_num - 1) * page_size)
 
 
@@ -461,7 +476,7 @@ def _page_head_rows(indices, page_size: int, head_num: int):
 
 def _head_rows(indices, head_num: int):
     """Rows of a layer-first buffer seen one head at a time."""
-    return _spread(indices * head_num, _offsets(indices, head_num, 1))
+    return _spread(_bounded(indices) * head_num, _offsets(indices, head_num, 1))
 
 
 # -- sgl_kernel.kvcacheio ---------------------------------------------------------
@@ -794,7 +809,8 @@ def transfer_kv_per_layer_direct_pf_lf(
     pages = n // page_size
     if pages:
         offsets = _offsets(src_indices, page_size, 1)
-        src_rows = _spread((src_indices.reshape(-1)[::page_size] // page_size) * (held * page_size), offsets)
+        first = _bounded(src_indices.reshape(-1)[::page_size])
+        src_rows = _spread((first // page_size) * (held * page_size), offsets)
         dst_rows = _spread(dst_indices.reshape(-1)[::page_size], offsets)
     else:
         src_rows, dst_rows = src_indices, dst_indices
