@@ -24,7 +24,7 @@ from .cuda.copy_engine import DmaCopier
 from .cuda.launcher import Launcher
 from .cuda.resolve import resolve_layout
 from .cuda.settings import load_calibration
-from .cuda.streams import EventPool, on_device
+from .cuda.streams import EventPool, event_pool_size, on_device
 from .op_cache import OpCache, arrays_of
 from .prepared import PreparedSwap
 from .staged.stager import Stager
@@ -138,7 +138,7 @@ class BlockSwapper:
         # Pinned and device allocations: legal while another thread captures.
         with cupy.cuda.Device(self.device), capture.relaxed():
             self._launcher = Launcher(self.device, self.max_parts, self.max_blocks, ring_size, max_ctas)
-            self._events = EventPool()
+            self._events = EventPool(event_pool_size(ring_size))
         self._ops = OpCache(_OP_CACHE_SIZE)
         # Bound once: the hot path calls these on every swap.
         self._get_device, self._set_device = runtime.getDevice, runtime.setDevice

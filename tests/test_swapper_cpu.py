@@ -183,6 +183,44 @@ def test_event_pool_recycles_only_events_nobody_holds(monkeypatch):
     assert timed.timed and timed not in list(pool._issued)  # timed events are never pooled
 
 
+@pytest.mark.parametrize("ring", [16, 128, 300])
+def test_a_swappers_event_pool_outlasts_its_ring(monkeypatch, ring):
+    """A ring slot holds its launch's event until a call takes the slot
+    again: with fewer pooled events than slots the oldest is always held,
+    and every call made a new event (SGLang's 128-slot swapper, NOTES 82).
+    Sized by event_pool_size, a warm swapper's calls make none."""
+    import collections
+
+    from cupy_swap.cuda import streams
+
+    made = [0]
+
+    class CountedEvent:
+        def __init__(self, disable_timing=True):
+            made[0] += 1
+
+    monkeypatch.setattr(streams, "swap_event_class", lambda: CountedEvent)
+
+    def calls_that_made_an_event(pool_size):
+        pool = streams.EventPool(size=pool_size)
+        slots = collections.deque([None] * ring)  # slot i holds its last launch's event
+        caller = []  # the caller keeps its last events (SGLang's last_events())
+        counts = []
+        for _ in range(4 * ring):
+            before = made[0]
+            event = pool.take(False)  # the call takes its event, then its slot
+            slots.popleft()
+            slots.append(event)
+            caller = (caller + [event])[-3:]
+            del event
+            counts.append(made[0] - before)
+        return sum(counts[2 * ring :])
+
+    assert calls_that_made_an_event(streams.event_pool_size(ring)) == 0
+    if ring > 64:
+        assert calls_that_made_an_event(64) == 2 * ring  # the old fixed size: one a call
+
+
 def test_a_side_passed_again_is_looked_at_once_and_still_notices_changes():
     """Issue 34, item 3: a list of parts seen before costs one look over the
     side (no call per array), which still sees a part changed in place; the

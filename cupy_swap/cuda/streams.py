@@ -313,6 +313,14 @@ class EventPool:
         return event
 
 
+def event_pool_size(ring_size: int) -> int:
+    """Events a swapper with ``ring_size`` ring slots pools: a slot holds
+    its launch's event until a call takes the slot again, so the oldest of
+    fewer events than slots (plus the few a caller keeps) is always held,
+    and every call would make a new one (NOTES 82: SGLang's 128 slots)."""
+    return max(64, ring_size + 8)
+
+
 def _unshared_refcount() -> int:
     """``sys.getrefcount`` of an object only a deque holds, in
     :meth:`EventPool.take`'s code shape: measured, as interpreters differ."""

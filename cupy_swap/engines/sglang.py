@@ -119,13 +119,22 @@ HOST_POOL_CLASSES = ("MHATokenToKVPoolHost", "MLATokenToKVPoolHost")
 
 
 def _framework(a) -> str:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(a, torch.Tensor):
-        return "torch"
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(a, cupy.ndarray):
-        return "cupy"
-    return "numpy"
+    """``"torch"``, ``"cupy"`` or ``"numpy"``: by ``a``'s type, classified
+    once (about ten asks a call; SGLang's per-layer calls, NOTES 82)."""
+    kind = _kinds.get(type(a))
+    if kind is None:
+        torch, cupy = sys.modules.get("torch"), sys.modules.get("cupy")
+        if torch is not None and isinstance(a, torch.Tensor):
+            kind = "torch"
+        elif cupy is not None and isinstance(a, cupy.ndarray):
+            kind = "cupy"
+        else:
+            kind = "numpy"
+        _kinds[type(a)] = kind  # a type made before torch or CuPy was imported subclasses neither
+    return kind
+
+
+_kinds: dict = {}  # type -> framework
 
 
 def _ptr(a) -> int:
