@@ -221,6 +221,32 @@ def test_a_swappers_event_pool_outlasts_its_ring(monkeypatch, ring):
         assert calls_that_made_an_event(64) == 2 * ring  # the old fixed size: one a call
 
 
+def test_the_capture_query_is_bound_once_and_translates_a_refusal(monkeypatch):
+    """Every call asks whether its stream captures: CuPy's query is bound at
+    the first ask (an import statement per call cost 0.25 µs), and a refusal
+    (the legacy stream while another stream captures) is a RuntimeError
+    that says what to do."""
+    from cupy_swap.cuda import streams
+
+    class Refused(Exception):
+        pass
+
+    def query(handle):
+        if handle == 0:
+            raise Refused("cudaErrorStreamCaptureImplicit")
+        return handle == 7
+
+    monkeypatch.setattr(streams, "_capture_query", (query, Refused))
+    assert streams.stream_is_capturing(7) and not streams.stream_is_capturing(5)
+    with pytest.raises(RuntimeError, match="legacy default stream .*pass that stream instead"):
+        streams.stream_is_capturing(0)
+    monkeypatch.setattr(streams, "_capture_query", ())
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed here")
+    bound = streams._bind_capture_query()
+    assert bound == (cupy.cuda.runtime.streamIsCapturing, cupy.cuda.runtime.CUDARuntimeError)
+    assert streams._capture_query is bound
+
+
 def test_a_side_passed_again_is_looked_at_once_and_still_notices_changes():
     """Issue 34, item 3: a list of parts seen before costs one look over the
     side (no call per array), which still sees a part changed in place; the

@@ -259,15 +259,25 @@ def enqueue_and_wait(device: int, enqueue) -> None:
 def stream_is_capturing(stream: int) -> bool:
     """True while ``stream`` (a raw handle) is capturing a CUDA graph;
     RuntimeError when the driver refuses the query."""
-    from cupy.cuda import runtime
-
+    query = _capture_query or _bind_capture_query()  # every call asks: no import statement per call (0.25 µs)
     try:
-        return runtime.streamIsCapturing(stream)
-    except runtime.CUDARuntimeError as e:
+        return query[0](stream)
+    except query[1] as e:
         raise RuntimeError(
             f"stream: the driver refused the capture query ({e}); the legacy default stream "
             f"cannot be used while another stream captures a graph, pass that stream instead"
         ) from None
+
+
+_capture_query: tuple = ()  # (cupy's streamIsCapturing, its error), bound at the first ask
+
+
+def _bind_capture_query() -> tuple:
+    global _capture_query
+    from cupy.cuda import runtime
+
+    _capture_query = (runtime.streamIsCapturing, runtime.CUDARuntimeError)
+    return _capture_query
 
 
 class EventPool:
