@@ -10,6 +10,8 @@ import sys
 import threading
 from typing import NamedTuple
 
+from . import capture
+
 _cls: list = []
 
 
@@ -52,8 +54,6 @@ def swap_event_class():
         def synchronize(self) -> None:
             """Wait for the swap; when its launch checked the rows, raise the
             error it found (IndexError or ValueError: nothing was copied)."""
-            from . import capture
-
             with capture.relaxed():  # legal while another thread captures
                 super().synchronize()
             if self.check is not None:
@@ -63,8 +63,6 @@ def swap_event_class():
         def done(self) -> bool:
             """True once the swap has completed (asked in relaxed capture
             mode: legal while another thread captures)."""
-            from . import capture
-
             return capture.event_done(self)
 
         def device_time(self) -> float:
@@ -113,8 +111,6 @@ def _thread_wait_event(device: int):
     creating an event waits behind a release's device-wide wait (950 ms
     while a release waited 1 s, NOTES 77), re-recording one does not, and a
     wait enqueued earlier keeps the record it saw."""
-    from . import capture
-
     events = _wait_events.__dict__.setdefault("by_device", {})
     ev = events.get(device)
     if ev is None:
@@ -245,8 +241,6 @@ def enqueue_and_wait(device: int, enqueue) -> None:
     blocking stream; legal while any stream captures."""
     from cupy.cuda import runtime
 
-    from . import capture
-
     with on_device(device), capture.relaxed():
         stream = runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
         try:
@@ -315,8 +309,6 @@ class EventPool:
         return event
 
     def _new(self, timed: bool):
-        from . import capture
-
         with capture.relaxed():  # legal while another thread captures in global mode
             event = self._cls(disable_timing=not timed)
         event.start = event.check = event.seq = None
