@@ -58,12 +58,12 @@ class _Decided:
         "gpu_rows",
     )
 
-    def __init__(self, swapper, layout: Layout, torch_parts: bool):
+    def __init__(self, swapper, layout: Layout, torch_parts: bool, mode: str | None, check: str | None):
         self.layout = layout
         self.kernel = swapper._launcher.bind(layout)
-        self.mode = swapper.mode
+        self.mode = swapper.mode if mode is None else mode  # the op's own, or its swapper's
         policy = swapper.policy
-        self.route = prepared_route(layout, swapper.mode, policy)
+        self.route = prepared_route(layout, self.mode, policy)
         # auto's look for one run (core/route.py, run_route), and whether
         # copies merge runs: only blocks below a full-speed copy gain by it.
         self.run_rows = run_rows(layout, policy)
@@ -71,7 +71,7 @@ class _Decided:
         self.merge_runs = layout.min_block_bytes < policy.dma_min_copy_bytes
         # (low, high): a call with no mode and host rows, low < n < high,
         # goes to the kernel with no further look (what _path decides).
-        kernel_auto = self.route == "kernel" and swapper.mode == "auto" and layout.bytes_per_pair
+        kernel_auto = self.route == "kernel" and self.mode == "auto" and layout.bytes_per_pair
         self.kernel_rows = (
             (policy.dma_max_copies // len(layout.src), self.run_rows or (1 << 62)) if kernel_auto else (0, 0)
         )
@@ -86,12 +86,15 @@ class _Decided:
             and max(layout.src_limit, layout.dst_limit) < abi.CHECK_KEY_LIMIT
         )
         # The one-screen call (PreparedSwap.__call__) serves low < n < high rows; (0, 0): never.
-        kernel_only = self.route == "kernel" and swapper.mode == "kernel" and layout.bytes_per_pair
+        kernel_only = self.route == "kernel" and self.mode == "kernel" and layout.bytes_per_pair
         low, high = (0, 1 << 62) if kernel_only else self.kernel_rows
-        checks = self.launch_checks and swapper._launcher.slots_ok
+        checks = self.launch_checks and swapper._launcher.slots_ok and check != "host"
+
         self.fast_rows = (low, min(high, swapper._launcher.check_rows_max + 1)) if checks else (0, 0)
         # It serves rows on the GPU too, 0 < n < gpu_rows (0: never; they take no route).
-        self.gpu_rows = swapper._launcher.check_rows_max + 1 if checks and layout.bytes_per_pair else 0
+        # (An op prepared for the copy engines or staging refuses them, as a call's own mode= does.)
+        gpu_ok = checks and layout.bytes_per_pair and mode in (None, "auto", "kernel")
+        self.gpu_rows = swapper._launcher.check_rows_max + 1 if gpu_ok else 0
         # Read before the layout's addresses were (resolve_layout), else now (stand-in layouts).
         self.generation = memory.generation() if layout.generation is None else layout.generation
         # Torch callers are ordered on torch's current stream by default.
@@ -130,6 +133,8 @@ class PreparedSwap:
         "_outcomes",
         "_held",
         "_torch",
+        "_mode",
+        "_check",
         "direction",
         "bytes_per_pair",
         "_last_stream",
@@ -142,10 +147,14 @@ class PreparedSwap:
         held: tuple | None,
         torch_parts: bool = False,
         outcomes: Channel | None = None,
+        mode: str | None = None,
+        check: str | None = None,
     ):
         self._swapper = swapper
         self._torch = torch_parts
-        self._decided = _Decided(swapper, layout, torch_parts)
+        # What prepare(mode=, check=) fixed (None: the swapper's mode, the launch checks).
+        self._mode, self._check = mode, check
+        self._decided = _Decided(swapper, layout, torch_parts, mode, check)
         # Where failed checks of its swaps wait for its next call (swap()'s
         # ops get the channel of their arrays, which outlives the op cache).
         self._outcomes = Channel() if outcomes is None else outcomes
@@ -201,7 +210,7 @@ class PreparedSwap:
         inside a call keep the state they read: nothing is torn down."""
         sw = self._swapper
         with capture.relaxed():  # may resolve and load kernels while another thread captures
-            decided = _Decided(sw, sw._layout(*self._held), self._torch)
+            decided = _Decided(sw, sw._layout(*self._held), self._torch, self._mode, self._check)
         self._decided = decided
         return decided
 
@@ -305,6 +314,8 @@ class PreparedSwap:
         sw = self._swapper
         if sw._closed:
             raise RuntimeError("swap: this BlockSwapper is closed; make a new one")
+        mode = self._mode if mode is None else mode  # a call's own, or what prepare() fixed
+        check = self._check if check is None else check
         op = self._decided
         if op.generation != memory.generation() and self._held is not None:
             op = self._rebind()

@@ -319,15 +319,31 @@ class BlockSwapper:
         """:meth:`swap` that only accepts GPU -> host."""
         return self._swap(gpu_src, host_dst, block_mapping, stream, OUT, mode, wait_for, timing, check)
 
-    def prepare(self, src: Parts, dst: Parts) -> PreparedSwap:
+    def prepare(
+        self, src: Parts, dst: Parts, *, mode: str | None = None, check: str | None = None
+    ) -> PreparedSwap:
         """Check ``src`` and ``dst`` once and return a :class:`PreparedSwap`
         that swaps between them for any mapping: ``op(block_mapping,
         stream=..., wait_for=...)`` costs only the mapping checks and the
         launch.  Do not reshape, restride or re-point the arrays in place
         afterwards (``swap()`` notices; a prepared op does not).
+
+        Parameters
+        ----------
+        mode : {"auto", "kernel", "dma", "staged"}, optional
+            The op's route, decided here (default: the swapper's ``mode``);
+            a call's own ``mode=`` still overrides it for that call.
+        check : {"launch", "host"}, optional
+            Who checks the rows of every call (default: the copy launch,
+            where it can); a call's own ``check=`` still overrides it.
         """
+        if mode is not None:
+            check_mode(mode)
+        if check not in (None, "launch", "host"):
+            raise ValueError(f"check: expected None, 'launch' or 'host', got {check!r}")
         with on_device(self.device), capture.relaxed():
-            return PreparedSwap(self, self._layout(src, dst), (src, dst), _any_torch(src, dst))
+            layout = self._layout(src, dst)
+            return PreparedSwap(self, layout, (src, dst), _any_torch(src, dst), mode=mode, check=check)
 
     def graph_swap(self, src: Parts, dst: Parts) -> GraphSwap:
         """A swap of fixed parts whose mapping changes between CUDA-graph

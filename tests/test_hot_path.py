@@ -192,6 +192,46 @@ def test_one_copy_goes_to_the_copy_engines_and_is_checked_on_the_host(fake_gpu, 
     assert op([(1, 2)], mode="kernel") and calls[-2][0] == "kernel"  # asked for: the kernel
 
 
+def test_mode_and_check_fixed_at_prepare_hold_for_every_call(fake_gpu, not_capturing, monkeypatch):
+    """Issue 50, item 2: ``prepare(src, dst, mode=..., check=...)`` decides
+    the route and the check once; a call's own ``mode=``/``check=`` still
+    overrides them for that call."""
+    calls: list = []
+    host = np.zeros((8, 64), np.uint8)
+    layout = layout_from_parts(as_parts(host, "src"), fake_gpu.parts(np.zeros((8, 64), np.uint8), "dst"))
+
+    def op(**kw):
+        return PreparedSwap(FakeSwapper(calls), layout, (host,), **kw)
+
+    kernel = op(mode="kernel")  # one copy: auto would take the copy engines
+    kernel([(1, 2)])
+    assert calls[0][0] == "kernel" and kernel._decided.fast_rows[0] == 0
+    calls.clear()
+    assert kernel([(1, 2)], mode="dma").path == "dma" and calls[0] == ("dma", 77)
+    dma = op(mode="dma")
+    assert dma.route == "dma"
+    calls.clear()
+    assert dma([(1, 2), (3, 4)]).path == "dma" and calls[0][0] == "dma"
+    host_checked = op(mode="kernel", check="host")
+    assert host_checked._decided.fast_rows == (0, 0)  # the one-screen call never serves it
+    calls.clear()
+    with pytest.raises(ValueError, match="distinct destination blocks, got block 2 twice"):
+        host_checked([(1, 2), (3, 2)])  # raised on the host, nothing launched
+    assert calls == []
+    host_checked([(1, 2), (3, 4)])
+    assert calls[0] == ("kernel", [1, 2, 3, 4], 77, False, 0, 0)  # checked: no status record
+    calls.clear()
+    event = host_checked([(1, 2), (3, 2)], check="launch")  # the call's own: the launch checks
+    assert calls[0][:2] == ("kernel", [1, 2, 3, 2]) and calls[0][4] in _ring(host_checked).status_at
+    with pytest.raises(ValueError, match="block 2 again in row 1"):
+        _sync(event)  # the launch found it
+    _gpu_rows(monkeypatch)
+    with pytest.raises(ValueError, match="check: 'host' needs the rows on the host"):
+        host_checked(object())
+    with pytest.raises(ValueError, match="mode: a mapping on the GPU"):
+        dma(object())
+
+
 def _gpu_rows(monkeypatch, n=3):
     monkeypatch.setattr(
         prepared, "device_rows", lambda m, device, max_blocks: DeviceRows(0x10, 0x18, 2, n, m)
@@ -306,3 +346,14 @@ def test_a_swap_captured_by_a_call_keeps_its_pools_pinned(fake_gpu, monkeypatch)
     with pytest.raises(ValueError, match="pin handle was dropped"):
         op([(1, 2), (3, 4)], mode="kernel")
     assert [c for c in calls if c[0] == "kernel"] == []  # nothing captured
+
+
+def test_prepare_refuses_a_bad_mode_or_check_before_looking_at_anything():
+    """``prepare(mode=, check=)`` names the argument, what it expected and
+    what came, before it resolves the arrays."""
+    from cupy_swap.swapper import BlockSwapper
+
+    with pytest.raises(ValueError, match="mode: expected one of 'auto', .*got 'fast'"):
+        BlockSwapper.prepare(object(), None, None, mode="fast")
+    with pytest.raises(ValueError, match="check: expected None, 'launch' or 'host', got 'gpu'"):
+        BlockSwapper.prepare(object(), None, None, check="gpu")
