@@ -198,6 +198,12 @@ class PreparedSwap:
         sw = self._swapper
         if sw._closed:
             raise RuntimeError("captured: this BlockSwapper is closed; make a new one")
+        if self._check == "host" or self._mode not in (None, "auto", "kernel"):
+            raise ValueError(
+                f"captured: a captured swap is the kernel, checking in each replay the rows your kernels "
+                f"wrote; this op was prepared with mode={self._mode!r}, check={self._check!r} (prepare it "
+                f"with neither, or mode='auto' or 'kernel')"
+            )
         if self._decided.generation != memory.generation() and self._held is not None:
             self._rebind()  # host memory registered or unregistered since: its aliases again
         if max_rows is None:
@@ -314,8 +320,7 @@ class PreparedSwap:
         sw = self._swapper
         if sw._closed:
             raise RuntimeError("swap: this BlockSwapper is closed; make a new one")
-        mode = self._mode if mode is None else mode  # a call's own, or what prepare() fixed
-        check = self._check if check is None else check
+        check = self._check if check is None else check  # a call's own, or what prepare() fixed
         op = self._decided
         if op.generation != memory.generation() and self._held is not None:
             op = self._rebind()
@@ -443,8 +448,8 @@ class PreparedSwap:
         layout = op.layout
         if not n or not layout.bytes_per_pair:
             return "none", False
-        if on_gpu is not None:
-            self._refuse_on_gpu(op, mode, check, n)
+        if on_gpu is not None:  # (the op's own mode is in its route, but for this refusal)
+            self._refuse_on_gpu(op, self._mode if mode is None else mode, check, n)
             return "kernel", False  # the kernel reads rows on the GPU
         sw = self._swapper
         path = op.route if mode is None else prepared_route(layout, check_mode(mode), sw.policy)
@@ -505,7 +510,8 @@ class PreparedSwap:
         layout = op.layout
         if mode not in (None, "auto", "kernel"):
             raise ValueError(
-                f"mode: a mapping on the GPU is swapped by the kernel ('auto' or 'kernel'), got {mode!r}"
+                f"mode: a mapping on the GPU is swapped by the kernel ('auto' or 'kernel'), got {mode!r} "
+                f"(the call's mode=, or the op's from prepare(mode=))"
             )
         if check == "host":
             raise ValueError(

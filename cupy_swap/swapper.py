@@ -332,10 +332,15 @@ class BlockSwapper:
         ----------
         mode : {"auto", "kernel", "dma", "staged"}, optional
             The op's route, decided here (default: the swapper's ``mode``);
-            a call's own ``mode=`` still overrides it for that call.
+            a call's own ``mode=`` still overrides it for that call.  Like a
+            call's own, ``"dma"`` or ``"staged"`` refuses rows on the GPU
+            (the swapper's ``mode`` does not: the kernel reads them).
         check : {"launch", "host"}, optional
             Who checks the rows of every call (default: the copy launch,
-            where it can); a call's own ``check=`` still overrides it.
+            where it can); a call's own ``check=`` still overrides it.  An
+            op prepared with either of those refusals also refuses
+            :meth:`PreparedSwap.captured` (a captured swap is the kernel,
+            checking on the GPU).
         """
         if mode is not None:
             check_mode(mode)

@@ -334,3 +334,15 @@ def test_stream_none_means_the_same_stream_for_launch_and_wait_done(made, monkey
     cs.wait_done(None, 2)
     assert [launch[4] for launch in made.lau.launches] == [77, 55]
     assert waits == [(77, cs.done_ptr, 1), (55, cs.done_ptr, 2)]
+
+
+@pytest.mark.parametrize("kw", [dict(check="host"), dict(mode="dma")])  # GPU -> GPU: no staging
+def test_an_op_prepared_for_host_checks_or_the_copy_engines_refuses_a_capture(fake_gpu, kw):
+    """A captured swap is the kernel, checking in each replay the rows the
+    caller's kernels wrote: an op prepared with ``check="host"`` or a
+    copy-engine or staged ``mode`` refuses ``captured()`` before anything is
+    allocated (it built one that checked on the GPU)."""
+    parts = [fake_gpu.parts(np.zeros((64, 64), np.uint8), name) for name in ("src", "dst")]
+    op = PreparedSwap(FakeSwapper([]), resolve_layout(layout_from_parts(*parts), 0), None, **kw)
+    with pytest.raises(ValueError, match="captured: a captured swap is the kernel.*prepared with"):
+        op.captured(8)

@@ -184,11 +184,14 @@ def test_event_pool_recycles_only_events_nobody_holds(monkeypatch):
 
 
 @pytest.mark.parametrize("ring", [16, 128, 300])
-def test_a_swappers_event_pool_outlasts_its_ring(monkeypatch, ring):
+def test_a_swappers_event_pool_outlasts_its_rings(monkeypatch, ring):
     """A ring slot holds its launch's event until a call takes the slot
-    again: with fewer pooled events than slots the oldest is always held,
-    and every call made a new event (SGLang's 128-slot swapper, NOTES 82).
-    Sized by event_pool_size, a warm swapper's calls make none."""
+    again: with fewer pooled events than the rings hold, calls made new
+    events (one a call with SGLang's 128-slot swapper, NOTES 82). Sized by
+    event_pool_size, a warm swapper's calls make none, kernel calls (``k``,
+    slot ring) mixed with copy-engine calls (``x``, no ring) and staged or
+    descriptor calls (``d``, the other ring), down to one call in four on a
+    ring."""
     import collections
 
     from cupy_swap.cuda import streams
@@ -201,24 +204,27 @@ def test_a_swappers_event_pool_outlasts_its_ring(monkeypatch, ring):
 
     monkeypatch.setattr(streams, "swap_event_class", lambda: CountedEvent)
 
-    def calls_that_made_an_event(pool_size):
+    def calls_that_made_an_event(pool_size, pattern):
         pool = streams.EventPool(size=pool_size)
-        slots = collections.deque([None] * ring)  # slot i holds its last launch's event
+        rings = {"k": collections.deque([None] * ring), "d": collections.deque([None] * ring)}
         caller = []  # the caller keeps its last events (SGLang's last_events())
         counts = []
-        for _ in range(4 * ring):
+        for step in range(12 * ring):
             before = made[0]
-            event = pool.take(False)  # the call takes its event, then its slot
-            slots.popleft()
-            slots.append(event)
+            event = pool.take(False)  # a call takes its event, then its slot
+            slots = rings.get(pattern[step % len(pattern)])
+            if slots is not None:
+                slots.popleft()  # the slot's last launch's event is let go
+                slots.append(event)
             caller = (caller + [event])[-3:]
             del event
             counts.append(made[0] - before)
-        return sum(counts[2 * ring :])
+        return sum(counts[8 * ring :])
 
-    assert calls_that_made_an_event(streams.event_pool_size(ring)) == 0
+    for pattern in ("k", "kx", "kd", "kxd", "kxxx"):
+        assert calls_that_made_an_event(streams.event_pool_size(ring), pattern) == 0, pattern
     if ring > 64:
-        assert calls_that_made_an_event(64) == 2 * ring  # the old fixed size: one a call
+        assert calls_that_made_an_event(64, "k") == 4 * ring  # the old fixed size: one a call
 
 
 def test_the_capture_query_is_bound_once_and_translates_a_refusal(monkeypatch):

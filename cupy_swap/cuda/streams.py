@@ -293,13 +293,19 @@ class EventPool:
         self._issued.extend(self._new(False) for _ in range(ready))
 
     def take(self, timed: bool):
-        """An unrecorded event for a swap; timed swaps get a new one."""
+        """An unrecorded event for a swap; timed swaps get a new one.  Looks
+        at the oldest few: one still held (by a ring slot, for as many of
+        its ring's launches as it has slots, or by its caller) keeps its
+        place, and the next is looked at."""
         issued = self._issued
         if not timed and issued:
             event = issued[0]
             if self._refs(event) == self._free_refs and event.start is None:
                 issued.rotate(-1)  # oldest -> newest
                 event.check = event.seq = None
+                return event
+            event = self._next_free(issued)  # the oldest is held: one of the next few
+            if event is not None:
                 return event
         event = self._new(timed)
         if not timed:
@@ -308,6 +314,16 @@ class EventPool:
             issued.append(event)
         return event
 
+    def _next_free(self, issued):
+        for i in range(1, min(_LOOKS, len(issued))):
+            event = issued[i]
+            if self._refs(event) == self._free_refs and event.start is None:
+                del issued[i]  # -> newest; the held ones before it keep their age
+                issued.append(event)
+                event.check = event.seq = None
+                return event
+        return None
+
     def _new(self, timed: bool):
         with capture.relaxed():  # legal while another thread captures in global mode
             event = self._cls(disable_timing=not timed)
@@ -315,12 +331,17 @@ class EventPool:
         return event
 
 
+_LOOKS = 4  # events EventPool.take looks at before it makes one
+
+
 def event_pool_size(ring_size: int) -> int:
-    """Events a swapper with ``ring_size`` ring slots pools: a slot holds
-    its launch's event until a call takes the slot again, so the oldest of
-    fewer events than slots (plus the few a caller keeps) is always held,
-    and every call would make a new one (NOTES 82: SGLang's 128 slots)."""
-    return max(64, ring_size + 8)
+    """Events a swapper with ``ring_size`` slots in each of its two rings
+    pools: a slot holds its launch's event until a call takes the slot
+    again, that is for ``ring_size`` calls that use its ring, so with fewer
+    pooled events than the rings and the caller hold, calls make new ones
+    (NOTES 82: one a call with SGLang's 128 slots).  Sized so that no warm
+    call makes one while at least one call in four uses a ring."""
+    return max(64, 4 * ring_size + 16)
 
 
 def _unshared_refcount() -> int:
