@@ -199,27 +199,43 @@ def _token_bytes(a) -> int:
 def _offsets(like, n: int, step: int):
     """``[0, step, ..., (n - 1) step]`` as int64 on ``like``'s device, made
     once per device (a transfer per layer would otherwise launch it each
-    call), and kept only once its values landed: a call on another stream
-    reads it with nothing ordering it after the kernel that wrote it."""
+    call).  On the GPU it is made on a stream of its own and kept once that
+    stream finished it: a later call on any stream reads it, with nothing
+    else ordering it, and the caller's queued work is not waited for."""
     kind = _framework(like)
     device = like.device if kind != "numpy" else None
     key = (kind, str(device), n, step)
     got = _offsets_made.get(key)
     if got is None:
+        on_gpu = kind == "cupy" or (kind == "torch" and like.is_cuda)
+        if on_gpu and _capturing(like):  # made in the capture, it would hold its values only in replays
+            return _arange(kind, device, n, step, side=False)
+        got = _offsets_made[key] = _arange(kind, device, n, step, side=on_gpu)
+    return got
+
+
+def _arange(kind: str, device, n: int, step: int, side: bool):
+    """``arange(0, n * step, step)`` as int64 on ``device``; ``side``: on a
+    new stream, waited for before it returns (in relaxed capture mode)."""
+    if kind == "numpy":
+        return np.arange(0, n * step, step, dtype=np.int64)
+    with capture.relaxed():
         if kind == "torch":
             import torch
 
-            got = torch.arange(0, n * step, step, dtype=torch.int64, device=device)
+            stream = torch.cuda.Stream(device) if side else None
+            with torch.cuda.stream(stream):  # None: the current one
+                got = torch.arange(0, n * step, step, dtype=torch.int64, device=device)
         else:
-            xp = sys.modules["cupy"] if kind == "cupy" else np
-            with device if kind == "cupy" else contextlib.nullcontext():
-                got = xp.arange(0, n * step, step, dtype=xp.int64)
-        if not _capturing(like):  # made in a capture, it would hold its values only in replays
-            if kind != "numpy":
-                with capture.relaxed():  # once per key: a stream synchronize
-                    got.cpu() if kind == "torch" else got.get()
-            _offsets_made[key] = got
-    return got
+            import cupy
+
+            with device:
+                stream = cupy.cuda.Stream(non_blocking=True) if side else None
+                with stream if side else contextlib.nullcontext():
+                    got = cupy.arange(0, n * step, step, dtype=cupy.int64)
+        if side:
+            stream.synchronize()
+        return got
 
 
 _offsets_made: dict = {}
