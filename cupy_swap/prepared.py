@@ -29,7 +29,6 @@ from .cuda import abi, capture, memory, pools, release
 from .cuda.gpu_mapping import device_rows
 from .cuda.outcomes import Channel
 from .cuda.outcomes import caller as caller_ref
-from .cuda.slots import N_PAIRS, SEQ, SRC_INDEX, STATUS
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 from .op_cache import listed
 from .staged.plan import staged_plan
@@ -59,15 +58,16 @@ class _Decided:
     )
 
     def __init__(self, swapper, layout: Layout, torch_parts: bool, mode: str | None, check: str | None):
+        lau = swapper._launcher
         self.layout = layout
-        self.kernel = swapper._launcher.bind(layout)
+        self.kernel = lau.bind(layout)
         self.mode = swapper.mode if mode is None else mode  # the op's own, or its swapper's
         policy = swapper.policy
         self.route = prepared_route(layout, self.mode, policy)
         # auto's look for one run (core/route.py, run_route), and whether
         # copies merge runs: only blocks below a full-speed copy gain by it.
         self.run_rows = run_rows(layout, policy)
-        self.staged_ok = not staged_refusal(layout, policy)
+        self.staged_ok = not staged_refusal(layout, policy) and lau.slots_ok
         self.merge_runs = layout.min_block_bytes < policy.dma_min_copy_bytes
         # (low, high): a call with no mode and host rows, low < n < high,
         # goes to the kernel with no further look (what _path decides).
@@ -80,7 +80,7 @@ class _Decided:
         # (then every row of every call is checked there, up to the
         # launcher's check_rows_max rows).
         self.launch_checks = bool(
-            swapper._launcher.slots.mapped
+            lau.slots.mapped
             and layout.kernel_ok
             and not layout.meeting
             and max(layout.src_limit, layout.dst_limit) < abi.CHECK_KEY_LIMIT
@@ -88,13 +88,13 @@ class _Decided:
         # The one-screen call (PreparedSwap.__call__) serves low < n < high rows; (0, 0): never.
         kernel_only = self.route == "kernel" and self.mode == "kernel" and layout.bytes_per_pair
         low, high = (0, 1 << 62) if kernel_only else self.kernel_rows
-        checks = self.launch_checks and swapper._launcher.slots_ok and check != "host"
+        checks = self.launch_checks and check != "host"
 
-        self.fast_rows = (low, min(high, swapper._launcher.check_rows_max + 1)) if checks else (0, 0)
+        self.fast_rows = (low, min(high, lau.check_rows_max + 1)) if checks else (0, 0)
         # It serves rows on the GPU too, 0 < n < gpu_rows (0: never; they take no route).
         # (An op prepared for the copy engines or staging refuses them, as a call's own mode= does.)
         gpu_ok = checks and layout.bytes_per_pair and mode in (None, "auto", "kernel")
-        self.gpu_rows = swapper._launcher.check_rows_max + 1 if gpu_ok else 0
+        self.gpu_rows = lau.check_rows_max + 1 if gpu_ok else 0
         # Read before the layout's addresses were (resolve_layout), else now (stand-in layouts).
         self.generation = memory.generation() if layout.generation is None else layout.generation
         # Torch callers are ordered on torch's current stream by default.
@@ -370,7 +370,6 @@ class PreparedSwap:
         timed = sw.timing if timing is None else timing
         event = sw._events.take(timed)
         event.path, event.nbytes = path, n * op.layout.bytes_per_pair
-        held: list = []  # descriptor ring slots (staged swaps, unmapped hosts), locked until gated
         slot = -1  # the ring slot of a checked launch
         recorded = False
         try:
@@ -378,25 +377,21 @@ class PreparedSwap:
                 event.start = capture.new_event(timing=True)
                 sw._record(event.start.ptr, handle)
             if path == "kernel":
-                slot = self._launch_kernel(op, rows, on_gpu, n, handle, capturing, checked, held, event)
+                slot = self._launch_kernel(op, rows, on_gpu, n, handle, capturing, checked, event)
             elif path == "dma":
                 sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs or looked)
             elif path == "staged":
-                sw._stagers[op.layout.direction].enqueue(
-                    op.layout, plan, handle, held, sw._launcher, sw._dma, sw._serial
-                )
+                sw._stagers[op.layout.direction].enqueue(op.layout, plan, handle, sw._launcher, sw._dma)
             sw._record(event.ptr, handle)
             recorded = True
         finally:
-            if held:
-                sw._launcher.release(held, event if recorded else None, handle)
             if slot >= 0 and not recorded:
                 ring.forget(slot, event)  # the caller gets no event: nobody is told its verdict
         sw.last_path = path
         return event
 
     def _launch_kernel(
-        self, op: _Decided, rows, on_gpu, n: int, handle: int, capturing: bool, checked, held, event
+        self, op: _Decided, rows, on_gpu, n: int, handle: int, capturing: bool, checked, event
     ) -> int:
         """The one kernel launch of a swap; its ring slot when the launch
         checks the rows (its verdict comes back there: :mod:`.cuda.slots`),
@@ -406,9 +401,6 @@ class PreparedSwap:
         lau = sw._launcher
         if capturing:
             op.kernel.launch_captured(rows, n, handle)  # rows checked on the host: fixed for every replay
-            return -1
-        if not lau.slots_ok:  # pinned memory not mapped: GPU -> GPU through the descriptor ring
-            op.kernel.launch_descriptor(rows, n, handle, held)
             return -1
         ring = lau.slots
         i = ring.take()
@@ -426,13 +418,7 @@ class PreparedSwap:
             elif checked:  # who is told its verdict: known before the launch can write it
                 seq = ring.write(i, rows, n, owner, event)
             else:  # rows the host checked: no verdict comes back
-                seq = ring.unchecked_seq()
-                if type(rows) is list:
-                    ring.rows_c[i][: 2 * n] = rows
-                else:
-                    ring.rows[i][:n] = rows
-                control = ring.controls[i]
-                control[SRC_INDEX], control[N_PAIRS], control[STATUS], control[SEQ] = 0, n, 0, seq
+                seq = ring.write_unchecked(i, rows, n)
             op.kernel.launch_slot(i, handle)
             launched = True
         finally:
@@ -541,6 +527,12 @@ class PreparedSwap:
         from cupy.cuda.memory import OutOfMemoryError
 
         sw = self._swapper
+        lau = sw._launcher
+        if not (lau.slots_ok and lau.kernel_takes(len(layout.src))):
+            raise ValueError(
+                "mode: 'staged' scatters or gathers with the kernel, which this swapper cannot launch "
+                "(its row ring cannot be mapped, or this CUDA takes no kernel of this many parts); use mode='dma'"
+            )
         stager = sw._stagers[layout.direction]
         try:
             with stager.lock:

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import itertools
 import warnings
 import weakref
 from typing import TYPE_CHECKING
@@ -17,7 +16,7 @@ from .api_types import Mapping, Parts, Stream, WaitFor
 from .core.layout import IN, OUT, Layout, SwapPlan, check_layout
 from .core.mapping import check_mapping_for
 from .core.route import Policy, check_mode
-from .cuda import abi, capture, pools
+from .cuda import abi, capture, memory
 from .cuda.arrays import convert_array
 from .cuda.availability import translate_unavailable
 from .cuda.copy_engine import DmaCopier
@@ -134,10 +133,9 @@ class BlockSwapper:
         self._stagers = {d: Stager(self.device, staging_bytes) for d in (IN, OUT)} if staging_bytes else None
         self.last_path = None  # "kernel", "dma" or "staged": what served the last swap
         self._dma = DmaCopier()
-        self._serial = itertools.count()
         # Pinned and device allocations: legal while another thread captures.
         with cupy.cuda.Device(self.device), capture.relaxed():
-            self._launcher = Launcher(self.device, self.max_parts, self.max_blocks, ring_size, max_ctas)
+            self._launcher = Launcher(self.device, self.max_blocks, ring_size, max_ctas)
             self._events = EventPool(event_pool_size(ring_size))
         self._ops = OpCache(_OP_CACHE_SIZE)
         # Bound once: the hot path calls these on every swap.
@@ -169,7 +167,7 @@ class BlockSwapper:
         doc="CTA budget: the most thread blocks one kernel swap uses (see ``cuda/launcher.py``).",
     )
     ring_waits = property(
-        lambda self: self._launcher.ring_waits + self._launcher.slots.waits,
+        lambda self: self._launcher.slots.waits,
         doc="Times a swap waited for a slot (every one was still read by a queued launch).",
     )
 
@@ -355,10 +353,8 @@ class BlockSwapper:
         replays: see :class:`cupy_swap.GraphSwap`."""
         from .graphs.graph_swap import GraphSwap
 
-        with on_device(self.device), capture.relaxed():  # its buffer is allocated and zeroed
-            layout = self._layout(src, dst)
-            held = (src, dst, pools.owners(layout))  # its pools stay pinned: a replay may come at any time
-            return GraphSwap(self._launcher, layout, held, self.max_blocks, _any_torch(src, dst))
+        with on_device(self.device), capture.relaxed():  # its buffers are allocated and zeroed
+            return GraphSwap(self.prepare(src, dst), self.max_blocks)
 
     def plan(self, src: Parts, dst: Parts, block_mapping: Mapping) -> SwapPlan:
         """Check a swap and return its :class:`~cupy_swap.core.layout.SwapPlan`
@@ -420,9 +416,19 @@ class BlockSwapper:
         if len(layout.src) > self.max_parts:
             raise ValueError(f"src: expected at most max_parts={self.max_parts} parts, got {len(layout.src)}")
         resolve_layout(layout, self.device)
+        if layout.kernel_ok and not (
+            self._launcher.slots_ok and self._launcher.kernel_takes(len(layout.src))
+        ):
+            # No kernel can read this swap's rows (the row ring cannot be mapped) or take
+            # its parts (this CUDA's kernel parameters): the copy engines move it.
+            layout.kernel_ok = False
+            layout.unmapped_reason = (
+                memory.host_mapping_status(self.device)[1] or "the swapper's row ring could not be mapped"
+                if not self._launcher.slots_ok
+                else f"{len(layout.src)} parts need CUDA 12.1 or later's kernel parameters"
+            )
         if not layout.kernel_ok:
             _warn_unmapped(layout.unmapped_reason)
-        layout.serial = next(self._serial)
         return layout
 
 

@@ -263,30 +263,6 @@ __device__ __forceinline__ void load_parts(SwapPart* parts, const SwapPart* from
     }
 }
 
-// Descriptor form.  n_parts and units_per_pair come as arguments (fixed per
-// layout, also across graph replays) so the part table, the pairs and the
-// data can be fetched without first waiting for the header; n_pairs too,
-// except in graph replays, which pass -1 and read the current count from
-// word 0.  first_pair skips that many pairs, so one descriptor can serve
-// several launches over consecutive pair ranges (staged swaps scatter chunk
-// by chunk as the copy engines deliver them); such launches carry no check
-// (status 0).
-template <typename T>
-__device__ __forceinline__ void swap_descriptor(const u64* __restrict__ desc, int n_parts, u64 units_per_pair,
-                                                i64 n_pairs_arg, i64 first_pair) {
-    __shared__ SwapPart parts[CUPY_SWAP_MAX_PARTS];
-    __shared__ SwapHeader header;
-    if (threadIdx.x < CUPY_SWAP_HEADER_WORDS) reinterpret_cast<u64*>(&header)[threadIdx.x] = desc[threadIdx.x];
-    load_parts(parts, reinterpret_cast<const SwapPart*>(desc + CUPY_SWAP_HEADER_WORDS), n_parts);
-    __syncthreads();
-    const u64 n_pairs = n_pairs_arg < 0 ? (u64)header.n_pairs : (u64)n_pairs_arg;
-    const i64* pairs = reinterpret_cast<const i64*>(desc + CUPY_SWAP_HEADER_WORDS + (u64)n_parts * CUPY_SWAP_PART_WORDS);
-    // Checked launches cover the whole descriptor (first_pair 0).
-    const i64* first = pairs + 2 * first_pair;
-    const Rows rows = {n_pairs, first, first + 1, 2, header.status, header.seq, false, 0, false, 0, 0, false};
-    check_and_copy<T>(header, parts, n_parts, units_per_pair, rows);
-}
-
 // Slot form (SwapByRef with a control record) and by reference (no record:
 // count, status and seq in the header; kept for the layouts' tests).  With a
 // record, thread t reads record word t and row t together (one round trip
@@ -350,8 +326,7 @@ __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
 }
 
 // Plain C names so the host can look kernels up without name mangling:
-// cupy_swap_w<bytes per unit> (descriptor) and cupy_swap_w<bytes>_ref<P>
-// (slot form, up to P parts).
+// cupy_swap_w<bytes per unit>_ref<P> (up to P parts).
 #define CUPY_SWAP_BYREF_KERNEL(P)                                                                          \
     extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS)                                    \
         CUPY_SWAP_BYREF_NAME(P)(const __grid_constant__ SwapByRef<P> a) {                                  \
@@ -363,18 +338,6 @@ __device__ __forceinline__ void swap_byref(const SwapByRef<P>& a) {
 #else
 #define CUPY_SWAP_BYREF_TIERS_HERE(X) X(16) X(64)
 #endif
-
-#define CUPY_SWAP_WIDTH(TYPE, WIDTH)                                                                       \
-    extern "C" __global__ void __launch_bounds__(CUPY_SWAP_MAX_THREADS) cupy_swap_w##WIDTH(                \
-        const u64* __restrict__ desc, int n_parts, u64 units_per_pair, i64 n_pairs, i64 first_pair) {      \
-        swap_descriptor<TYPE>(desc, n_parts, units_per_pair, n_pairs, first_pair);                         \
-    }
-
-CUPY_SWAP_WIDTH(uint4, 16)
-CUPY_SWAP_WIDTH(uint2, 8)
-CUPY_SWAP_WIDTH(unsigned int, 4)
-CUPY_SWAP_WIDTH(unsigned short, 2)
-CUPY_SWAP_WIDTH(unsigned char, 1)
 
 #define CUPY_SWAP_T uint4
 #define CUPY_SWAP_BYREF_NAME(P) cupy_swap_w16_ref##P
@@ -402,11 +365,11 @@ CUPY_SWAP_BYREF_TIERS_HERE(CUPY_SWAP_BYREF_KERNEL)
 #undef CUPY_SWAP_T
 #undef CUPY_SWAP_BYREF_NAME
 
-// Descriptor upload: copy `n16` 16-byte words from pinned host memory (its
-// device alias) to device memory with SM loads.  A cudaMemcpyAsync would do
-// the same on a copy engine, but copy engines run their queue in order: a
-// 20 KB descriptor copy can wait behind a 40 MB transfer issued on another
-// stream (a concurrent swap-in), stalling the kernel that needs it.
+// Row upload (graph swaps' set_mapping): copy `n16` 16-byte words from pinned
+// host memory (its device alias) to device memory with SM loads.  A
+// cudaMemcpyAsync would do the same on a copy engine, but copy engines run
+// their queue in order: a 20 KB copy can wait behind a 40 MB transfer issued
+// on another stream (a concurrent swap-in), stalling the replay that needs it.
 extern "C" __global__ void __launch_bounds__(256) cupy_swap_fetch(const uint4* __restrict__ src,
                                                                   uint4* __restrict__ dst, u64 n16) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {

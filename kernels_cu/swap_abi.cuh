@@ -2,23 +2,16 @@
 // side defines the same thing once, in cupy_swap/cuda/abi.py, and a CPU test
 // (tests/test_abi.py) reads this file to check that the two agree.
 //
-// A swap reaches the kernel in one of two ways.
-//
-// Slot (every kernel swap): a SwapByRef<P> parameter holds the header and
+// Every kernel swap is a slot launch: a SwapByRef<P> parameter holds the header and
 // part table, fixed for a prepared op, and the addresses of a SwapControl
 // record and of the rows.  The control record holds what changes per call
 // (row count, status address, swap number) and where the rows are: a ring
 // slot's pinned words read through their device alias (host rows), the
 // caller's GPU arrays (a mapping on the GPU), or device memory the caller's
 // kernels wrote (a swap captured into the caller's graph).  So the launch's
-// parameters never change per call, and one instantiated graph per op and
-// slot is launched as it is.  The kernel's last CTA writes the swap number
+// parameters never change per call.  The kernel's last CTA writes the swap number
 // into the record's `done` word: the host reuses the slot when it reads it
 // there, with no driver call.
-//
-// Descriptor (staged swaps, graph_swap replays): header, table and pairs
-// packed back to back as 64-bit words in a device buffer, the kernel's first
-// argument.
 //
 // Work is the flat range [0, n_pairs * units_per_pair) of units (vectors of
 // the launch's width), pair-major, so the parts of one block sit next to each
@@ -42,7 +35,7 @@ typedef long long i64;
 #define CUPY_SWAP_PART_WORDS 6
 #define CUPY_SWAP_STATUS_WORDS 8
 #define CUPY_SWAP_CONTROL_WORDS 8
-#define CUPY_SWAP_MAX_PARTS 256  // descriptor kernels keep the part table in shared memory
+#define CUPY_SWAP_MAX_PARTS 256  // the largest slot kernel's part table
 #define CUPY_SWAP_UNROLL 4       // 16-byte loads in flight per thread (benchmarks/NOTES.md, item 4)
 #define CUPY_SWAP_MAX_THREADS 1024
 

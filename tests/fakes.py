@@ -152,10 +152,6 @@ class FakeKernel:
         flat = list(pairs) if type(pairs) is list else pairs.reshape(-1).tolist()
         self.calls.append(("kernel", flat, stream, True, 0, 0))
 
-    def launch_descriptor(self, pairs, n, stream, held):
-        flat = list(pairs) if type(pairs) is list else pairs.reshape(-1).tolist()
-        self.calls.append(("descriptor", flat, stream, False, 0, 0))
-
 
 _HELD: list = []  # (ring, slot, seq) of launches tests held
 

@@ -105,40 +105,6 @@ def test_check_table_has_two_slots_a_row_then_keeps_the_rows():
         assert slots >= 2 * n and slots & (slots - 1) == 0 and slots < 4 * max(n, 2)
 
 
-def test_descriptor_kernel_arguments_match():
-    src = (kernels.kernel_dir() / "block_swap.cu").read_text()
-    match = re.search(r"cupy_swap_w##WIDTH\(\s*\\?\s*(.*?)\)", src, re.DOTALL)
-    args = [
-        " ".join(a.replace("\\", " ").replace("__restrict__", "").split()) for a in match.group(1).split(",")
-    ]
-    assert args == [f"{t} {n}" for t, n in abi.DESCRIPTOR_ARGS]
-
-
-def test_descriptor_args_pack_as_void_pointer_array():
-    args = abi.DescriptorArgs(0x7F0000001000)
-    ptr = args.set(n_parts=64, units_per_pair=4096, n_pairs=-1, first_pair=300)
-    slots = (ctypes.c_void_p * 5).from_address(ptr)
-    assert ctypes.c_uint64.from_address(slots[0]).value == 0x7F0000001000
-    assert ctypes.c_int32.from_address(slots[1]).value == 64
-    assert ctypes.c_uint64.from_address(slots[2]).value == 4096
-    assert ctypes.c_int64.from_address(slots[3]).value == -1
-    assert ctypes.c_int64.from_address(slots[4]).value == 300
-
-
-def test_descriptor_words_and_write():
-    table = np.arange(abi.PART_WORDS, dtype=np.int64)
-    out = np.full(abi.descriptor_words(1, 4), -7, dtype=np.int64)
-    n = abi.write_descriptor(out, _layout(table, 3), np.array([[5, 6], [7, 8]], np.int64), status=0x40, seq=9)
-    assert n == abi.descriptor_words(1, 2)
-    assert out[:7].tolist() == [2, 1, 3, 10, 20, 0x40, 9]
-    assert out[abi.HEADER_WORDS : abi.HEADER_WORDS + abi.PART_WORDS].tolist() == table.tolist()
-    assert out[n - 4 : n].tolist() == [5, 6, 7, 8] and out[n] == -7
-    # A slot that already holds the table: only the count and pairs change.
-    out[1:3] = -1
-    abi.write_descriptor(out, _layout(table, 3), np.array([[9, 9]], np.int64), include_table=False)
-    assert out[:3].tolist() == [1, -1, -1] and out[5:7].tolist() == [0, 0]
-
-
 def test_launch_shape_covers_every_unit():
     from cupy_swap.cuda.launcher import launch_shape
 
@@ -148,12 +114,3 @@ def test_launch_shape_covers_every_unit():
         assert grid <= 8  # the CTA budget holds
         if units <= 8 * abi.MAX_THREADS * abi.UNROLL:
             assert grid * threads * abi.UNROLL >= units  # one round of loads when the budget allows
-
-
-def test_descriptor_takes_flat_short_mappings():
-    table = np.arange(abi.PART_WORDS, dtype=np.int64)
-    a = np.zeros(abi.descriptor_words(1, 4), np.int64)
-    b = a.copy()
-    n = abi.write_descriptor(a, _layout(table, 3), np.array([[5, 6], [7, 8]], np.int64))
-    assert abi.write_descriptor(b, _layout(table, 3), [5, 6, 7, 8]) == n
-    assert np.array_equal(a, b)

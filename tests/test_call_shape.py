@@ -45,7 +45,6 @@ def _warm_op(n: int = 16):
         return [gpu.part(np.zeros((blocks, 8, 4096), np.uint8), f"{name}0")]  # 32 KiB blocks
 
     layout = resolve_layout(layout_from_parts(side("s"), side("d")), 0)
-    layout.serial = 1
     op = prepared.PreparedSwap(probe._swapper(), layout, None)
     rng = np.random.default_rng(0)
     rows = np.column_stack([rng.choice(blocks, n, replace=False) for _ in range(2)]).astype(np.int64)

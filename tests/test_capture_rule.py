@@ -39,10 +39,8 @@ OFF_CAPTURE = {
         "Launcher.function",
     ): "a lookup of a kernel load_all loaded when the launcher was made",
     ("cuda/kernels.py", "load_all"): "Launcher.__init__, inside BlockSwapper.__init__'s relaxed block",
-    ("cuda/launcher.py", "_wait_for_slots"): "releaser gate (the ring is freed)",
     ("cuda/slots.py", "SlotRing.__init__"): "built inside BlockSwapper.__init__'s relaxed block",
     ("staged/stager.py", "_wait_for_users"): "releaser gate",
-    ("graphs/graph_swap.py", "_wait_all"): "releaser gate",
     ("cuda/streams.py", "swap_event_class.SwapEvent.device_time"): "SwapEvent.synchronize, relaxed inside",
     (
         "cuda/kernels.py",

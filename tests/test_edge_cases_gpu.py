@@ -189,10 +189,12 @@ def test_unregister_waits_for_queued_swaps(rng):
 
 
 # ------------------------------------------------------- failure half-way
-def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
+def test_failed_staged_swap_keeps_its_slot_gated(rng, monkeypatch):
     """A staged swap that fails after launching its first scatter: the
-    scatter is still queued, so the next swap must not rewrite the
-    descriptor slot it reads (ring of one slot) until it has run."""
+    scatter is still queued, so the next swap must not rewrite the ring
+    slot holding its rows (ring of one slot) until it has run."""
+    from cupy_swap.staged.stager import Stager
+
     block, n = 32 << 10, 1200
     sw = cs.BlockSwapper(max_blocks=2048, ring_size=1)
     host = cs.empty_pinned((2 * n, block), np.uint8)
@@ -212,7 +214,7 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
     poison(other_dst)
     cp.cuda.Device().synchronize()
     calls = []
-    real = sw._launcher.launch_range
+    real = Stager._launch_chunk
 
     def fails_on_second_chunk(*args):
         calls.append(args)
@@ -220,7 +222,7 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
             raise RuntimeError("injected failure")
         return real(*args)
 
-    monkeypatch.setattr(sw._launcher, "launch_range", fails_on_second_chunk)
+    monkeypatch.setattr(Stager, "_launch_chunk", staticmethod(fails_on_second_chunk))
     stream = cp.cuda.Stream(non_blocking=True)
     gate = Gate(stream)
     with pytest.raises(RuntimeError, match="injected failure"):
@@ -228,7 +230,7 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
     assert gate.closed and not stream.done  # the first chunk's scatter is still queued behind the gate
     monkeypatch.undo()
     threading.Timer(0.0, gate.open).start()  # the swap below waits for the slot until the scatter ran
-    # Another swap on another stream takes the only slot with a new descriptor.
+    # Another swap on another stream takes the only slot with rows of its own.
     other = cp.cuda.Stream(non_blocking=True)
     check_swap(sw, other_src, other_dst, other_mapping[::-1].copy(), mode="kernel", stream=other)
     stream.synchronize()
@@ -236,7 +238,7 @@ def test_failed_staged_swap_keeps_its_descriptor_slot_gated(rng, monkeypatch):
     landed = np.array([np.array_equal(got[d], host[s]) for s, d in m])
     untouched = np.array([(got[d] == POISON).all() for _, d in m])
     assert landed.any()  # the first chunk's scatter ran ...
-    assert (landed | untouched).all()  # ... with its own descriptor, never another's
+    assert (landed | untouched).all()  # ... with its own rows, never another's
     # The staging ring is sound after the failure: a full staged swap lands.
     poison(gpu)
     check_swap(sw, host, gpu, m, mode="staged")

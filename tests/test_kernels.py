@@ -23,10 +23,9 @@ def test_sources_are_found_and_includes_inlined():
 
 
 def test_kernel_names():
-    assert abi.descriptor_kernel(16) == "cupy_swap_w16"
     assert abi.byref_kernel(4, 64) == "cupy_swap_w4_ref64"
     with pytest.raises(ValueError, match="width: expected one of"):
-        abi.descriptor_kernel(3)
+        abi.byref_kernel(3, 16)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

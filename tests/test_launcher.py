@@ -1,10 +1,8 @@
 """The launcher (cupy_swap/cuda/launcher.py) on the CPU: a slot launch's
 parameter is made once per op and slot, points at that slot, and is
-launched as it is; the descriptor ring's slots are taken and freed by the
-queueing rule (over parts that claim to be GPU memory: ``fake_gpu``)."""
+launched as it is (over parts that claim to be GPU memory: ``fake_gpu``)."""
 
 import ctypes
-import threading
 import types
 
 import numpy as np
@@ -12,7 +10,6 @@ import pytest
 
 from cupy_swap.core.layout import layout_from_parts
 from cupy_swap.cuda import abi
-from cupy_swap.cuda import launcher as launcher_module
 from cupy_swap.cuda.launcher import BoundKernel, launch_shape
 from cupy_swap.cuda.resolve import resolve_layout
 
@@ -98,105 +95,6 @@ def test_a_captured_launch_keeps_rows_of_its_own(fake_gpu, monkeypatch):
     assert params[8:12].tolist() == [0xA000 + 64, 0xA000 + 72, 2, 0xA000]
 
 
-class _RingLauncher:
-    """A Launcher's descriptor methods over plain NumPy slots (no CUDA)."""
-
-    from cupy_swap.cuda.launcher import Launcher
-
-    write_slot = Launcher.write_slot
-    acquire = Launcher.acquire
-    _free_slot = Launcher._free_slot
-    _ring = Launcher._ring
-
-    def __init__(self, slots: int = 1):
-        import threading
-        import types
-
-        self._lock = threading.Lock()
-        self._next, self.ring_waits = 0, 0
-        self._finalizer = types.SimpleNamespace(alive=True)
-        words = np.zeros(abi.descriptor_words(2, 64), np.int64)
-        self._slots = [
-            types.SimpleNamespace(
-                lock=threading.Lock(),
-                host_words=words.copy(),
-                table_serial=-1,
-                event=None,
-                device_ptr=0,
-                device_args="dev",
-            )
-            for _ in range(slots)
-        ]
-
-    def upload(self, slot, dst_ptr, words, stream):
-        pass
-
-
-def test_an_interrupted_descriptor_write_leaves_no_table_marked_current(monkeypatch, fake_gpu):
-    """The slot's table tag was once set after the write: a write of layout
-    B's table cut short left B's partial table tagged as layout A's, and
-    A's next swap reused it without rewriting."""
-    lau = _RingLauncher()
-    a, b = _layout(fake_gpu, 2), _layout(fake_gpu, 2, block=8192)
-    a.serial, b.serial = 1, 2
-    held: list = []
-    lau.write_slot(a, [1, 2], 0, held)
-    held.pop().lock.release()
-    real = abi.write_descriptor
-
-    def interrupted(out, layout, mapping, include_table):
-        out[abi.HEADER_WORDS] = -1  # the first word of B's table went in, then the interrupt
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(launcher_module.abi, "write_descriptor", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        lau.write_slot(b, [3, 4], 0, held)
-    held.pop().lock.release()
-    monkeypatch.setattr(launcher_module.abi, "write_descriptor", real)
-    lau.write_slot(a, [5, 6], 0, held)  # A again: the table must be written afresh
-    words = lau._slots[0].host_words
-    assert words[abi.HEADER_WORDS : abi.HEADER_WORDS + a.table.size].tolist() == a.table.tolist()
-
-
-def test_a_swap_that_gets_its_slot_after_close_raises_and_frees_the_slot():
-    """close() once raced a swap that had passed the closed check: the ring
-    was freed while that swap wrote and launched over a slot."""
-    lau = _RingLauncher()
-    slot = lau._slots[0]
-    slot.lock.acquire()  # another swap holds the slot ...
-    held: list = []
-    outcome = []
-
-    def swap():
-        try:
-            lau.acquire(held)
-            outcome.append("acquired")
-        except RuntimeError as e:
-            outcome.append(str(e))
-
-    t = threading.Thread(target=swap)
-    t.start()
-    lau._finalizer.alive = False  # ... while close() runs
-    slot.lock.release()
-    t.join(10)
-    assert outcome and "closed" in outcome[0]
-    assert held == [] and not slot.lock.locked()
-
-
-class _Event:
-    """A slot's event: done after ``queries`` queries, each recorded with the
-    capture mode it was asked in."""
-
-    def __init__(self, calls: list, mode: list, queries: int = 0):
-        self.calls, self.mode, self.left = calls, mode, queries
-
-    @property
-    def done(self):
-        self.calls.append(("query", self.mode[0]))
-        self.left -= 1
-        return self.left < 0
-
-
 @pytest.fixture
 def capture_modes(monkeypatch):
     """The thread's capture mode as the stand-in driver keeps it (0: global)."""
@@ -210,45 +108,6 @@ def capture_modes(monkeypatch):
 
     monkeypatch.setattr(capture, "exchange", exchange)
     return mode
-
-
-def test_a_slot_is_queried_in_relaxed_capture_mode(capture_modes):
-    """Review finding: ``acquire`` queried (and waited for) the slot's last
-    event in the thread's own capture mode; in global mode that breaks
-    another thread's capture.  Every query now runs relaxed."""
-    from cupy_swap.cuda import capture
-
-    lau, calls = _RingLauncher(), []
-    for queries in (0, 3):  # done at once; done after three looks (the ring was full)
-        lau._slots[0].event = _Event(calls, capture_modes, queries)
-        held: list = []
-        lau.acquire(held)
-        held.pop().lock.release()
-    assert calls == [("query", capture.RELAXED)] * 5
-    assert capture_modes[0] == 0 and lau.ring_waits == 1
-
-
-def test_a_swap_takes_a_free_slot_rather_than_wait_for_a_busy_one(capture_modes):
-    """Finding 7 of issue 32: strict round robin made a swap wait for the
-    next slot's event (a swap queued behind a 2 s kernel of another stream)
-    while 15 slots were free."""
-    lau, calls = _RingLauncher(slots=4), []
-    lau._slots[0].event = _Event(calls, capture_modes, queries=10**9)  # behind a long kernel
-    taken = []
-    for _ in range(6):
-        held: list = []
-        taken.append(lau._slots.index(lau.acquire(held)))
-        held.pop().lock.release()
-    assert 0 not in taken and lau.ring_waits == 0
-
-
-def test_with_every_slot_busy_a_swap_takes_the_first_to_free(capture_modes):
-    lau, calls = _RingLauncher(slots=3), []
-    lau._slots[0].event = _Event(calls, capture_modes, queries=10**9)
-    lau._slots[1].event = _Event(calls, capture_modes, queries=10**9)
-    lau._slots[2].event = _Event(calls, capture_modes, queries=2)  # the last in ring order frees first
-    held: list = []
-    assert lau.acquire(held) is lau._slots[2] and lau.ring_waits == 1
 
 
 def test_gpu_rows_are_held_by_their_slot_until_it_is_written_again(capture_modes):

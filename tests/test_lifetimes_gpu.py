@@ -17,7 +17,6 @@ import pytest
 
 import cupy_swap as cs
 from cupy_swap.cuda import release
-from cupy_swap.cuda.abi import descriptor_words
 from cupy_swap.tools.bench import random_mapping
 
 from .gpu_helpers import POISON, UNDER_SANITIZER, Gate, poison, rand_fill, require_gpu, spin
@@ -186,13 +185,13 @@ def test_a_dropped_staged_swapper_keeps_its_arena_until_the_swap_ran(rng):
     _scribble_then_check(ev, gate, arena, 16 << 20, 8, host, gpu, before, m)
 
 
-def test_a_dropped_graph_swap_keeps_its_descriptor_until_the_launch_ran(rng):
+def test_a_dropped_graph_swap_keeps_its_rows_until_the_launch_ran(rng):
     sw = cs.BlockSwapper(max_blocks=4096)
     host, gpu, before = _filled((4096, 1024), rng)
     m = random_mapping(2000, 4096, 4096, rng)
     s = cp.cuda.Stream(non_blocking=True)
     gs = sw.graph_swap(host, gpu)
-    desc = gs._state.ptr, gs._state.ptr + descriptor_words(1, 4096) * 8
+    desc = gs._rows_at, gs._rows_at + 8 * (2 + 2 * 4096)  # count, pad and rows
     gate = Gate(s)
     gs.set_mapping(m, stream=s)
     gs.launch(stream=s)
@@ -220,7 +219,7 @@ def test_a_closed_graph_swap_refuses_and_a_captured_one_keeps_its_buffer(rng):
     assert release.drain(timeout=30)
     poison(gpu)
     cp.cuda.Device().synchronize()
-    graph.launch(s)  # the graph still reads a live descriptor: pairs (1, 2)
+    graph.launch(s)  # the graph still reads live rows: pairs (1, 2)
     s.synchronize()
     assert np.array_equal(cp.asnumpy(gpu[2]), host[1])
 
@@ -304,9 +303,9 @@ def test_releasing_a_pool_does_not_break_a_capture_on_this_thread(rng):
     assert np.array_equal(cp.asnumpy(gpu), expected)
 
 
-# ------------------------------------------------------- captured descriptors
-def test_captured_descriptor_swaps_never_run_out(rng):
-    """Captured descriptor swaps once took slots from a reserve of four and
+# ------------------------------------------------------- captured swaps
+def test_captured_swaps_never_run_out(rng):
+    """Captured swaps once took descriptor slots from a reserve of four and
     never gave them back: the fifth capture raised."""
     sw = cs.BlockSwapper(max_blocks=256)
     host = cs.empty_pinned((256, 512), np.uint8)

@@ -7,7 +7,7 @@ import pytest
 from cupy_swap.core.layout import check_swap, layout_from_parts, vector_width
 from cupy_swap.core.mapping import check_mapping_for
 from cupy_swap.core.parts import HOST, as_parts
-from cupy_swap.cuda.abi import HEADER_WORDS, PART_WORDS, descriptor_words, write_descriptor
+from cupy_swap.cuda.abi import HEADER_WORDS, PART_WORDS, ByRefArgs
 from cupy_swap.cuda.resolve import resolve_layout
 
 from .fakes import on_gpu
@@ -209,7 +209,7 @@ def test_vector_width(values, width):
     assert vector_width(values) == width
 
 
-def test_descriptor_layout(fake_gpu):
+def test_kernel_parameter_layout(fake_gpu):
     src = [
         fake_gpu.part(np.zeros((4, 32), np.uint8), "src[0]"),
         fake_gpu.part(np.zeros((4, 64), np.uint8), "src[1]"),
@@ -219,19 +219,16 @@ def test_descriptor_layout(fake_gpu):
         fake_gpu.part(np.zeros((6, 64), np.uint8), "dst[1]"),
     ]
     layout = resolve_layout(layout_from_parts(src, dst), device=0)  # device parts: no driver call
-    mapping = check_mapping_for(layout, [(1, 2), (3, 0)])
-    out = np.full(descriptor_words(2, 5), 0xDEAD, dtype=np.int64)
-    out[:HEADER_WORDS] = 0
-    n = write_descriptor(out, layout, mapping)
-    assert n == descriptor_words(2, 2) == HEADER_WORDS + 2 * PART_WORDS + 4
+    assert check_mapping_for(layout, [(1, 2), (3, 0)]).tolist() == [[1, 2], [3, 0]]
+    out = ByRefArgs(16, layout, fn=0).words  # header, four index words, then the part table
     width = layout.width
     assert width == vector_width([p.ptr for p in src + dst] + [32, 64])
-    assert out[:HEADER_WORDS].tolist() == [2, 2, (32 + 64) // width, 4, 6, 0, 0, 0]
-    t = out[HEADER_WORDS : HEADER_WORDS + 2 * PART_WORDS].reshape(2, PART_WORDS)
+    assert out[:HEADER_WORDS].tolist() == [0, 2, (32 + 64) // width, 4, 6, 0, 0, 0]
+    at = HEADER_WORDS + 4
+    t = out[at : at + 2 * PART_WORDS].reshape(2, PART_WORDS)
     assert t[0].tolist() == [src[0].ptr, dst[0].ptr, 32, 32, 32 // width, 0]
     assert t[1].tolist() == [src[1].ptr, dst[1].ptr, 64, 64, 64 // width, 32 // width]
-    assert out[HEADER_WORDS + 2 * PART_WORDS : n].tolist() == [1, 2, 3, 0]
-    assert out[n] == 0xDEAD  # nothing past the descriptor is touched
+    assert not out[at + 2 * PART_WORDS :].any()  # the rest of the 16-part table stays zero
 
 
 def test_device_part_on_other_gpu_rejected(fake_gpu):

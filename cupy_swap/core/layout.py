@@ -53,8 +53,8 @@ class Layout:
     host_groups : list of CopyGroup or None
         The host side's parts as whole-row copy groups, or None (see
         :func:`cupy_swap.core.parts.copy_groups`).
-    staging_layout : Layout or None
-        Staged swaps: the resolved layout of the kernel half.
+    staging_kernel : BoundKernel or None
+        Staged swaps: the kernel half, resolved and bound.
     generation : int or None
         The host-alias generation read *before* its addresses were resolved
         (set by :func:`resolve_layout`): an op made from it resolves again
@@ -74,11 +74,10 @@ class Layout:
     width: int = 0
     table: np.ndarray | None = None
     units_per_pair: int = 0
-    serial: int = -1  # set by the swapper that caches this layout
     kernel_ok: bool = True  # False: host parts are not mapped, copy engines only
     unmapped_reason: str = ""
     host_groups: list | None = None
-    staging_layout: Layout | None = None
+    staging_kernel: object = None
     generation: int | None = None
     copy_groups: tuple | None = field(default=None, repr=False)  # cached by core.copies
     pair_table: list | None = field(default=None, repr=False)  # cached by core.copies

@@ -3,19 +3,13 @@ lists, and the layout of the header, part table and pairs.  It mirrors
 ``kernels_cu/swap_abi.cuh``; ``tests/test_abi.py`` reads that file and checks
 that the two agree, and the ``.cuh`` asserts its struct sizes.
 
-Two forms carry a swap to the kernel (see the ``.cuh``):
-
-* **slot**: a ``SwapByRef<P>`` parameter holding header and part table and
-  the addresses of a ``SwapControl`` record (count, status, number, where
-  the rows are: :mod:`.slots`) and of the rows (:class:`ByRefArgs`);
-* **descriptor**: header, table and pairs back to back in a buffer
-  (:func:`write_descriptor`), passed by address with
-  ``(desc, n_parts, units_per_pair, n_pairs, first_pair)``.
-
-Both can check their rows inside the launch (the bounds in header words 3-4;
-the status address and the swap's number in the control record or header
-words 5-6); the check needs :func:`check_shared_bytes` of dynamic shared
-memory.
+One form carries a swap to the kernel (see the ``.cuh``): a
+``SwapByRef<P>`` parameter holding header and part table and the addresses
+of a ``SwapControl`` record (count, status, number, where the rows are:
+:mod:`.slots`) and of the rows (:class:`ByRefArgs`).  The launch can check
+its rows (the bounds in header words 3-4; the status address and the swap's
+number in the control record); the check needs :func:`check_shared_bytes`
+of dynamic shared memory.
 """
 
 from __future__ import annotations
@@ -27,47 +21,32 @@ import numpy as np
 HEADER_WORDS = 8  # n_pairs, n_parts, units_per_pair, src_limit, dst_limit, status, seq, arrivals
 CONTROL_WORDS = 8  # SwapControl: n_pairs, status, seq, done, src_index, dst_index, index_step, replays
 PART_WORDS = 6  # src, dst, src_stride, dst_stride, units, first_unit
-MAX_PARTS = 256  # descriptor kernels keep the part table in shared memory
+MAX_PARTS = 256  # the largest slot kernel's part table (BYREF_PARTS)
 UNROLL = 4  # 16-byte loads in flight per thread
 MAX_THREADS = 1024  # __launch_bounds__ of the swap kernels
 WIDTHS = (16, 8, 4, 2, 1)  # bytes per unit, one kernel each
 PARAM_LIMIT = 32764  # bytes of kernel parameters CUDA 12.1+ allows
 
 
-# (C type, name) of the descriptor kernel's arguments, in order.
-DESCRIPTOR_ARGS = (
-    ("const u64*", "desc"),
-    ("int", "n_parts"),
-    ("u64", "units_per_pair"),
-    ("i64", "n_pairs"),
-    ("i64", "first_pair"),
-)
-FETCH_KERNEL = "cupy_swap_fetch"  # descriptor upload, 16-byte words
+FETCH_KERNEL = "cupy_swap_fetch"  # graph swaps' row upload, 16-byte words
 STATUS_WORDS = 8  # SwapStatus: seq, kind, row, value, alarm, 3 unused
 CHECK_KEY_LIMIT = 0xFFFFFFFF  # the check keeps source and destination blocks below this (32 bits)
 BYREF_PARTS = (16, 64, 256)  # CUPY_SWAP_BYREF_TIERS
 FETCH_THREADS = 256
 
 
-def descriptor_kernel(width: int) -> str:
-    """Name of the descriptor kernel moving ``width``-byte units."""
+def byref_kernel(width: int, parts: int) -> str:
+    """Name of the slot kernel of up to ``parts`` parts moving
+    ``width``-byte units."""
     if width not in WIDTHS:
         raise ValueError(f"width: expected one of {WIDTHS}, got {width!r}")
-    return f"cupy_swap_w{width}"
-
-
-def byref_kernel(width: int, parts: int) -> str:
-    """Name of the GPU-mapping kernel of up to ``parts`` parts moving
-    ``width``-byte units."""
-    return f"{descriptor_kernel(width)}_ref{parts}"
+    return f"cupy_swap_w{width}_ref{parts}"
 
 
 def kernel_names() -> list[str]:
-    """Every kernel the module may hold (the largest by-reference tier needs
+    """Every kernel the module may hold (the largest slot tier needs
     CUDA 12.1 or later)."""
-    names = [descriptor_kernel(w) for w in WIDTHS]
-    names += [byref_kernel(w, p) for w in WIDTHS for p in BYREF_PARTS]
-    return names + [FETCH_KERNEL]
+    return [byref_kernel(w, p) for w in WIDTHS for p in BYREF_PARTS] + [FETCH_KERNEL]
 
 
 def check_shared_bytes(n_pairs: int) -> int:
@@ -93,68 +72,8 @@ def write_layout(words: np.ndarray, layout, table_at: int = HEADER_WORDS) -> Non
     words[table_at : table_at + table.shape[0]] = table
 
 
-def descriptor_words(num_parts: int, num_pairs: int) -> int:
-    """Length in 64-bit words of a descriptor for this many parts and pairs."""
-    return HEADER_WORDS + num_parts * PART_WORDS + 2 * num_pairs
-
-
-def write_descriptor(
-    out: np.ndarray, layout, mapping, include_table=True, status: int = 0, seq: int = 0
-) -> int:
-    """Write a descriptor into ``out``; returns the number of words written.
-
-    Parameters
-    ----------
-    out : numpy.ndarray of int64, 1-D
-        At least :func:`descriptor_words` long.
-    layout : Layout
-        Resolved: its part table, ``units_per_pair`` and index bounds.
-    mapping : numpy.ndarray of shape (N, 2), int64, or list of 2N ints
-        The pairs, or a short mapping flattened ``[s0, d0, s1, d1, ...]``.
-    include_table : bool
-        False when ``out`` already holds this layout's table (a ring slot
-        reused by the same layout): only the header and pairs are written.
-    status, seq : int
-        Where the launch reports its check and the swap's number (status 0:
-        no check in the launch).
-    """
-    t1 = HEADER_WORDS + layout.table.shape[0]
-    flat = mapping if type(mapping) is list else mapping.reshape(-1)
-    n = len(flat) // 2
-    out[0], out[5], out[6] = n, status, seq
-    if include_table:
-        write_layout(out, layout)
-    out[t1 : t1 + 2 * n] = flat
-    return t1 + 2 * n
-
-
-class DescriptorArgs:
-    """The descriptor kernel's arguments (:data:`DESCRIPTOR_ARGS`) as the
-    ``void**`` array ``cuLaunchKernel`` takes; the driver copies the values
-    at launch, so one object serves consecutive launches."""
-
-    def __init__(self, desc_ptr: int):
-        self.desc = ctypes.c_uint64(desc_ptr)
-        self.n_parts = ctypes.c_int32(0)
-        self.units_per_pair = ctypes.c_uint64(0)
-        self.n_pairs = ctypes.c_int64(0)
-        self.first_pair = ctypes.c_int64(0)
-        fields = (self.desc, self.n_parts, self.units_per_pair, self.n_pairs, self.first_pair)
-        self._array = (ctypes.c_void_p * len(fields))(*(ctypes.addressof(f) for f in fields))
-        self.ptr = ctypes.addressof(self._array)
-
-    def set(self, n_parts: int, units_per_pair: int, n_pairs: int, first_pair: int = 0) -> int:
-        """Store one launch's values; returns the ``void**`` address.
-        ``n_pairs = -1`` makes the kernel read the count from the buffer."""
-        self.n_parts.value = n_parts
-        self.units_per_pair.value = units_per_pair
-        self.n_pairs.value = n_pairs
-        self.first_pair.value = first_pair
-        return self.ptr
-
-
 class FetchArgs:
-    """Arguments ``(src, dst, n16)`` of the descriptor upload kernel."""
+    """Arguments ``(src, dst, n16)`` of the upload kernel."""
 
     def __init__(self, src_ptr: int):
         self.src = ctypes.c_uint64(src_ptr)

@@ -180,10 +180,18 @@ class SlotRing:
             pause = min(2 * pause, _POLL_MAX) if pause else _POLL_FIRST
             time.sleep(pause)
 
-    def unchecked_seq(self) -> int:
-        """A number for a launch with no verdict (negative: never a checked
-        launch's)."""
-        return next(self._unchecked)
+    def write_unchecked(self, i: int, rows, n: int) -> int:
+        """Slot ``i`` (taken) before a launch that checks nothing: ``n`` rows
+        (a flat list or an ``(n, 2)`` int64 array) the host checked or made;
+        the launch's number (negative: never a checked launch's)."""
+        seq = next(self._unchecked)
+        if type(rows) is list:
+            self.rows_c[i][: 2 * n] = rows
+        else:
+            self.rows[i][:n] = rows
+        control = self.controls[i]
+        control[SRC_INDEX], control[N_PAIRS], control[STATUS], control[SEQ] = 0, n, 0, seq
+        return seq
 
     def write(self, i: int, rows, n: int, owner: tuple, event) -> int:
         """Slot ``i`` (taken) before its launch: ``n`` host rows (a flat

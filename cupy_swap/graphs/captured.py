@@ -63,13 +63,14 @@ class CapturedSwap:
     max_rows, ring : int
     """
 
-    def __init__(self, op, max_rows: int, ring: int, alloc=None, rows=None, count=None):
+    def __init__(self, op, max_rows: int, ring: int, alloc=None, rows=None, count=None, checked=True):
         sw = op._swapper
         decided = op._decided
         # The pools of its host memory, held from here on (before anything is
         # allocated, so a drop meanwhile raises here instead of being missed).
         keep_pinned = pools.owners(decided.layout)
-        limit = min(sw.max_blocks, sw._launcher.check_rows_max)
+        # checked=False (GraphSwap's rows, checked on the host): no verdict, no check table.
+        limit = min(sw.max_blocks, sw._launcher.check_rows_max) if checked else sw.max_blocks
         if type(max_rows) is not int or not 1 <= max_rows <= limit:
             raise ValueError(
                 f"max_rows: expected an int from 1 to {limit} (max_blocks, and the rows one launch can check), "
@@ -77,7 +78,7 @@ class CapturedSwap:
             )
         if type(ring) is not int or ring < 1:
             raise ValueError(f"ring: expected an int >= 1 (replay verdicts kept until read), got {ring!r}")
-        if not decided.launch_checks:
+        if checked and not decided.launch_checks:
             raise ValueError(
                 "captured(): a captured swap is checked on the GPU in every replay, which this op cannot do "
                 "(host memory that cannot be mapped, parts that may share bytes, 2**32 - 1 or more blocks); "
@@ -97,7 +98,7 @@ class CapturedSwap:
             release.keep_for_process(verdicts)
             alias = memory.host_alias(verdicts.ctypes.data, verdicts.nbytes)
             control = np.zeros(words, np.int64)  # count 0, seq 0, done 0, rows at the parameter's addresses
-            control[1], control[6], control[7] = alias, 2, ring  # failure ring, index step, its size
+            control[1], control[6], control[7] = alias if checked else 0, 2, ring  # failure ring, step, size
             if their_rows is not None:  # the kernel reads the caller's rows where they are
                 control[4:7] = their_rows.src, their_rows.dst, their_rows.step
             self._upload(base, control, sw.device)
@@ -106,7 +107,7 @@ class CapturedSwap:
         self._args = lau.byref_args(decided.layout).copy()
         self._args.set(max_rows, 0, 0, rows_at, rows_at + 8, 2, base, arrivals)
         self._grid, self._threads = launch_shape(max_rows * decided.layout.units_per_pair, lau.max_ctas)
-        self._smem = abi.check_shared_bytes(max_rows)
+        self._smem = abi.check_shared_bytes(max_rows) if checked else 0
         self._launcher = lau
         self._verdicts = ReplayVerdicts(ring, verdicts)
         self._pending: list = []  # found by check() and not raised yet

@@ -1,35 +1,36 @@
-"""Swaps inside CUDA graphs whose mapping changes on every replay.
+"""Swaps inside CUDA graphs whose mapping changes on every replay: a thin
+adapter over :class:`~.captured.CapturedSwap`.
 
-A :class:`GraphSwap` fixes the parts and owns a descriptor buffer in device
-memory at a fixed address.  :meth:`launch`, the piece you capture, is one
-kernel launch that reads the pair count and pairs from that buffer when it
-runs (its grid is sized for ``max_blocks``).  Between replays,
-:meth:`set_mapping` checks the mapping, writes it into a free slot of the
-swapper's pinned descriptor ring and enqueues that slot's upload into the
-buffer on ``stream``: stream-ordered, after every replay already queued there
-and before the next one.  Replay on the stream you pass to ``set_mapping``.
+A :class:`GraphSwap` fixes the parts and owns, at fixed device addresses, a
+row count and ``max_blocks`` rows that its captured swap reads when a replay
+reaches it.  :meth:`launch`, the piece you capture, is the captured swap's
+launch.  Between replays, :meth:`set_mapping` checks the mapping on the host,
+writes count and rows into one half of a pinned double buffer and enqueues
+their upload into the device rows on ``stream`` (a small kernel reading the
+buffer's device alias: stream-ordered, after every replay already queued
+there and before the next one).  Replay on the stream you pass to
+``set_mapping``.
 
-The buffer is freed once the work queued on it has completed when the
-GraphSwap is closed or dropped; once :meth:`launch` was captured, it (and
-the ``src`` and ``dst`` arrays) is kept for the life of the process.
+**Ownership.**  A half of the double buffer is rewritten only after the
+event behind its last upload completed.  A replay may run whenever a graph
+that captured :meth:`launch` is launched, so the device rows, the buffers
+and the ``src`` and ``dst`` arrays are kept for the life of the process, as
+a captured swap's are: make one GraphSwap per graph, not one per step.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
+
+import numpy as np
 
 from ..api_types import Mapping, Stream
 from ..core.mapping import check_mapping_for
-from ..cuda import capture, release
-from ..cuda.abi import descriptor_words
-from ..cuda.streams import (
-    enqueue_and_wait,
-    on_device,
-    stream_is_capturing,
-    stream_on_device,
-    torch_stream_getter,
-)
+from ..cuda import abi, capture, memory, release
+from ..cuda.streams import enqueue_and_wait, on_device, stream_is_capturing
+from .captured import CapturedSwap, _device_view
+
+_FETCH_MAX_CTAS = 16  # a 64 KiB upload is one round of 16-byte loads per thread
 
 
 class GraphSwap:
@@ -50,44 +51,42 @@ class GraphSwap:
     ...     graph.launch(stream)
     """
 
-    def __init__(self, launcher, layout, held: tuple, max_blocks: int, torch_parts: bool = False):
+    def __init__(self, op, max_blocks: int):
+        decided = op._decided
+        layout = decided.layout
         if not layout.kernel_ok:
             raise ValueError(
                 "src, dst: graph swaps run the kernel, which needs host memory mapped into the GPU's "
-                "address space; this system cannot map it (see `python -m cupy_swap info`)"
+                f"address space, but {layout.unmapped_reason} (see `python -m cupy_swap info`)"
             )
-        self._launcher = launcher
-        self.device = launcher.device
-        self.layout = layout
-        self.max_blocks = max_blocks
-        nbytes = descriptor_words(len(layout.src), max_blocks) * 8
-        # The caller's arrays live as long as the descriptor: once a launch was
-        # captured, a replay may write them at any time, so both are kept.
-        self._state = _DescriptorState(release.device_malloc(nbytes, self.device), self.device, held)
-        self._finalizer = release.finalizer(self, _drop_descriptor, self._state)
-        # Launches, mapping uploads and close() one at a time: close() then
-        # sees every event (or the capture) of the work queued on the buffer.
-        self._lock = threading.Lock()
-        # Zero pairs until the first set_mapping, written and finished before
-        # any stream can use the buffer (so no stream ordering is needed).
+        sw = op._swapper
+        self.device, self.layout, self.max_blocks = sw.device, layout, max_blocks
+        words = 2 + 2 * max_blocks  # the count, a pad word, the rows
+        with capture.relaxed():
+            self._rows_at = release.device_malloc(8 * words, self.device)
+            self._buffers = [memory.zeros_pinned_for_gpu(words, np.int64, self.device) for _ in range(2)]
+            release.keep_for_process((self._rows_at, self._buffers))  # a replay may come at any time
+        ptr = self._rows_at  # zero rows until the first set_mapping, landed before any stream reads them
         from cupy.cuda import runtime
 
-        ptr = self._state.ptr
-        enqueue_and_wait(self.device, lambda stream: runtime.memsetAsync(ptr, 0, nbytes, stream))
-        with on_device(self.device):
-            self._fn, self._grid, self._threads, self._args = launcher.replay_args(
-                layout, self._state.ptr, max_blocks
-            )
+        enqueue_and_wait(self.device, lambda stream: runtime.memsetAsync(ptr, 0, 8 * words, stream))
+        self._uploads = [abi.FetchArgs(memory.host_alias(b.ctypes.data, b.nbytes)) for b in self._buffers]
+        self._events: list = [None, None]  # behind each half's last upload
+        self._next = 0
+        self._fetch = sw._launcher
+        # The rows were checked on the host: the launch checks them again only where it can.
+        checked = decided.launch_checks and max_blocks <= sw._launcher.check_rows_max
+        count = _device_view(ptr, (), self.device, self)
+        rows = _device_view(ptr + 16, (max_blocks, 2), self.device, self)
+        self._swap = CapturedSwap(op, max_blocks, 1, rows=rows, count=count, checked=checked)
+        self._lock = threading.Lock()  # set_mapping and close one at a time
+        self._closed = False
         self.num_pairs = 0
-        # Torch parts: torch's current stream by default, as prepared ops do.
-        self._default_stream = torch_stream_getter(self.device) if torch_parts else None
 
     def close(self) -> None:
-        """Give the descriptor buffer back once the work queued on it has
-        completed (kept for good if a launch was captured).  The object
-        cannot be used afterwards."""
+        """Refuse further use (the buffers stay: a captured launch may replay)."""
         with self._lock:
-            self._finalizer()
+            self._closed = True
 
     def __enter__(self):
         return self
@@ -113,82 +112,42 @@ class GraphSwap:
             Recorded after the staging copy.
         """
         mapping = check_mapping_for(self.layout, block_mapping, self.max_blocks)
+        n = int(mapping.shape[0])
         with self._lock, on_device(self.device):
-            state = self._live_state("set_mapping")
-            handle = self._stream(stream)
+            self._refuse_closed("set_mapping")
+            handle = self._swap._handle(stream)
             if stream_is_capturing(handle):
                 raise RuntimeError(
                     "set_mapping: expected a stream that is not capturing; stage the mapping before "
                     "replaying the graph, and capture only launch()"
                 )
-            layout = self.layout
-            event = self._launcher.stage_descriptor(layout, mapping, state.ptr, handle)
-            state.note(event)
-        self.num_pairs = int(mapping.shape[0])
+            k = self._next
+            with capture.relaxed():  # legal while another thread captures
+                if self._events[k] is not None:
+                    self._events[k].synchronize()  # its last upload has read the half
+                event = capture.new_event()
+            words = self._buffers[k]
+            words[0] = n
+            words[2 : 2 + 2 * n] = mapping.reshape(-1)
+            n16 = 1 + n  # 16-byte words: count and pad, then one row each
+            grid = min(_FETCH_MAX_CTAS, -(-n16 // abi.FETCH_THREADS))
+            params = self._uploads[k].set(self._rows_at, n16)
+            lau = self._fetch
+            lau.launch_kernel(lau.function(abi.FETCH_KERNEL), grid, abi.FETCH_THREADS, handle, params)
+            from cupy.cuda import runtime
+
+            runtime.eventRecord(event.ptr, handle)
+            self._events[k], self._next = event, k ^ 1
+        self.num_pairs = n
         return event
 
     def launch(self, *, stream: Stream = None) -> None:
-        """Enqueue the swap kernel on ``stream``: the call to capture.  Reads
-        the pair count and pairs staged by the last :meth:`set_mapping` that
-        precedes it on the stream (default stream: as for ``set_mapping``)."""
-        import cupy
+        """Enqueue the swap on ``stream``: the call to capture.  Reads the
+        count and rows staged by the last :meth:`set_mapping` that precedes
+        it on the stream (default stream: as for ``set_mapping``)."""
+        self._refuse_closed("launch")
+        self._swap.launch(stream)
 
-        with self._lock, on_device(self.device):
-            state = self._live_state("launch")
-            handle = self._stream(stream)
-            capturing = stream_is_capturing(handle)
-            event = None if capturing else capture.new_event()
-            self._launcher.launch_kernel(self._fn, self._grid, self._threads, handle, self._args.ptr)
-            if capturing:
-                state.captured = True  # a graph reads the buffer from now on
-            else:
-                cupy.cuda.runtime.eventRecord(event.ptr, handle)
-                state.note(event)
-
-    def _stream(self, stream) -> int:
-        if stream is None and self._default_stream is not None:
-            return self._default_stream()
-        return stream_on_device(stream, self.device)
-
-    def _live_state(self, method: str) -> _DescriptorState:
-        if not self._finalizer.alive:
+    def _refuse_closed(self, method: str) -> None:
+        if self._closed:
             raise RuntimeError(f"{method}: this GraphSwap is closed")
-        return self._state
-
-
-class _DescriptorState:
-    """A GraphSwap's descriptor buffer and what gates its release: the events
-    of uploads and launches that may not have completed (not one per stream:
-    a destroyed stream's handle can come back as another's), and whether a
-    launch was captured (then neither it nor the arrays ``held`` are freed)."""
-
-    __slots__ = ("ptr", "device", "events", "captured", "held")
-
-    def __init__(self, ptr: int, device: int, held: tuple):
-        self.ptr, self.device, self.held = ptr, device, held
-        self.events: list = []
-        self.captured = False
-
-    def note(self, event) -> None:
-        """Keep ``event`` as a gate; drop the ones that completed."""
-        if len(self.events) >= 16:
-            self.events = [e for e in self.events if not capture.event_done(e)]
-        self.events.append(event)
-
-
-def _drop_descriptor(state: _DescriptorState) -> None:
-    """Finalizer (may run inside any code: only enqueues)."""
-    if state.captured:
-        release.keep_for_process(state)
-        return
-    events = list(state.events)
-    release.defer(
-        functools.partial(release.device_free, state.ptr, state.device),
-        functools.partial(_wait_all, events),
-        f"graph-swap descriptor on GPU {state.device}",
-    )
-
-
-def _wait_all(events: list) -> None:
-    for event in events:
-        event.synchronize()

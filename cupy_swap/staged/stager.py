@@ -125,35 +125,30 @@ class Stager:
                 self._events.append(event)
                 pooled.add(id(event))
 
-    def enqueue(
-        self, layout: Layout, plan: StagedPlan, handle: int, held: list, launcher, dma, serial
-    ) -> None:
-        """Enqueue a staged swap; its descriptor slot is appended to ``held``.
+    def enqueue(self, layout: Layout, plan: StagedPlan, handle: int, launcher, dma) -> None:
+        """Enqueue a staged swap.
 
         A swap-in, per chunk: on the copy stream, waits for the work that last
         read the chunk's rows, its copies and an event; on ``handle``, a wait
-        for that event, the scatter over the chunk's pairs, and an event that
-        frees the rows.  Copies that wait for no scatter of this swap go out
-        before the descriptor is written.  A swap-out mirrors it, and
-        ``handle`` finally waits for the last copy.  One descriptor holds
-        every chunk's pairs; each launch takes its range."""
+        for that event, the scatter over the chunk's pairs (one launch over a
+        slot of the row ring holding them: :meth:`_launch_chunk`), and an
+        event that frees the rows.  A swap-out mirrors it, and ``handle``
+        finally waits for the last copy."""
         with self.lock:
             self.ensure()
             try:
-                self._enqueue(layout, plan, handle, held, launcher, dma, serial)
+                self._enqueue(layout, plan, handle, launcher, dma)
             except BaseException:
                 self._fence_after_failure(handle)
                 raise
 
-    def _enqueue(
-        self, layout: Layout, plan: StagedPlan, handle: int, held: list, launcher, dma, serial
-    ) -> None:
+    def _enqueue(self, layout: Layout, plan: StagedPlan, handle: int, launcher, dma) -> None:
         from cupy.cuda import runtime as rt
 
         st = self
         groups, bpp = layout.host_groups, layout.bytes_per_pair
         rows = st.rows(bpp)
-        half = self._staging_layout(layout, rows, serial)
+        half = self._staging_kernel(layout, rows, launcher)
         k, swap_in = plan.num_chunks, layout.direction == IN
         copier = st.stream.ptr
         writer = copier if swap_in else handle  # the stream that fills staging rows
@@ -176,30 +171,25 @@ class Stager:
             rt.eventRecord(freed[c].ptr, stream)
             st.ring.settle(c, freed[c])
 
-        if swap_in:
-            copied = [None] * k
+        pairs = kernel_pairs(plan, chunk_rows, gpu_first=not swap_in)
 
-            def copy_in(c: int) -> None:
+        def launch(c: int) -> None:
+            start = plan.starts[c]
+            self._launch_chunk(launcher.slots, half, pairs[start : start + plan.sizes[c]], handle)
+
+        if swap_in:
+            for c in range(k):
                 free_rows(c)
                 dma.issue(*copies[c], copier, _H2D)
-                copied[c] = st.event()
-                rt.eventRecord(copied[c].ptr, copier)
-
-            ahead = next((c for c, p in enumerate(places) if p[2]), k)
-            for c in range(ahead):
-                copy_in(c)
-            args = launcher.write_slot(half, kernel_pairs(plan, chunk_rows), handle, held)
-            for c in range(k):
-                if c >= ahead:
-                    copy_in(c)
-                self._wait_all(handle, [copied[c]])
-                launcher.launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
+                copied = st.event()
+                rt.eventRecord(copied.ptr, copier)
+                self._wait_all(handle, [copied])
+                launch(c)
                 settle(c, handle)
         else:
-            args = launcher.write_slot(half, kernel_pairs(plan, chunk_rows, gpu_first=True), handle, held)
             for c in range(k):
                 free_rows(c)
-                launcher.launch_range(half, args, plan.starts[c], plan.sizes[c], handle)
+                launch(c)
                 gathered = st.event()
                 rt.eventRecord(gathered.ptr, handle)
                 self._wait_all(copier, [gathered])
@@ -207,6 +197,19 @@ class Stager:
                 dma.issue(srcs, dsts, sizes, copier, _D2H)
                 settle(c, copier)
             rt.streamWaitEvent(handle, freed[-1].ptr, 0)  # the swap ends when its last copy has landed
+
+    @staticmethod
+    def _launch_chunk(ring, kernel, rows, handle: int) -> None:
+        """One chunk's kernel launch on ``handle``: its rows (made here, not
+        checked) into a slot of the row ring ``ring``, the slot's launch."""
+        i = ring.take()
+        try:
+            seq = ring.write_unchecked(i, rows, rows.shape[0])
+            kernel.launch_slot(i, handle)
+        except BaseException:
+            ring.give_back(i)
+            raise
+        ring.launched(i, seq)
 
     def _fence_after_failure(self, handle: int) -> None:
         """A staged swap failed halfway: fence every row it placed behind all it
@@ -246,15 +249,15 @@ class Stager:
             runtime.streamWaitEvent(stream, ev.ptr, 0)
         self.release(events)
 
-    def _staging_layout(self, layout: Layout, arena_rows: int, serial) -> Layout:
-        """The resolved kernel half of a staged swap (arena -> GPU or GPU ->
-        arena), cached on the layout: the arena never moves."""
-        half = layout.staging_layout
-        if half is None:
+    def _staging_kernel(self, layout: Layout, arena_rows: int, launcher):
+        """The kernel half of a staged swap (arena -> GPU or GPU -> arena),
+        resolved and bound once, cached on the layout: the arena never moves."""
+        kernel = layout.staging_kernel
+        if kernel is None:
             host = layout.src if layout.direction == IN else layout.dst
             parts = staging_parts(host, layout.host_groups, self.base, arena_rows, self.device)
             pair = (parts, layout.dst) if layout.direction == IN else (layout.src, parts)
-            half = resolve_layout(layout_from_parts(*pair), self.device)
-            half.serial = next(serial)
-            layout.staging_layout = half
-        return half
+            kernel = layout.staging_kernel = launcher.bind(
+                resolve_layout(layout_from_parts(*pair), self.device)
+            )
+        return kernel
