@@ -52,8 +52,7 @@ class GraphSwap:
     """
 
     def __init__(self, op, max_blocks: int):
-        decided = op._decided
-        layout = decided.layout
+        layout = op._decided.layout
         if not layout.kernel_ok:
             raise ValueError(
                 "src, dst: graph swaps run the kernel, which needs host memory mapped into the GPU's "
@@ -74,11 +73,10 @@ class GraphSwap:
         self._events: list = [None, None]  # behind each half's last upload
         self._next = 0
         self._fetch = sw._launcher
-        # The rows were checked on the host: the launch checks them again only where it can.
-        checked = decided.launch_checks and max_blocks <= sw._launcher.check_rows_max
+        # The rows are checked on the host (set_mapping): the replay copies them unchecked.
         count = _device_view(ptr, (), self.device, self)
         rows = _device_view(ptr + 16, (max_blocks, 2), self.device, self)
-        self._swap = CapturedSwap(op, max_blocks, 1, rows=rows, count=count, checked=checked)
+        self._swap = CapturedSwap(op, max_blocks, 1, rows=rows, count=count, checked=False)
         self._lock = threading.Lock()  # set_mapping and close one at a time
         self._closed = False
         self.num_pairs = 0

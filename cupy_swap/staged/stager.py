@@ -178,12 +178,23 @@ class Stager:
             self._launch_chunk(launcher.slots, half, pairs[start : start + plan.sizes[c]], handle)
 
         if swap_in:
-            for c in range(k):
+            copied = [None] * k
+
+            def copy_in(c: int) -> None:
                 free_rows(c)
                 dma.issue(*copies[c], copier, _H2D)
-                copied = st.event()
-                rt.eventRecord(copied.ptr, copier)
-                self._wait_all(handle, [copied])
+                copied[c] = st.event()
+                rt.eventRecord(copied[c].ptr, copier)
+
+            # Copies that wait for no scatter of this swap go out first: the copy
+            # engines then never idle while the host enqueues a chunk's launch.
+            ahead = next((c for c, p in enumerate(places) if p[2]), k)
+            for c in range(ahead):
+                copy_in(c)
+            for c in range(k):
+                if c >= ahead:
+                    copy_in(c)
+                self._wait_all(handle, [copied[c]])
                 launch(c)
                 settle(c, handle)
         else:
