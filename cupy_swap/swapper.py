@@ -56,8 +56,8 @@ class BlockSwapper:
         kernel's limit.
     ring_size : int, optional
         Pinned slots where kernel swaps' rows (or where their GPU rows are)
-        wait for their launch, one per queued kernel swap; also the
-        descriptor ring of staged swaps and graph replays.  A swap takes any
+        wait for their launch, one per queued kernel swap (a staged swap
+        takes one per chunk).  A swap takes any
         free slot; only when all are still queued does ``swap`` wait on the
         host, for the first to free. Default 16.
     mode : {"auto", "kernel", "dma", "staged"}, optional
@@ -77,7 +77,7 @@ class BlockSwapper:
     the cache holds the memory owners weakly.  :meth:`prepare` skips even
     the key.
 
-    The swapper's memory (descriptor ring, staging arenas) is given back by
+    The swapper's memory (row ring, staging arenas) is given back by
     :meth:`close`, at the end of a ``with`` block, or when it is
     garbage-collected, each time only after the swaps queued on it have
     completed, without blocking the caller.  Ops from :meth:`prepare` keep

@@ -44,7 +44,7 @@ class Layout:
     width : int
         Bytes per vector the kernel uses (16, 8, 4, 2 or 1).
     table : numpy.ndarray of shape (P * PART_WORDS,), int64
-        The descriptor's part table for ``width``.
+        The kernel parameter's part table for ``width``.
     units_per_pair : int
         Vectors per mapping row, all parts together.
     bytes_per_pair, min_block_bytes, max_block_bytes : int

@@ -22,7 +22,7 @@ import numpy as np
 from . import abi, capture, kernels, memory, release
 
 _SHARED_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
-_STATIC_SHARED = 16 << 10  # above the copy kernels' own (12.4 KiB: the descriptor's part table)
+_STATIC_SHARED = 16 << 10  # above the kernels' own (12.4 KiB: the 256-part kernel's part table)
 
 
 def _check_rows_max(device: int) -> int:

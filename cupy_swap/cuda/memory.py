@@ -288,7 +288,7 @@ def zeros_pinned(shape, dtype="float32") -> np.ndarray:
 
 
 def zeros_pinned_for_gpu(shape, dtype, device: int) -> np.ndarray:
-    """Zeroed pinned memory only GPU ``device``'s work touches (descriptor
+    """Zeroed pinned memory only GPU ``device``'s work touches (ring
     rows, status words): allocated with it current, its ``cudaFreeHost``
     waits for that GPU alone, not holding up the others' swap calls
     (benchmarks/probes/release_lock_probe.py)."""
