@@ -416,17 +416,15 @@ class BlockSwapper:
         if len(layout.src) > self.max_parts:
             raise ValueError(f"src: expected at most max_parts={self.max_parts} parts, got {len(layout.src)}")
         resolve_layout(layout, self.device)
-        if layout.kernel_ok and not (
-            self._launcher.slots_ok and self._launcher.kernel_takes(len(layout.src))
-        ):
-            # No kernel can read this swap's rows (the row ring cannot be mapped) or take
-            # its parts (this CUDA's kernel parameters): the copy engines move it.
+        # No kernel can read this swap's rows (the row ring cannot be mapped) or take
+        # its parts (this CUDA's kernel parameters): the copy engines move it.
+        if layout.kernel_ok and not self._launcher.slots_ok:
             layout.kernel_ok = False
-            layout.unmapped_reason = (
-                memory.host_mapping_status(self.device)[1] or "the swapper's row ring could not be mapped"
-                if not self._launcher.slots_ok
-                else f"{len(layout.src)} parts need CUDA 12.1 or later's kernel parameters"
-            )
+            why = memory.host_mapping_status(self.device)[1]
+            layout.unmapped_reason = why or "the swapper's row ring could not be mapped"
+        elif layout.kernel_ok and not self._launcher.kernel_takes(len(layout.src)):
+            layout.kernel_ok = False
+            layout.unmapped_reason = f"{len(layout.src)} parts need CUDA 12.1 or later's kernel parameters"
         if not layout.kernel_ok:
             _warn_unmapped(layout.unmapped_reason)
         return layout

@@ -132,14 +132,14 @@ class Launcher:
     ``max_ctas`` is one swap's CTA budget."""
 
     def __init__(self, device: int, max_blocks: int, ring_size: int, max_ctas: int):
-        from cupy.cuda import driver, runtime
+        from cupy.cuda import driver
 
         from .slots import SlotRing
 
         self.device = device
         self.max_ctas = max_ctas
         self._launch = driver.launchKernel
-        self._record = runtime.eventRecord
+        self._takes: dict = {}  # kernel_takes' answers, by parts tier
         self.slots = SlotRing(device, ring_size, max_blocks)
         # Slot launches need the ring mapped into the GPU's address space.
         self.slots_ok = self.slots.mapped
@@ -162,10 +162,12 @@ class Launcher:
         """True when this CUDA has a slot kernel for ``parts`` parts (the
         largest tier needs parameters over 4 KiB: CUDA 12.1 or later)."""
         tier = next((p for p in abi.BYREF_PARTS if p >= parts), None)
-        if tier is None:
-            return False
-        with capture.relaxed():  # may compile and load the module
-            return kernels.has_function(self.device, abi.byref_kernel(16, tier))
+        found = self._takes.get(tier)
+        if found is None:
+            with capture.relaxed():  # may compile and load the module
+                found = tier is not None and kernels.has_function(self.device, abi.byref_kernel(16, tier))
+            self._takes[tier] = found
+        return found
 
     def byref_args(self, layout) -> abi.ByRefArgs:
         """The parameter of ``layout``'s launches.

@@ -72,7 +72,7 @@ class GraphSwap:
         self._uploads = [abi.FetchArgs(memory.host_alias(b.ctypes.data, b.nbytes)) for b in self._buffers]
         self._events: list = [None, None]  # behind each half's last upload
         self._next = 0
-        self._fetch = sw._launcher
+        self._launcher, self._record = sw._launcher, runtime.eventRecord
         # The rows are checked on the host (set_mapping): the replay copies them unchecked.
         count = _device_view(ptr, (), self.device, self)
         rows = _device_view(ptr + 16, (max_blocks, 2), self.device, self)
@@ -130,11 +130,9 @@ class GraphSwap:
             n16 = 1 + n  # 16-byte words: count and pad, then one row each
             grid = min(_FETCH_MAX_CTAS, -(-n16 // abi.FETCH_THREADS))
             params = self._uploads[k].set(self._rows_at, n16)
-            lau = self._fetch
+            lau = self._launcher
             lau.launch_kernel(lau.function(abi.FETCH_KERNEL), grid, abi.FETCH_THREADS, handle, params)
-            from cupy.cuda import runtime
-
-            runtime.eventRecord(event.ptr, handle)
+            self._record(event.ptr, handle)
             self._events[k], self._next = event, k ^ 1
         self.num_pairs = n
         return event
