@@ -30,6 +30,7 @@ from .engines import (
     _fill,
     _free_memory,
     _try_each,
+    fitting_buffers,
     reps_for,
     time_in_turns,
 )
@@ -1742,30 +1743,17 @@ def run_adapters(
     rng = np.random.default_rng(seed + 51)
     h = harness or AdapterHarness()
     rows = []
-    for key in shapes:
-        shape = _adapter_shape(key)
+    available = []
+    for shape in map(_adapter_shape, shapes):
         why = h.unavailable(shape.engine)
-        if why:
+        if not why:
+            available.append(shape)
+        elif on_skip:
             for n in sorted(counts):
-                if on_skip:
-                    on_skip(shape, n, why)
-            continue
-        h.settle()
-        gpu_free, host_free = h.free_memory()
-        fit = adapter_counts_that_fit(shape, counts, gpu_free, host_free)
-        for n in sorted(set(counts) - set(fit)):
-            if on_skip:
-                gpu, host = adapter_footprint(shape, n)
-                on_skip(shape, n, f"needs {gpu / 1e9:.1f} GB of GPU and {host / 1e9:.1f} GB of pinned memory")
-        if not fit:
-            continue
-        try:
-            bufs = h.buffers(shape, max(fit))
-        except Exception as e:  # out of memory after all: say so, measure the other shapes
-            for n in fit:
-                if on_skip:
-                    on_skip(shape, n, f"could not allocate its caches ({type(e).__name__}: {e})")
-            continue
+                on_skip(shape, n, why)
+    fitting = fitting_buffers(h, available, counts, adapter_counts_that_fit, adapter_footprint, on_skip)
+    for shape, bufs, fit in fitting:
+        key = shape.key
         try:
             for di, direction in enumerate(directions):
                 bufs.fill(seed * 100 + ADAPTER_KEYS.index(key) * 10 + di)

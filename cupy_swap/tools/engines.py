@@ -793,6 +793,31 @@ class Harness:
         return self.swapper.last_path
 
 
+def fitting_buffers(h, shapes, counts, fits, footprint, on_skip):
+    """Per shape, ``(shape, buffers for the largest count that fits, the
+    counts that fit)``; each count left out (``fits(shape, counts, gpu_free,
+    host_free)`` left it out, or the buffers could not be allocated) is told
+    to ``on_skip(shape, count, reason)`` instead."""
+    for shape in shapes:
+        h.settle()
+        gpu_free, host_free = h.free_memory()
+        fit = fits(shape, counts, gpu_free, host_free)
+        for n in sorted(set(counts) - set(fit)):
+            if on_skip:
+                gpu, host = footprint(shape, n)
+                on_skip(shape, n, f"needs {gpu / 1e9:.1f} GB of GPU and {host / 1e9:.1f} GB of pinned memory")
+        if not fit:
+            continue
+        try:
+            bufs = h.buffers(shape, max(fit))
+        except Exception as e:  # out of memory after all: say so, measure the other shapes
+            for n in fit:
+                if on_skip:
+                    on_skip(shape, n, f"could not allocate its caches ({type(e).__name__}: {e})")
+            continue
+        yield shape, bufs, fit
+
+
 def run_engines(
     shapes=SHAPE_KEYS,
     counts=ENGINE_COUNTS,
@@ -830,24 +855,9 @@ def run_engines(
     rng = np.random.default_rng(seed)
     h = harness or Harness(max(counts))
     rows = []
-    for key in shapes:
-        shape = next(s for s in SHAPES if s.key == key)
-        h.settle()
-        gpu_free, host_free = h.free_memory()
-        fit = counts_that_fit(shape, counts, gpu_free, host_free)
-        for n in sorted(set(counts) - set(fit)):
-            if on_skip:
-                gpu, host = footprint(shape, n)
-                on_skip(shape, n, f"needs {gpu / 1e9:.1f} GB of GPU and {host / 1e9:.1f} GB of pinned memory")
-        if not fit:
-            continue
-        try:
-            bufs = h.buffers(shape, max(fit))
-        except Exception as e:  # out of memory after all: say so, measure the other shapes
-            for n in fit:
-                if on_skip:
-                    on_skip(shape, n, f"could not allocate its caches ({type(e).__name__}: {e})")
-            continue
+    picked = [next(s for s in SHAPES if s.key == key) for key in shapes]
+    for shape, bufs, fit in fitting_buffers(h, picked, counts, counts_that_fit, footprint, on_skip):
+        key = shape.key
         for di, direction in enumerate(directions):
             bufs.fill(seed * 100 + SHAPE_KEYS.index(key) * 10 + di)
             for n in fit:
