@@ -171,7 +171,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # Run first by wait_for_gpus_in_use: slots.py adds the wait for ring slots that calls have
 # taken and not launched yet, so a launch that resolved the old aliases is queued before
-# the GPU wait (a call that takes a slot after the generation bump sees it and goes back).
+# the GPU wait (a call that takes a slot after the generation bump sees it and goes back);
+# streams.py then waits for every swap event handed out (CUDA's documented wait).
 before_unpin: list = []
 
 

@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from . import abi, capture, memory, release
+from . import abi, capture, memory, release, streams
 from .outcomes import LOST, Failure, mapping_error
 
 # SwapControl words (kernels_cu/swap_abi.cuh).
@@ -67,7 +67,8 @@ def wait_for_taken_slots() -> None:
                 time.sleep(1e-4)
 
 
-memory.before_unpin.append(wait_for_taken_slots)
+# A held slot launches first, then every swap event is waited for.
+memory.before_unpin.extend([wait_for_taken_slots, streams.wait_for_issued_events])
 
 
 class SlotRing:

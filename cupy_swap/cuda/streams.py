@@ -8,6 +8,7 @@ import collections
 import contextlib
 import sys
 import threading
+import weakref
 from typing import NamedTuple
 
 from . import capture
@@ -287,6 +288,7 @@ class EventPool:
     def __init__(self, size: int = 64, ready: int = 4):
         self._cls = swap_event_class()
         self._issued: collections.deque = collections.deque()
+        _pools.add(self)
         self._size = size
         self._refs = sys.getrefcount
         self._free_refs = _unshared_refcount()
@@ -308,9 +310,11 @@ class EventPool:
             if event is not None:
                 return event
         event = self._new(timed)
-        if not timed:
+        if timed:
+            _loose.add(event)
+        else:
             if len(issued) >= self._size:
-                issued.popleft()
+                _loose.add(issued.popleft())  # its caller may still hold it, its swap queued
             issued.append(event)
         return event
 
@@ -332,6 +336,27 @@ class EventPool:
 
 
 _LOOKS = 4  # events EventPool.take looks at before it makes one
+_pools: weakref.WeakSet = weakref.WeakSet()  # every EventPool of this process
+_loose: weakref.WeakSet = weakref.WeakSet()  # events handed out that no pool lists (timed, pushed out)
+
+
+def wait_for_issued_events() -> None:
+    """Before memory is unpinned (after :func:`slots.wait_for_taken_slots`,
+    which registers both): wait for every swap event this process
+    handed out, so the release of a pool waits for the swaps over it on
+    CUDA's documented event wait and not only on ``cudaHostUnregister``'s
+    undocumented one (which did not always hold under compute-sanitizer:
+    NOTES 84).  An event recorded into a capture has no launch to wait for
+    here; an error is left to the GPU wait that follows, which raises it."""
+    from cupy.cuda import runtime
+
+    events = [e for pool in list(_pools) for e in list(pool._issued)] + list(_loose)
+    with capture.relaxed():  # legal while another thread captures
+        for event in events:
+            try:
+                runtime.eventSynchronize(event.ptr)
+            except runtime.CUDARuntimeError:
+                pass
 
 
 def event_pool_size(ring_size: int) -> int:
