@@ -27,8 +27,7 @@ from .core.mapping import check_rows_for, host_rows, run_starts
 from .core.route import check_mode, prepared_route, run_route, run_rows, staged_refusal
 from .cuda import abi, capture, memory, pools, release
 from .cuda.gpu_mapping import device_rows
-from .cuda.outcomes import Channel
-from .cuda.outcomes import caller as caller_ref
+from .cuda.outcomes import Channel, here
 from .cuda.streams import stream_is_capturing, stream_on_device, torch_stream_getter, wait_handle
 from .op_cache import listed
 from .staged.plan import staged_plan
@@ -55,12 +54,14 @@ class _Decided:
         "kernel_rows",
         "fast_rows",
         "gpu_rows",
+        "ring",
     )
 
     def __init__(self, swapper, layout: Layout, torch_parts: bool, mode: str | None, check: str | None):
         lau = swapper._launcher
         self.layout = layout
         self.kernel = lau.bind(layout)
+        self.ring = lau.slots
         self.mode = swapper.mode if mode is None else mode  # the op's own, or its swapper's
         policy = swapper.policy
         self.route = prepared_route(layout, self.mode, policy)
@@ -234,32 +235,26 @@ class PreparedSwap:
         kernel copies and checks in its launch, from the swapper's GPU, with
         no per-call ``mode``/``check``/timing, not capturing.  Anything else
         goes to :meth:`_general` before anything is enqueued."""
-        sw, op = self._swapper, self._decided
-        ring = sw._launcher.slots
-        caller = sw._get_device()
-        if (
+        sw, op, caller = self._swapper, self._decided, self._swapper._get_device()
+        if (  # (ring is set when the look reaches it, and used only then)
             caller != sw.device or mode is not None or check is not None or timing or sw.timing or sw._closed
-            or op.generation != memory._generation[0] or self._outcomes.failed or ring.alarmed()
+            or op.generation != memory._generation[0] or self._outcomes.failed or (ring := op.ring).alarmed()
         ):  # fmt: skip
             return self._other(caller, block_mapping, stream, None, mode, wait_for, timing, check)
         if (kind := type(block_mapping)) is np.ndarray or kind is list:
-            rows, write = host_rows(block_mapping, sw.max_blocks), ring.write
+            rows, write, (low, high) = host_rows(block_mapping, sw.max_blocks), ring.write, op.fast_rows
             n = len(rows) >> 1 if type(rows) is list else rows.shape[0]
-            low, high = op.fast_rows
         else:  # rows on the GPU, read and checked by the launch (None: host index pairs)
             rows, write = device_rows(block_mapping, sw.device, sw.max_blocks), ring.write_gpu
             n, low, high = (0, 0, 0) if rows is None else (rows.n, 0, op.gpu_rows)
         if not low < n < high:
             return self._general(caller, block_mapping, stream, None, mode, wait_for, timing, check)
-        handle = (
-            self._last_stream[1] if stream is self._last_stream[0] is not None else self._handle(stream, op)
-        )
+        handle = last[1] if stream is (last := self._last_stream)[0] is not None else self._handle(stream, op)
         if wait_for is not None and not (type(wait_for) is tuple and not wait_for):  # 0 is a stream
             self._enqueue_waits(handle, wait_for, caller)
         if stream_is_capturing(handle):  # asked after the waits: they may have joined a capture
             return self._general(caller, block_mapping, stream, None, mode, (), timing, check, capturing=True)
-        event = sw._events.take(False)
-        event.path, event.nbytes = "kernel", n * op.layout.bytes_per_pair
+        event = sw._events.take("kernel", n * op.layout.bytes_per_pair)
         i = ring.take()
         if op.generation != memory._generation[0]:  # a registration changed since the look above
             ring.give_back(i)  # (unpinning waits for taken slots: memory.before_unpin)
@@ -267,16 +262,12 @@ class PreparedSwap:
                 caller, block_mapping, stream, None, mode, (), timing, check, capturing=False
             )
         try:
-            seq = write(i, rows, n, (self._outcomes, op.layout, caller_ref()), event)
+            seq = write(i, rows, n, (self._outcomes, op.layout, here.ref), event)
             op.kernel.launch_slot(i, handle)
-        except BaseException:
-            ring.give_back(i)
-            raise
-        ring.launched(i, seq)
-        try:
+            ring.pending[i] = seq  # launched: free once its kernel writes seq
             sw._record(event.ptr, handle)
         except BaseException:
-            ring.forget(i, event)  # the caller gets no event: nobody is told its verdict
+            ring.abandon(i, event)  # nothing launched: the slot back; else nobody is told its verdict
             raise
         sw.last_path = "kernel"
         return event
@@ -368,8 +359,7 @@ class PreparedSwap:
             path, rows, checked = self._captured(op, path, rows, on_gpu, checked, looked)
         # 4. One launch (or the copy engines' copies), one event.
         timed = sw.timing if timing is None else timing
-        event = sw._events.take(timed)
-        event.path, event.nbytes = path, n * op.layout.bytes_per_pair
+        event = sw._events.take(path, n * op.layout.bytes_per_pair, timed)
         slot = -1  # the ring slot of a checked launch
         recorded = False
         try:
@@ -412,7 +402,7 @@ class PreparedSwap:
             )
         launched = False
         try:
-            owner = (self._outcomes, op.layout, caller_ref())
+            owner = (self._outcomes, op.layout, here.ref)
             if on_gpu is not None:  # checked (else refused); its arrays held by the slot until it ran
                 seq = ring.write_gpu(i, on_gpu, n, owner, event)
             elif checked:  # who is told its verdict: known before the launch can write it
@@ -423,7 +413,7 @@ class PreparedSwap:
             launched = True
         finally:
             if launched:
-                ring.launched(i, seq)
+                ring.pending[i] = seq
             else:
                 ring.give_back(i)
         return i if checked else -1

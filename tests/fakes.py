@@ -112,8 +112,9 @@ def case_row(case, mode: str) -> dict:
 
 
 class FakeEvent:
-    def __init__(self):
+    def __init__(self, path=None, nbytes=None):
         self.ptr, self.start, self.check, self.seq = 0xE0, None, None, None
+        self.path, self.nbytes = path, nbytes
 
 
 class FakeKernel:
@@ -161,7 +162,7 @@ def finish_held() -> None:
     release waits for its launches, as on a GPU)."""
     while _HELD:
         ring, i, seq = _HELD.pop()
-        if ring._pending[i] == seq and ring.words[i, DONE] != seq:
+        if ring.pending[i] == seq and ring.words[i, DONE] != seq:
             complete(ring, i, seq)
 
 
@@ -209,7 +210,7 @@ def complete(
 
 def land(ring: SlotRing, seq: int, kind=0, row=0, value=0, verdict: bool = True, done: bool = True) -> None:
     """Complete the held launch ``seq`` (see :func:`complete`)."""
-    i = ring._pending.index(seq)
+    i = ring.pending.index(seq)
     complete(ring, i, seq, kind, row, value, verdict=verdict, done=done)
 
 
@@ -234,7 +235,7 @@ class FakeSwapper:
         self._dma = types.SimpleNamespace(
             copy=lambda layout, pairs, stream, capturing, merge=True: calls.append(("dma", stream))
         )
-        self._events = types.SimpleNamespace(take=lambda timed: FakeEvent())
+        self._events = types.SimpleNamespace(take=lambda path, nbytes, timed=False: FakeEvent(path, nbytes))
         self._current_stream = lambda: types.SimpleNamespace(ptr=77)
         self._get_device = lambda: 0
         self._record = lambda ptr, stream: calls.append(("record", ptr, stream))

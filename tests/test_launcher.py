@@ -146,7 +146,7 @@ def test_gpu_rows_are_held_by_their_slot_until_it_is_written_again(capture_modes
         2,
         3,
     )
-    ring.launched(i, seq)
+    ring.pending[i] = seq
     gone = weakref.ref(first)
     del first
     gc.collect()

@@ -152,17 +152,17 @@ def test_a_verdict_that_lands_before_its_call_marked_the_slot_is_found(fake_gpu)
     swap's thread went ahead."""
     sw = FakeSwapper([])
     op_a, op_b = _op(fake_gpu, sw), _op(fake_gpu, sw)
-    ring = sw._launcher.slots
-    real = ring.launched
+    kernel = sw.kernel
+    real = kernel.launch_slot
 
-    def launched(i, seq):  # between A's launch and its marking the slot: B calls
-        ring.launched = real
+    def launch_slot(i, stream):  # A's launch lands, and before A marks the slot: B calls
+        kernel.launch_slot = real
+        real(i, stream)
         t = threading.Thread(target=lambda: op_b(GOOD))
         t.start()
         t.join()
-        real(i, seq)
 
-    ring.launched = launched
+    kernel.launch_slot = launch_slot
     bad = op_a(BAD)
     with pytest.raises(ValueError, match=f"earlier swap \\(swap #{bad.seq}"):
         op_a(GOOD)

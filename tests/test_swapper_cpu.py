@@ -167,19 +167,19 @@ def test_event_pool_recycles_only_events_nobody_holds(monkeypatch):
     monkeypatch.setattr(streams, "swap_event_class", lambda: CountedEvent)
     ready = streams.EventPool(size=8)  # made up front: a call never creates one (NOTES 77)
     assert made[0] == 4
-    held = [ready.take(False) for _ in range(3)]  # the caller keeps its last three events
+    held = [ready.take("kernel", 0) for _ in range(3)]  # the caller keeps its last three events
     assert made[0] == 4 and len({id(e) for e in held}) == 3
     monkeypatch.setattr(streams, "swap_event_class", lambda: FakeEvent)
-    pool = streams.EventPool(size=8, ready=0)
-    first = pool.take(False)
+    pool = streams.EventPool(size=8, ready=1)
+    first = pool.take("kernel", 0)
     first_id = id(first)
-    slot_holds = [pool.take(False)]  # a descriptor slot gating on the second
-    assert pool.take(False) is not first  # the caller still holds the first
+    slot_holds = [pool.take("kernel", 0)]  # a descriptor slot gating on the second
+    assert pool.take("kernel", 0) is not first  # the caller still holds the first
     del first
-    again = pool.take(False)
+    again = pool.take("kernel", 0)
     assert id(again) == first_id  # dropped: recorded again instead of a new event
-    assert pool.take(False) is not slot_holds[0]  # the slot's event stays untouched
-    timed = pool.take(True)
+    assert pool.take("kernel", 0) is not slot_holds[0]  # the slot's event stays untouched
+    timed = pool.take("kernel", 0, True)
     assert timed.timed and timed not in list(pool._issued)  # timed events are never pooled
 
 
@@ -211,7 +211,7 @@ def test_a_swappers_event_pool_outlasts_its_rings(monkeypatch, ring):
         counts = []
         for step in range(12 * ring):
             before = made[0]
-            event = pool.take(False)  # a call takes its event, then its slot
+            event = pool.take("kernel", 0)  # a call takes its event, then its slot
             slots = rings.get(pattern[step % len(pattern)])
             if slots is not None:
                 slots.popleft()  # the slot's last launch's event is let go

@@ -74,12 +74,12 @@ def test_an_unpin_waits_for_the_slots_calls_hold(monkeypatch):
     def sleep(seconds):  # the unpin's poll: the call launches on the third look
         looks.append(seconds)
         if len(looks) == 3:
-            ring.launched(i, 7)
+            ring.pending[i] = 7
 
     monkeypatch.setattr(slots.time, "sleep", sleep)
     assert slots.wait_for_taken_slots in memory.before_unpin
     slots.wait_for_taken_slots()
-    assert len(looks) == 3 and ring._pending[i] == 7
+    assert len(looks) == 3 and ring.pending[i] == 7
     land(ring, 7)  # its kernel done: the dropped ring's release has nothing to wait for
 
 

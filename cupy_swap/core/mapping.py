@@ -64,13 +64,10 @@ def host_rows(block_mapping, max_blocks: int):
         ``[s0, d0, s1, d1, ...]`` (no NumPy: faster at this size);
         anything else as :func:`normalize_mapping` returns it.
     """
-    kind = type(block_mapping)
-    if kind is np.ndarray:  # the common form, as vLLM passes it: taken as it is
-        m = block_mapping
-        if m.dtype == _INT64 and m.ndim == 2 and m.shape[1] == 2 and m.flags.c_contiguous:
-            if m.shape[0] <= max_blocks:
-                return m
-    elif kind is list and len(block_mapping) <= SMALL_MAPPING:  # rows (a tuple: normalize_mapping's rule)
+    if type(m := block_mapping) is np.ndarray and m.dtype == _INT64 and m.ndim == 2 and m.shape[1] == 2:
+        if m.flags.c_contiguous and m.shape[0] <= max_blocks:  # as vLLM passes it: taken as it is
+            return m
+    if type(m) is list and len(block_mapping) <= SMALL_MAPPING:  # rows (a tuple: normalize_mapping's rule)
         flat: list = []
         for row in block_mapping:
             if type(row) not in _ROW_TYPES or len(row) != 2:

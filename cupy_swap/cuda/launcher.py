@@ -58,14 +58,13 @@ class BoundKernel:
     graph is built on the hot path (a lazily built graph per slot once held
     a call for the whole of a busy stream's queue: NOTES item 61)."""
 
-    __slots__ = ("__weakref__", "_launcher", "layout", "_args", "_slot_args", "_shape", "_lock")
+    __slots__ = ("__weakref__", "_launcher", "layout", "_args", "_slot_calls", "_lock")
 
     def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
         self.layout = layout
         self._args = None  # abi.ByRefArgs, built (and the module compiled) on the first launch
-        self._slot_args: list = []  # per ring slot: its ByRefArgs, None until the slot is first used
-        self._shape = None  # (ctas budget, grid, threads, smem) of slot launches
+        self._slot_calls: list = [None] * launcher.slots.size  # per ring slot: its launch (_for_slot)
         self._lock = threading.Lock()
 
     def _byref(self) -> abi.ByRefArgs:
@@ -77,35 +76,25 @@ class BoundKernel:
     def launch_slot(self, i: int, stream: int) -> None:
         """Launch over ring slot ``i`` (its control record and rows) on
         ``stream``."""
-        lau = self._launcher
-        shape = self._shape
-        if shape is None or shape[0] != lau.max_ctas:
-            shape = self._reshape(lau)
-        args = self._slot_args[i]
-        if args is None:
-            args = self._for_slot(i)
-        lau._launch(args.fn, shape[1], 1, 1, shape[2], 1, 1, shape[3], stream, args.ptr, 0)
+        call = self._slot_calls[i]
+        if call is None or call[0] != self._launcher.max_ctas:
+            call = self._for_slot(i)
+        self._launcher._launch(call[1], call[2], 1, 1, call[3], 1, 1, call[4], stream, call[5].ptr, 0)
 
-    def _reshape(self, lau) -> tuple:
-        """The launch shape for this CTA budget (a swap reads at most
+    def _for_slot(self, i: int) -> tuple:
+        """Slot ``i``'s launch for this CTA budget: ``(max_ctas, function,
+        grid, threads, shared bytes, parameter)`` (a swap reads at most
         ``capacity`` rows; CTAs past a short swap's rows return at once)."""
+        lau = self._launcher
         ring = lau.slots
         with self._lock:
             grid, threads = launch_shape(ring.capacity * self.layout.units_per_pair, lau.max_ctas)
             smem = abi.check_shared_bytes(min(ring.capacity, lau.check_rows_max))
-            if not self._slot_args:
-                self._slot_args = [None] * ring.size
-            self._shape = (lau.max_ctas, grid, threads, smem)
-        return self._shape
-
-    def _for_slot(self, i: int) -> abi.ByRefArgs:
-        ring = self._launcher.slots
-        with self._lock:
             args = self._byref().copy()
             rows = ring.aliases[i] + 8 * abi.CONTROL_WORDS
             args.set(ring.capacity, 0, 0, rows, rows + 8, 2, ring.aliases[i], ring.arrivals[i])
-            self._slot_args[i] = args
-        return args
+            call = self._slot_calls[i] = (lau.max_ctas, args.fn, grid, threads, smem, args)
+        return call
 
     def launch_captured(self, pairs, n: int, stream: int) -> None:
         """Launch over ``n`` host rows checked on the host, recorded by the

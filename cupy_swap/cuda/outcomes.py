@@ -38,18 +38,22 @@ class _Caller:
     __slots__ = ("__weakref__",)
 
 
-_here = threading.local()
+class _Here(threading.local):
+    """Per thread: ``ref``, the thread's name for its failures (a weak
+    reference to a :class:`_Caller` of its own, dead once the thread ended),
+    made on the thread's first look."""
+
+    def __init__(self):
+        self.caller = _Caller()
+        self.ref = weakref.ref(self.caller)
+
+
+here = _Here()
 
 
 def caller() -> weakref.ref:
-    """The calling thread's name for its failures: a weak reference to an
-    object of its own (one per thread; dead once the thread ended)."""
-    try:
-        return _here.ref
-    except AttributeError:
-        _here.caller = mine = _Caller()
-        _here.ref = ref = weakref.ref(mine)
-        return ref
+    """The calling thread's name for its failures (``here.ref``)."""
+    return here.ref
 
 
 class Channel:

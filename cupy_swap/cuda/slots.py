@@ -56,7 +56,7 @@ def wait_for_taken_slots() -> None:
     memory pinned (:func:`memory.wait_for_gpus_in_use`'s failure)."""
     deadline = time.monotonic() + _TAKEN_WAIT_S
     for ring in list(_live):
-        pending = ring._pending
+        pending = ring.pending
         for i in range(len(pending)):
             while pending[i] == _TAKEN:
                 if time.monotonic() >= deadline:  # the unpin fails: the memory stays pinned for good
@@ -128,8 +128,13 @@ class SlotRing:
             for i in range(size)
         ]
         self._flat = words.reshape(-1)  # .item on flat indices: the cheapest read
+        self._item = self._flat.item
         self._row_words = row
         self._status = abi.CONTROL_WORDS + 2 * capacity  # a slot's status record, from its first word
+        # Flat indices of each slot's done word and its verdict's seq and kind.
+        self._dones = [i * row + DONE for i in range(size)]
+        self._vseqs = [i * row + self._status + _V_SEQ for i in range(size)]
+        self._vkinds = [i * row + self._status + _V_KIND for i in range(size)]
         self._alarm = size * row  # flat index of the alarm word
         self.mapped = bool(base)
         self.aliases = [base + i * 8 * row if base else 0 for i in range(size)]
@@ -137,7 +142,7 @@ class SlotRing:
         if base:  # every record's alarm field points at the alarm word (written once)
             words[:size, self._status + _V_ALARM] = base + 8 * self._alarm
         self.arrivals = [counters + 4 * i if counters else 0 for i in range(size)]
-        self._pending = [0] * size  # the done value each slot waits for; 0: free
+        self.pending = [0] * size  # the done value each slot waits for; 0: free; _TAKEN: held by a call
         self._owners: list = [None] * size  # (channel, layout, thread) of a checked launch not read yet
         self._seqs = [0] * size  # that launch's number
         self._events: list = [None] * size  # that launch's event
@@ -153,15 +158,32 @@ class SlotRing:
         self._unchecked = itertools.count(-1, -1)  # numbers of unchecked launches
         self.waits = 0
         free = functools.partial(_free_counters, counters, device, words, self._kept)
-        gate = functools.partial(_wait_all, self._lock, self._pending, self._flat, self._row_words)
+        gate = functools.partial(_wait_all, self._lock, self.pending, self._flat, self._row_words)
         self._finalizer = release.when_dropped(self, free, gate, f"slot ring of GPU {device}")
         _live.add(self)
 
     def take(self) -> int:
-        """A free slot's index, held by the caller until it calls
-        :meth:`launched` or :meth:`give_back`: the first free one from the
-        ring's next; with none free, the first to free (polling its word)."""
-        pending, item, row, pause = self._pending, self._flat.item, self._row_words, 0.0
+        """A free slot's index, held by the caller until it sets
+        ``pending[i]`` to its launch's number (launched) or calls
+        :meth:`give_back`: the ring's next when free (its last verdict read
+        in place when good), else the first free one from there, else the
+        first to free (polling its word)."""
+        with self._lock:
+            i = self._next
+            want = self.pending[i]
+            if self._finalizer.alive and (want == 0 or want != _TAKEN and self._item(self._dones[i]) == want):
+                if self._owners[i] is not None:  # its verdict, before anything rewrites the slot
+                    if self._item(self._vseqs[i]) != self._seqs[i] or self._item(self._vkinds[i]):
+                        self._read(i)  # a failure or a lost verdict
+                    self._owners[i] = self._events[i] = None
+                self.pending[i] = _TAKEN
+                self._next = i + 1 if i + 1 < self.size else 0
+                return i
+        return self._take_waiting()
+
+    def _take_waiting(self) -> int:
+        """:meth:`take` when the ring's next slot is busy."""
+        pending, item, row, pause = self.pending, self._item, self._row_words, 0.0
         while True:
             with self._lock:
                 if not self._finalizer.alive:
@@ -227,9 +249,13 @@ class SlotRing:
         _drop(old)
         return seq
 
-    def launched(self, i: int, seq: int) -> None:
-        """Slot ``i`` was launched as swap ``seq``: free once its kernel says so."""
-        self._pending[i] = seq
+    def abandon(self, i: int, event) -> None:
+        """The call that took slot ``i`` failed: :meth:`give_back` if it
+        launched nothing, else :meth:`forget` its swap's verdict."""
+        if self.pending[i] == _TAKEN:
+            self.give_back(i)
+        else:
+            self.forget(i, event)
 
     def give_back(self, i: int) -> None:
         """Slot ``i`` was taken and nothing that reads it was launched."""
@@ -237,7 +263,7 @@ class SlotRing:
             self._owners[i] = self._events[i] = None
             old = [self._kept[i]]  # (their launch finished, or never happened)
             self._kept[i] = None
-            self._pending[i] = 0  # last: free for another thread, whose arrays stay
+            self.pending[i] = 0  # last: free for another thread, whose arrays stay
         _drop(old)
 
     def forget(self, i: int, event) -> None:
@@ -307,7 +333,7 @@ class SlotRing:
                 # Its verdict landed (seq is written last; maybe before its call
                 # marked the slot launched), or its launch ended without one.
                 if item(i * row + status + _V_SEQ) == want or (
-                    self._pending[i] == want and item(i * row + DONE) == want
+                    self.pending[i] == want and item(i * row + DONE) == want
                 ):
                     self._read(i)
 
@@ -316,7 +342,7 @@ class SlotRing:
         with self._lock:
             return sum(
                 1
-                for i, want in enumerate(self._pending)
+                for i, want in enumerate(self.pending)
                 if want and (want == _TAKEN or self._flat.item(i * self._row_words + DONE) != want)
             )
 

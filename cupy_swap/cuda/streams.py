@@ -286,6 +286,8 @@ class EventPool:
     makes a call create one.  Events are made on the current GPU."""
 
     def __init__(self, size: int = 64, ready: int = 4):
+        if ready < 1:
+            raise ValueError(f"ready: expected at least 1 event made up front, got {ready}")
         self._cls = swap_event_class()
         self._issued: collections.deque = collections.deque()
         _pools.add(self)
@@ -294,18 +296,23 @@ class EventPool:
         self._free_refs = _unshared_refcount()
         self._issued.extend(self._new(False) for _ in range(ready))
 
-    def take(self, timed: bool):
-        """An unrecorded event for a swap; timed swaps get a new one.  Looks
-        at the oldest few: one still held (by a ring slot, for as many of
+    def take(self, path: str, nbytes: int, timed: bool = False):
+        """An unrecorded event for a swap that takes ``path`` and moves
+        ``nbytes``; timed swaps get a new one.  The oldest is reused when
+        nobody else holds it; one still held (by a ring slot, for as many of
         its ring's launches as it has slots, or by its caller) keeps its
-        place, and the next is looked at."""
+        place, and the next few are looked at."""
+        event = self._issued[0]  # (never empty: ``ready`` events are made up front)
+        if self._refs(event) == self._free_refs and not timed:
+            self._issued.rotate(-1)  # oldest -> newest
+        else:
+            event = self._other(timed)
+        event.path, event.nbytes, event.check, event.seq = path, nbytes, None, None
+        return event
+
+    def _other(self, timed: bool):
         issued = self._issued
-        if not timed and issued:
-            event = issued[0]
-            if self._refs(event) == self._free_refs and event.start is None:
-                issued.rotate(-1)  # oldest -> newest
-                event.check = event.seq = None
-                return event
+        if not timed:
             event = self._next_free(issued)  # the oldest is held: one of the next few
             if event is not None:
                 return event
@@ -321,10 +328,9 @@ class EventPool:
     def _next_free(self, issued):
         for i in range(1, min(_LOOKS, len(issued))):
             event = issued[i]
-            if self._refs(event) == self._free_refs and event.start is None:
+            if self._refs(event) == self._free_refs:
                 del issued[i]  # -> newest; the held ones before it keep their age
                 issued.append(event)
-                event.check = event.seq = None
                 return event
         return None
 

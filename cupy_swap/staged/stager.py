@@ -220,7 +220,7 @@ class Stager:
         except BaseException:
             ring.give_back(i)
             raise
-        ring.launched(i, seq)
+        ring.pending[i] = seq
 
     def _fence_after_failure(self, handle: int) -> None:
         """A staged swap failed halfway: fence every row it placed behind all it
