@@ -139,6 +139,7 @@ class PreparedSwap:
         "direction",
         "bytes_per_pair",
         "_last_stream",
+        "_variants",
     )
 
     def __init__(
@@ -164,6 +165,7 @@ class PreparedSwap:
         self._held = held
         # The last stream= object and its handle (checked once per object).
         self._last_stream = (None, 0)
+        self._variants: dict = {}  # (mode, check) -> this op as prepared with them (_variant)
         self.direction = layout.direction
         self.bytes_per_pair = layout.bytes_per_pair
 
@@ -275,12 +277,35 @@ class PreparedSwap:
     def _other(self, caller: int, block_mapping, stream, want, mode, wait_for, timing, check):
         """:meth:`_general` with the swapper's GPU current (``caller`` was
         current when the caller called: default-stream ``wait_for`` entries
-        are its); ``want``: the direction ``swap_in``/``swap_out`` ask for."""
-        if caller != self._swapper.device:
-            return self._swapper._on_own_device(
+        are its); ``want``: the direction ``swap_in``/``swap_out`` ask for.
+        A call's own ``mode`` or ``check`` goes to the op prepared with them
+        (:meth:`_variant`), whose calls take the common path where it serves."""
+        sw = self._swapper
+        if (mode is not None or check is not None) and caller == sw.device and not (timing or sw._closed):
+            return self._variant(mode, check)(block_mapping, stream=stream, wait_for=wait_for)
+        if caller != sw.device:
+            return sw._on_own_device(
                 self._general, caller, block_mapping, stream, want, mode, wait_for, timing, check
             )
         return self._general(caller, block_mapping, stream, want, mode, wait_for, timing, check)
+
+    def _variant(self, mode, check) -> PreparedSwap:
+        """This op as ``prepare(src, dst, mode=, check=)`` would make it with
+        a call's own ``mode``/``check`` (the op's own where None), made at
+        the first such call; its failures go to this op's channel."""
+        key = (self._mode if mode is None else mode, self._check if check is None else check)
+        variant = self._variants.get(key)
+        if variant is None:
+            if mode is not None:
+                check_mode(mode)
+            if check is not None and check != "launch" and check != "host":
+                raise ValueError(f"check: expected None, 'launch' or 'host', got {check!r}")
+            with capture.relaxed():  # may load kernels while another thread captures
+                variant = PreparedSwap(
+                    self._swapper, self._decided.layout, self._held, self._torch, self._outcomes, *key
+                )
+            self._variants[key] = variant
+        return variant
 
     def _handle(self, stream, op: _Decided) -> int:
         """The raw handle of ``stream`` (``None``: torch's or CuPy's current

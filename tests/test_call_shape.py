@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES, MAX_FUNCTIONS = 51, 7
@@ -83,3 +84,48 @@ def test_a_warm_prepared_call_stays_one_screen(monkeypatch):
         f"a warm call ran {len(lines)} library lines in {len(functions)} functions "
         f"(bound {MAX_LINES} in {MAX_FUNCTIONS}): {where}"
     )
+
+
+def _traced_functions(call) -> list:
+    """The library functions ``call()`` enters, in order of first entry."""
+    library = str(ROOT / "cupy_swap") + os.sep
+    entered: list = []
+
+    def trace(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(library):
+            if frame.f_code.co_name not in entered:
+                entered.append(frame.f_code.co_name)
+        return None
+
+    sys.settrace(trace)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+    return entered
+
+
+def test_a_calls_own_mode_or_check_takes_the_common_path_of_an_op_prepared_with_them(monkeypatch):
+    """Issue 50, item 2: a call that passes ``mode=`` or ``check=`` is handed
+    to this op as prepared with them (made at the first such call, kept), so
+    from the second call on it runs the common call there, not the general
+    path; a call with ``check="host"`` still takes the general path, which
+    checks its rows on the host."""
+    from cupy_swap import prepared
+
+    monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: False)
+    op, rows, _gpu = _warm_op()
+    for _ in range(2):
+        op(rows, stream=7, mode="kernel")
+    entered = _traced_functions(lambda: op(rows, stream=7, mode="kernel", check="launch"))
+    assert "_general" not in entered, entered
+    entered = _traced_functions(lambda: op(rows, stream=7, mode="kernel"))
+    assert "_general" not in entered and "_variant" in entered, entered
+    variant = op._variants[("kernel", None)]
+    assert variant._variants == {} and op._swapper.last_path == "kernel"
+    assert op(rows, stream=7, mode="kernel", check="host").path == "kernel"
+    assert ("kernel", "host") in op._variants
+    with pytest.raises(ValueError, match="mode"):
+        op(rows, stream=7, mode="fast")
+    with pytest.raises(ValueError, match="check: expected None, 'launch' or 'host', got 'gpu'"):
+        op(rows, stream=7, check="gpu")
