@@ -384,7 +384,11 @@ class PreparedSwap:
             path, rows, checked = self._captured(op, path, rows, on_gpu, checked, looked)
         # 4. One launch (or the copy engines' copies), one event.
         timed = sw.timing if timing is None else timing
-        event = sw._events.take(path, n * op.layout.bytes_per_pair, timed)
+        # A captured record's event is none of the pool's: a release waits for every pool event,
+        # and waiting for one recorded in a capture would break that capture.
+        event = (sw._events.untracked if capturing else sw._events.take)(
+            path, n * op.layout.bytes_per_pair, timed
+        )
         slot = -1  # the ring slot of a checked launch
         recorded = False
         try:

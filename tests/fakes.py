@@ -235,7 +235,10 @@ class FakeSwapper:
         self._dma = types.SimpleNamespace(
             copy=lambda layout, pairs, stream, capturing, merge=True: calls.append(("dma", stream))
         )
-        self._events = types.SimpleNamespace(take=lambda path, nbytes, timed=False: FakeEvent(path, nbytes))
+        self._events = types.SimpleNamespace(
+            take=lambda path, nbytes, timed=False: FakeEvent(path, nbytes),
+            untracked=lambda path, nbytes, timed=False: FakeEvent(path, nbytes),
+        )
         self._current_stream = lambda: types.SimpleNamespace(ptr=77)
         self._get_device = lambda: 0
         self._record = lambda ptr, stream: calls.append(("record", ptr, stream))

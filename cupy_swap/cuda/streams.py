@@ -310,6 +310,14 @@ class EventPool:
         event.path, event.nbytes, event.check, event.seq = path, nbytes, None, None
         return event
 
+    def untracked(self, path: str, nbytes: int, timed: bool = False):
+        """A new event that no release waits for: for a record inside a
+        capture (waiting for an event recorded in a capture invalidates the
+        capture; its graph's launches are waited for as any work is)."""
+        event = self._new(timed)
+        event.path, event.nbytes = path, nbytes
+        return event
+
     def _other(self, timed: bool):
         issued = self._issued
         if not timed:
