@@ -91,7 +91,11 @@ class _Decided:
         low, high = (0, 1 << 62) if kernel_only else self.kernel_rows
         checks = self.launch_checks and check != "host"
 
-        self.fast_rows = (low, min(high, lau.check_rows_max + 1)) if checks else (0, 0)
+        # From look rows on (auto's threshold, core/route.py run_rows), it first makes auto's
+        # O(1) look for one run; a mapping that is one goes to the copy engines or staging.
+        look = high if kernel_auto else 1 << 62
+        high = (1 << 62) if kernel_auto else high
+        self.fast_rows = (low, min(high, lau.check_rows_max + 1), look) if checks else (0, 0, 0)
         # It serves rows on the GPU too, 0 < n < gpu_rows (0: never; they take no route).
         # (An op prepared for the copy engines or staging refuses them, as a call's own mode= does.)
         gpu_ok = checks and layout.bytes_per_pair and mode in (None, "auto", "kernel")
@@ -244,12 +248,12 @@ class PreparedSwap:
         ):  # fmt: skip
             return self._other(caller, block_mapping, stream, None, mode, wait_for, timing, check)
         if (kind := type(block_mapping)) is np.ndarray or kind is list:
-            rows, write, (low, high) = host_rows(block_mapping, sw.max_blocks), ring.write, op.fast_rows
+            rows, write, (low, high, look) = host_rows(block_mapping, sw.max_blocks), ring.write, op.fast_rows
             n = len(rows) >> 1 if type(rows) is list else rows.shape[0]
         else:  # rows on the GPU, read and checked by the launch (None: host index pairs)
             rows, write = device_rows(block_mapping, sw.device, sw.max_blocks), ring.write_gpu
-            n, low, high = (0, 0, 0) if rows is None else (rows.n, 0, op.gpu_rows)
-        if not low < n < high:
+            n, low, high, look = (0, 0, 0, 0) if rows is None else (rows.n, 0, op.gpu_rows, 1 << 62)
+        if not low < n < high or n >= look and run_route(rows, n, op.layout.direction, op.staged_ok):
             return self._general(caller, block_mapping, stream, None, mode, wait_for, timing, check)
         handle = last[1] if stream is (last := self._last_stream)[0] is not None else self._handle(stream, op)
         if wait_for is not None and not (type(wait_for) is tuple and not wait_for):  # 0 is a stream

@@ -129,3 +129,20 @@ def test_a_calls_own_mode_or_check_takes_the_common_path_of_an_op_prepared_with_
         op(rows, stream=7, mode="fast")
     with pytest.raises(ValueError, match="check: expected None, 'launch' or 'host', got 'gpu'"):
         op(rows, stream=7, check="gpu")
+
+
+def test_many_rows_that_are_not_one_run_take_the_common_path(monkeypatch):
+    """From auto's run threshold on, the common call makes auto's O(1) look
+    itself (core/route.py, run_route): scattered rows stay on it (the
+    general path once made the look for them), a mapping that is one run on
+    each side goes to the general path, which routes it."""
+    from cupy_swap import prepared
+
+    monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: False)
+    op, rows, _gpu = _warm_op(n=1250)
+    low, high, _ = op._decided.fast_rows
+    op._decided.fast_rows = (low, high, 1000)  # the stand-in's layout (GPU -> GPU) has no threshold
+    assert "_general" not in _traced_functions(lambda: op(rows, stream=7))
+    assert op._swapper.last_path == "kernel"
+    run = np.column_stack([np.arange(1250), np.arange(1250) + 3]).astype(np.int64)
+    assert "_general" in _traced_functions(lambda: op(run, stream=7))

@@ -213,7 +213,7 @@ def test_mode_and_check_fixed_at_prepare_hold_for_every_call(fake_gpu, not_captu
     calls.clear()
     assert dma([(1, 2), (3, 4)]).path == "dma" and calls[0][0] == "dma"
     host_checked = op(mode="kernel", check="host")
-    assert host_checked._decided.fast_rows == (0, 0)  # the one-screen call never serves it
+    assert host_checked._decided.fast_rows == (0, 0, 0)  # the one-screen call never serves it
     calls.clear()
     with pytest.raises(ValueError, match="distinct destination blocks, got block 2 twice"):
         host_checked([(1, 2), (3, 2)])  # raised on the host, nothing launched
