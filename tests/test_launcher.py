@@ -113,30 +113,33 @@ def capture_modes(monkeypatch):
 def test_gpu_rows_are_held_by_their_slot_until_it_is_written_again(capture_modes):
     """A GPU mapping's arrays (a temporary index tensor, say) are read by
     the launch: its slot holds them until the slot is written again, which
-    is only after that launch's kernel said it finished, or given back
-    (nothing launched), and drops them in relaxed capture mode.  (This
-    replaces the launcher's event-queried keep list.)"""
+    is only after that launch's kernel said it finished; then they are
+    retired, and dropped on the releaser thread a batch at a time (a last
+    reference may free GPU memory, which a capture on the calling thread
+    forbids).  A slot given back (nothing launched) drops them at once, in
+    relaxed capture mode."""
     import gc
+    import threading
     import weakref
 
-    from cupy_swap.cuda import capture
+    from cupy_swap.cuda import capture, release, slots
     from cupy_swap.cuda.gpu_mapping import DeviceRows
     from cupy_swap.cuda.slots import DST_INDEX, INDEX_STEP, N_PAIRS, SRC_INDEX
 
     from .fakes import fake_ring, land
 
-    class Rows:  # stands for the caller's index arrays; dropped: in which capture mode
+    class Rows:  # stands for the caller's index arrays; dropped: on which thread, in which mode
         def __del__(self):
-            modes.append(capture_modes[0])
+            dropped.append((threading.current_thread().name, capture_modes[0]))
 
-    modes: list = []
+    dropped: list = []
 
     class Event:
         check = seq = slot = path = nbytes = None
 
     layout = types.SimpleNamespace(bytes_per_pair=64)
     ring = fake_ring(size=1)
-    first, second = Rows(), Rows()
+    first = Rows()
     i = ring.take()
     seq = ring.write_gpu(i, DeviceRows(0x10, 0x18, 2, 3, first), 3, (None, layout, None), Event())
     control = ring.controls[i]
@@ -152,13 +155,23 @@ def test_gpu_rows_are_held_by_their_slot_until_it_is_written_again(capture_modes
     gc.collect()
     assert gone() is not None  # the launch may still read them
     land(ring, seq)
-    j = ring.take()  # free again only now: its kernel finished
-    ring.write_gpu(j, DeviceRows(0x20, 0x28, 1, 1, second), 1, (None, layout, None), Event())
+    for _ in range(slots._RETIRE_BATCH):  # the slot written again each time its kernel finished
+        j = ring.take()
+        assert j == i
+        seq = ring.write_gpu(j, DeviceRows(0x20, 0x28, 1, 1, Rows()), 1, (None, layout, None), Event())
+        ring.pending[j] = seq
+        land(ring, seq)
+    assert release.drain(timeout=30)
     gc.collect()
-    assert j == i and gone() is None
+    assert gone() is None  # retired, then dropped by the releaser with the rest of its batch
+    assert {name for name, _ in dropped} == {"cupy_swap-releaser"}
+    j = ring.take()
+    second = Rows()
+    ring.write_gpu(j, DeviceRows(0x20, 0x28, 1, 1, second), 1, (None, layout, None), Event())
     kept = weakref.ref(second)
     del second
+    dropped.clear()
     assert kept() is not None and ring._kept[j] is kept()
     ring.give_back(j)  # nothing launched: dropped, and the dropped ring's release waits for no slot
     assert kept() is None and ring._kept[j] is None
-    assert modes == [capture.RELAXED, capture.RELAXED]  # a last reference may free GPU memory
+    assert dropped == [(threading.current_thread().name, capture.RELAXED)]

@@ -44,6 +44,7 @@ _POLL_FIRST, _POLL_MAX = 5e-6, 100e-6  # seconds between looks at a full ring
 
 
 _live: weakref.WeakSet = weakref.WeakSet()  # every ring of this process
+_RETIRE_BATCH = 32  # finished launches' GPU index arrays handed to the releaser at once
 _TAKEN_WAIT_S = 10.0  # the most an unpin waits for one taken slot (a launch takes microseconds)
 
 
@@ -147,9 +148,10 @@ class SlotRing:
         self._seqs = [0] * size  # that launch's number
         self._events: list = [None] * size  # that launch's event
         # The GPU index arrays of each slot's last GPU-rows launch: held until that slot
-        # next carries GPU rows or is given back, or the ring is released (so at most
-        # one set a slot outlives its launch).
+        # next carries GPU rows (then retired: _retire) or is given back, or the ring is
+        # released.
         self._kept: list = [None] * size
+        self._retired: list = [[]]  # a box: the finished launches' arrays not yet handed to the releaser
         self._alarm_seen = 0
         self.failing: set = set()
         self._next = 0
@@ -157,7 +159,7 @@ class SlotRing:
         self._checked = itertools.count(1)  # numbers of checked launches (errors name them)
         self._unchecked = itertools.count(-1, -1)  # numbers of unchecked launches
         self.waits = 0
-        free = functools.partial(_free_counters, counters, device, words, self._kept)
+        free = functools.partial(_free_counters, counters, device, words, [self._kept, self._retired])
         gate = functools.partial(_wait_all, self._lock, self.pending, self._flat, self._row_words)
         self._finalizer = release.when_dropped(self, free, gate, f"slot ring of GPU {device}")
         _live.add(self)
@@ -244,10 +246,24 @@ class SlotRing:
         control = self.controls[i]
         control[SRC_INDEX], control[DST_INDEX], control[INDEX_STEP] = rows.src, rows.dst, rows.step
         control[N_PAIRS] = n
-        old = [self._kept[i]]  # their launch finished: the slot was taken again (or never launched)
+        old = self._kept[i]  # their launch finished: the slot was taken again (or never launched)
         self._kept[i] = rows.keep
-        _drop(old)
+        if old is not None:
+            self._retire(old)
         return seq
+
+    def _retire(self, arrays) -> None:
+        """Hand a finished launch's GPU index arrays to the releaser thread, a
+        batch at a time: the last reference may free GPU memory (an allocator
+        without a cache), which a capture on this thread would forbid; a
+        relaxed-mode drop here cost two capture-mode exchanges a call."""
+        with self._lock:
+            retired = self._retired[0]
+            retired.append(arrays)
+            if len(retired) < _RETIRE_BATCH:
+                return
+            self._retired[0] = []
+        release.defer(retired.clear, None, "GPU index arrays of finished launches")
 
     def abandon(self, i: int, event) -> None:
         """The call that took slot ``i`` failed: :meth:`give_back` if it
