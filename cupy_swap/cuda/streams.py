@@ -290,7 +290,8 @@ class EventPool:
             raise ValueError(f"ready: expected at least 1 event made up front, got {ready}")
         self._cls = swap_event_class()
         self._issued: collections.deque = collections.deque()
-        _pools.add(self)
+        with _tracked_lock:
+            _pools.add(self)
         self._size = size
         self._refs = sys.getrefcount
         self._free_refs = _unshared_refcount()
@@ -326,10 +327,12 @@ class EventPool:
                 return event
         event = self._new(timed)
         if timed:
-            _loose.add(event)
+            with _tracked_lock:
+                _loose.add(event)
         else:
             if len(issued) >= self._size:
-                _loose.add(issued.popleft())  # its caller may still hold it, its swap queued
+                with _tracked_lock:
+                    _loose.add(issued.popleft())  # its caller may still hold it, its swap queued
             issued.append(event)
         return event
 
@@ -352,6 +355,7 @@ class EventPool:
 _LOOKS = 4  # events EventPool.take looks at before it makes one
 _pools: weakref.WeakSet = weakref.WeakSet()  # every EventPool of this process
 _loose: weakref.WeakSet = weakref.WeakSet()  # events handed out that no pool lists (timed, pushed out)
+_tracked_lock = threading.Lock()  # guards the two sets' adds and their copy (a WeakSet is iterated in Python)
 
 
 def wait_for_issued_events() -> None:
@@ -364,7 +368,9 @@ def wait_for_issued_events() -> None:
     here; an error is left to the GPU wait that follows, which raises it."""
     from cupy.cuda import runtime
 
-    events = [e for pool in list(_pools) for e in list(pool._issued)] + list(_loose)
+    with _tracked_lock:
+        pools, events = list(_pools), list(_loose)
+    events += [e for pool in pools for e in list(pool._issued)]
     with capture.relaxed():  # legal while another thread captures
         for event in events:
             try:
