@@ -261,7 +261,7 @@ class PreparedSwap:
         if stream_is_capturing(handle):  # asked after the waits: they may have joined a capture
             return self._general(caller, block_mapping, stream, None, mode, (), timing, check, capturing=True)
         event = sw._events.take("kernel", n * op.layout.bytes_per_pair)
-        i = ring.take()
+        i, launched = ring.take(), False
         if op.generation != memory._generation[0]:  # a registration changed since the look above
             ring.give_back(i)  # (unpinning waits for taken slots: memory.before_unpin)
             return self._general(
@@ -270,10 +270,10 @@ class PreparedSwap:
         try:
             seq = write(i, rows, n, (self._outcomes, op.layout, here.ref), event)
             op.kernel.launch_slot(i, handle)
-            ring.pending[i] = seq  # launched: free once its kernel writes seq
+            ring.pending[i], launched = seq, True  # launched: free once its kernel writes seq
             sw._record(event.ptr, handle)
-        except BaseException:
-            ring.abandon(i, event)  # nothing launched: the slot back; else nobody is told its verdict
+        except BaseException:  # nothing launched: the slot back; else nobody is told its verdict
+            ring.abandon(i, event, launched)  # (launched, not the ring: the slot may be another's by now)
             raise
         sw.last_path = "kernel"
         return event
@@ -286,7 +286,7 @@ class PreparedSwap:
         (:meth:`_variant`), whose calls take the common path where it serves."""
         sw = self._swapper
         if (mode is not None or check is not None) and caller == sw.device and not (timing or sw._closed):
-            return self._variant(mode, check)(block_mapping, stream=stream, wait_for=wait_for)
+            return self._variant(mode, check)(block_mapping, stream=stream, wait_for=wait_for, timing=timing)
         if caller != sw.device:
             return sw._on_own_device(
                 self._general, caller, block_mapping, stream, want, mode, wait_for, timing, check
@@ -389,8 +389,9 @@ class PreparedSwap:
         # 4. One launch (or the copy engines' copies), one event.
         timed = sw.timing if timing is None else timing
         # A captured record's event is none of the pool's: a release waits for every pool event,
-        # and waiting for one recorded in a capture would break that capture.
-        event = (sw._events.untracked if capturing else sw._events.take)(
+        # and waiting for one recorded in a capture would break that capture.  An empty swap's
+        # neither: it moves nothing, and its stream is not asked whether it captures.
+        event = (sw._events.untracked if capturing or path == "none" else sw._events.take)(
             path, n * op.layout.bytes_per_pair, timed
         )
         slot = -1  # the ring slot of a checked launch

@@ -357,3 +357,36 @@ def test_prepare_refuses_a_bad_mode_or_check_before_looking_at_anything():
         BlockSwapper.prepare(object(), None, None, mode="fast")
     with pytest.raises(ValueError, match="check: expected None, 'launch' or 'host', got 'gpu'"):
         BlockSwapper.prepare(object(), None, None, check="gpu")
+
+
+def test_a_calls_own_timing_holds_when_it_also_passes_a_mode(fake_gpu, not_capturing):
+    """Review of session 56: on a swapper made with ``timing=True`` a call
+    with ``mode=`` and ``timing=False`` ran timed (the op prepared with its
+    mode was called without it)."""
+    calls: list = []
+    op = _op(calls, fake_gpu)
+    sw = op._swapper
+    sw.timing = True
+    asked: list = []
+    take = sw._events.take
+    sw._events.take = lambda path, nbytes, timed=False: asked.append(timed) or take(path, nbytes, timed)
+    op([(1, 2)], mode="kernel", timing=False)
+    op([(1, 2)], check="launch", timing=False)
+    assert asked == [False, False]
+
+
+def test_an_empty_swap_on_a_capturing_stream_takes_no_pool_event(fake_gpu, monkeypatch):
+    """Review of session 56: an empty mapping on a capturing stream recorded
+    a pool event into the capture, and a release waits for every pool
+    event, which would break that capture: an empty swap gets an event of
+    its own, whatever its stream (it moves nothing a release waits for)."""
+    monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: True)
+    calls: list = []
+    op = _op(calls, fake_gpu)
+    sw = op._swapper
+    used: list = []
+    take, untracked = sw._events.take, sw._events.untracked
+    sw._events.take = lambda *a, **k: used.append("pool") or take(*a, **k)
+    sw._events.untracked = lambda *a, **k: used.append("own") or untracked(*a, **k)
+    event = op([])
+    assert event.path == "none" and used == ["own"]

@@ -408,3 +408,41 @@ def test_a_thread_threading_did_not_start_never_gets_an_earlier_ones_failure(fak
     assert op._outcomes.failed == []
     with pytest.raises(ValueError, match=f"swap #{bad.seq}"):
         _sync(bad)  # ... its event still tells it
+
+
+def test_a_failed_record_never_gives_back_a_slot_another_call_holds(fake_gpu):
+    """Review of session 56: A's launch finished and B took the slot again
+    (held, launching) when A's event record raised; A's failure handling
+    read the slot's shared state, saw it taken and gave it back, so B lost
+    its verdict and a third call could write the slot under B's launch.  A
+    call now knows itself whether it launched."""
+    from cupy_swap.cuda import slots
+
+    sw = FakeSwapper([], ring_size=1)
+    op_a, op_b = _op(fake_gpu, sw), _op(fake_gpu, sw)
+    ring, kernel = sw._launcher.slots, sw.kernel
+    real_launch = kernel.launch_slot
+    b_launching, b_go, got = threading.Event(), threading.Event(), {}
+
+    def b_launch(i, stream):  # B holds the slot, launching, until the test lets it go
+        b_launching.set()
+        assert b_go.wait(30)
+        real_launch(i, stream)
+
+    def a_record(ptr, stream):  # A launched; B takes the finished slot, then A's record fails
+        sw._record = lambda ptr, stream: None
+        kernel.launch_slot = b_launch
+        got["thread"] = t = threading.Thread(target=lambda: got.__setitem__("b", op_b(BAD)))
+        t.start()
+        assert b_launching.wait(30)
+        raise RuntimeError("cudaEventRecord failed")
+
+    sw._record = a_record
+    with pytest.raises(RuntimeError, match="cudaEventRecord failed"):
+        op_a(GOOD)
+    assert ring.pending[0] == slots._TAKEN  # still B's
+    kernel.launch_slot = real_launch
+    b_go.set()
+    got["thread"].join(30)
+    with pytest.raises(ValueError, match=f"swap #{got['b'].seq}: .*block 10 again"):
+        _sync(got["b"])  # B's verdict reached B

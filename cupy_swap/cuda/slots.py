@@ -265,13 +265,14 @@ class SlotRing:
             self._retired[0] = []
         release.defer(retired.clear, None, "GPU index arrays of finished launches")
 
-    def abandon(self, i: int, event) -> None:
+    def abandon(self, i: int, event, launched: bool) -> None:
         """The call that took slot ``i`` failed: :meth:`give_back` if it
-        launched nothing, else :meth:`forget` its swap's verdict."""
-        if self.pending[i] == _TAKEN:
-            self.give_back(i)
-        else:
+        launched nothing, else :meth:`forget` its swap's verdict (the caller
+        says which: once launched, the slot may be another call's)."""
+        if launched:
             self.forget(i, event)
+        else:
+            self.give_back(i)
 
     def give_back(self, i: int) -> None:
         """Slot ``i`` was taken and nothing that reads it was launched."""

@@ -340,8 +340,8 @@ class EventPool:
         for i in range(1, min(_LOOKS, len(issued))):
             event = issued[i]
             if self._refs(event) == self._free_refs:
-                del issued[i]  # -> newest; the held ones before it keep their age
-                issued.append(event)
+                issued.remove(event)  # -> newest; the held ones before it keep their age
+                issued.append(event)  # (by identity: another thread may have moved the deque)
                 return event
         return None
 
