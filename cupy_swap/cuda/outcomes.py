@@ -48,12 +48,7 @@ class _Here(threading.local):
         self.ref = weakref.ref(self.caller)
 
 
-here = _Here()
-
-
-def caller() -> weakref.ref:
-    """The calling thread's name for its failures (``here.ref``)."""
-    return here.ref
+here = _Here()  # here.ref: the calling thread's name for its failures
 
 
 class Channel:
@@ -73,7 +68,7 @@ class Channel:
         ring.collect_if_alarmed()
         if not self.failed:
             return
-        me = caller()
+        me = here.ref
         with ring.lock:
             failure = None
             for f in list(self.failed):

@@ -223,8 +223,8 @@ class SlotRing:
         list or an ``(n, 2)`` int64 array), its control record for a
         checked launch, and who is told its verdict: ``owner`` ``(channel,
         layout, thread)`` and ``event`` (its ``check``, ``seq`` and ``slot``
-        set), known before the launch, so a verdict that lands before
-        :meth:`launched` is found; the launch's number."""
+        set), known before the launch, so a verdict that lands before its
+        call marks the slot launched (``pending``) is found; the launch's number."""
         seq = next(self._checked)
         if type(rows) is list:
             self.rows_c[i][: 2 * n] = rows
