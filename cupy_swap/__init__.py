@@ -11,9 +11,9 @@ Public API::
 from . import hostpool  # issue 41: pools of any size, pinned in chunks, NUMA-placed
 from .cuda.availability import CudaUnavailableError
 from .cuda.memory import empty_pinned, is_pinned, register_host, unregister_host, zeros_pinned
-from .cuda.shared import shared_pinned, unlink_shared
 from .graphs.graph_swap import GraphSwap
 from .hostpool import PinError, PinHandle, pin_array, pin_pool, pin_shared
+from .hostpool.shared import shared_pinned, unlink_shared
 from .swapper import BlockSwapper, PreparedSwap
 
 __version__ = "0.3.0.dev0"  # a development version until 0.3.0 is released (CHANGELOG.md)

@@ -49,7 +49,7 @@ OFF_CAPTURE = {
     ("cuda/kernels.py", "has_function"): "its callers hold relaxed mode (Launcher.byref_args)",
     ("cuda/memory.py", "wait_for_gpus_in_use"): "releaser only (release_owned)",
     ("cuda/memory.py", "release_owned"): "releaser release",
-    ("cuda/shared.py", "_unpin"): "releaser release (release_owned)",
+    ("hostpool/shared.py", "_unpin"): "releaser release (release_owned)",
 }
 
 

@@ -1,5 +1,5 @@
 """The shared pool's segment on the CPU (no GPU needed): creating, opening,
-and every refusal, named clearly (cupy_swap.cuda.shared.open_segment); the
+and every refusal, named clearly (cupy_swap.hostpool.shared.open_segment); the
 pool's lifecycle over a stand-in CUDA runtime (the ``fake_cuda`` fixture).
 Page-locking and swaps across processes are in test_shared_pool_gpu.py."""
 
@@ -11,7 +11,8 @@ import uuid
 import numpy as np
 import pytest
 
-from cupy_swap.cuda import memory, release, shared
+from cupy_swap.cuda import memory, release
+from cupy_swap.hostpool import shared
 
 if not os.path.isdir(shared.SHM_DIR):
     pytest.skip("needs /dev/shm", allow_module_level=True)

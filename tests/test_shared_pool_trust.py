@@ -1,5 +1,5 @@
 """Issue 42 on the CPU: a shared pool is opened only from a regular file of
-the caller's own user with no wider mode than asked for (cupy_swap.cuda.shared,
+the caller's own user with no wider mode than asked for (cupy_swap.hostpool.shared,
 the rule of its module docstring); everything else is refused with a
 PermissionError before anything is mapped.  Pool files live in a temporary
 directory (``shared.SHM_DIR`` redirected)."""
@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from cupy_swap.cuda import shared
+from cupy_swap.hostpool import shared
 
 NOBODY = 65534
 

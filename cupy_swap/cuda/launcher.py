@@ -76,8 +76,7 @@ class BoundKernel:
     def launch_slot(self, i: int, stream: int) -> None:
         """Launch over ring slot ``i`` (its control record and rows) on
         ``stream``."""
-        call = self._slot_calls[i]
-        if call is None or call[0] != self._launcher.max_ctas:
+        if (call := self._slot_calls[i]) is None or call[0] != self._launcher.max_ctas:
             call = self._for_slot(i)
         self._launcher._launch(call[1], call[2], 1, 1, call[3], 1, 1, call[4], stream, call[5].ptr, 0)
 

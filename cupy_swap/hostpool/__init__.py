@@ -14,6 +14,7 @@ One idea per module:
 - :mod:`.handle`    registering chunk by chunk, the :class:`PinHandle`;
 - :mod:`.errors`    one clear error for a failed registration, no pending one;
 - :mod:`.progress`  a text progress bar;
+- :mod:`.shared`    POSIX shared-memory segments, and ``shared_pinned`` over them;
 - :mod:`.api`       ``pin_pool``, ``pin_shared``, ``pin_array``.
 
 Example::

@@ -24,10 +24,10 @@ import weakref
 
 import numpy as np
 
-from ..cuda import capture, memory, release, shared
+from ..cuda import capture, memory, release
 from ..cuda.availability import translate_unavailable
 from ..cuda.pools import PINNED, PoolRecord, registry
-from . import numa
+from . import numa, shared
 from .chunks import plan_chunks
 from .handle import PinHandle
 from .settings import chunk_bytes as chunk_setting

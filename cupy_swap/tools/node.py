@@ -244,7 +244,7 @@ def _process_worker(name, shape, index, device, n, seed, plan, reps, barrier, qu
     import traceback
 
     try:
-        from ..cuda.shared import shared_pinned
+        from ..hostpool.shared import shared_pinned
 
         pool = shared_pinned(name, shape, np.uint8)
         work = GpuWork(index, device, pool, n, seed)
@@ -293,7 +293,7 @@ def _run_processes(devices, block_bytes, n, seed, plan, reps, pool_name):
     import multiprocessing
 
     from ..cuda import memory
-    from ..cuda.shared import shared_pinned, unlink_shared
+    from ..hostpool.shared import shared_pinned, unlink_shared
 
     shape = (2 * n * len(devices), block_bytes)
     pool = shared_pinned(pool_name, shape, np.uint8, create=True)

@@ -34,8 +34,8 @@ import stat
 
 import numpy as np
 
-from . import memory, release
-from .availability import cuda_unavailable_error, translate_unavailable
+from ..cuda import memory, release
+from ..cuda.availability import cuda_unavailable_error, translate_unavailable
 
 SHM_DIR = "/dev/shm"
 _PREFIX = "cupy_swap."
