@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .api_types import Mapping, Stream, WaitFor
+from .core.copies import run_copies
 from .core.layout import DIRECTION_TEXT, IN, Layout
-from .core.mapping import check_rows_for, host_rows, run_starts
+from .core.mapping import check_rows_for, host_rows, one_run
 from .core.route import check_mode, prepared_route, run_route, run_rows, staged_refusal
 from .cuda import abi, capture, memory, pools, release
 from .cuda.gpu_mapping import device_rows
@@ -374,7 +375,11 @@ class PreparedSwap:
         checked = (
             path == "kernel" and check != "host" and op.launch_checks and n <= sw._launcher.check_rows_max
         )
-        if path != "none" and not checked:
+        run = None  # one run both sides on the copy engines: a copy per part, its ends all it checks
+        if path == "dma" and on_gpu is None and not op.layout.meeting:
+            ends = one_run(rows, n, op.layout.src_limit, op.layout.dst_limit)
+            run = ends and run_copies(op.layout, ends[0], ends[1], n)
+        if path != "none" and not checked and not run:
             rows = check_rows_for(op.layout, rows, sw.max_blocks)  # raises before any launch
         plan = self._staged(op.layout, rows, looked) if path == "staged" else None
         if plan is False:
@@ -403,7 +408,7 @@ class PreparedSwap:
             if path == "kernel":
                 slot = self._launch_kernel(op, rows, on_gpu, n, handle, capturing, checked, event)
             elif path == "dma":
-                sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs or looked)
+                sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs or looked, run)
             elif path == "staged":
                 sw._stagers[op.layout.direction].enqueue(op.layout, plan, handle, sw._launcher, sw._dma)
             sw._record(event.ptr, handle)
@@ -472,7 +477,7 @@ class PreparedSwap:
             # Ends that span n blocks but no single run (0, 2, .., 1, 3, ..) would be
             # copied block by block: the kernel is faster (NOTES 61).  O(n) NumPy,
             # paid only where the copy that follows moves at least dma_min_copy_bytes.
-            if run == "dma" and run_starts(_rows_array(rows)).shape[0] != 1:
+            if run == "dma" and one_run(rows, n, layout.src_limit, layout.dst_limit) is None:
                 run = None
             if run is not None:
                 return run, True

@@ -233,7 +233,7 @@ class FakeSwapper:
             check_rows_max=8192,
         )
         self._dma = types.SimpleNamespace(
-            copy=lambda layout, pairs, stream, capturing, merge=True: calls.append(("dma", stream))
+            copy=lambda layout, pairs, stream, capturing, merge=True, run=None: calls.append(("dma", stream))
         )
         self._events = types.SimpleNamespace(
             take=lambda path, nbytes, timed=False: FakeEvent(path, nbytes),

@@ -300,3 +300,60 @@ def test_interleaved_views_never_meet(fake_gpu):
     assert layout_from_parts(gpu, views).meeting == []
     # The same view twice is a real write/write conflict.
     assert layout_from_parts(gpu[:2], [views[0], views[0]]).meeting == [(0, 3)]
+
+
+def test_a_run_copies_as_the_numpy_path_merges_it(fake_gpu):
+    """Issue 50, item 5: a mapping that is one run on both sides goes to the
+    copy engines as one copy a part, its ends its only check (one_run), the
+    copies those of copy_list's merged path; a strided part, a run that
+    steps back inside, a run past either end or one row is no run."""
+    from cupy_swap.core.copies import copy_list, run_copies
+    from cupy_swap.core.mapping import one_run
+
+    src = [
+        fake_gpu.part(np.zeros((10, 64), np.uint8), "s0"),
+        fake_gpu.part(np.zeros((10, 32), np.uint8), "s1"),
+    ]
+    dst = [
+        fake_gpu.part(np.zeros((12, 64), np.uint8), "d0"),
+        fake_gpu.part(np.zeros((12, 32), np.uint8), "d1"),
+    ]
+    layout = resolve_layout(layout_from_parts(src, dst), device=0)
+    for s, d, n in [(0, 0, 10), (2, 5, 7), (8, 10, 2)]:
+        m = np.column_stack([np.arange(s, s + n), np.arange(d, d + n)]).astype(np.int64)
+        for rows in (m, m.ravel().tolist()):
+            assert one_run(rows, n, layout.src_limit, layout.dst_limit) == (s, d)
+        assert [x.tolist() for x in copy_list(layout, m)] == list(run_copies(layout, s, d, n))
+    m = np.array([[0, 4], [2, 6], [1, 5], [3, 7]], np.int64)  # ends span a run, the middle does not
+    assert one_run(m, 4, 10, 12) is None and one_run(m.ravel().tolist(), 4, 10, 12) is None
+    assert one_run(np.array([[9, 0], [10, 1]], np.int64), 2, 10, 12) is None  # past the source's end
+    assert one_run(np.array([[-1, 0], [0, 1]], np.int64), 2, 10, 12) is None
+    assert one_run(np.array([[1, 11], [2, 12]], np.int64), 2, 10, 12) is None  # past the destination's
+    assert one_run(np.array([[3, 3]], np.int64), 1, 10, 12) is None
+    strided = [fake_gpu.part(np.zeros((10, 2, 32), np.uint8)[:, 1], "s2")]
+    assert run_copies(resolve_layout(layout_from_parts(strided, dst[1:]), device=0), 0, 0, 3) is None
+
+
+def test_a_one_run_swap_on_the_copy_engines_checks_its_ends(fake_gpu, monkeypatch):
+    """The prepared op's copy-engine path with one run: one copy a part,
+    rows not checked one by one; a run past an end still raises the full
+    check's message, naming the row, before anything is issued."""
+    from cupy_swap import prepared
+
+    from .fakes import FakeSwapper
+
+    monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: False)
+    sw = FakeSwapper([])
+    src = [fake_gpu.part(np.zeros((10, 64), np.uint8), "s0")]
+    dst = [fake_gpu.part(np.zeros((12, 64), np.uint8), "d0")]
+    layout = resolve_layout(layout_from_parts(src, dst), device=0)
+    issued = []
+    sw._dma.copy = lambda layout, rows, stream, capturing, merge=True, run=None: issued.append(run)
+    op = prepared.PreparedSwap(sw, layout, None, mode="dma")
+    op(np.array([[2, 5], [3, 6], [4, 7]], np.int64), stream=7)
+    assert issued[-1] == ([dst[0].ptr + 5 * 64], [src[0].ptr + 2 * 64], [3 * 64])
+    op(np.array([[2, 5], [4, 6], [3, 7]], np.int64), stream=7)  # not one run: the rows, checked
+    assert issued[-1] is None
+    with pytest.raises(IndexError, match="source block index 10 in row 1 is out of range"):
+        op(np.array([[9, 5], [10, 6]], np.int64), stream=7)
+    assert len(issued) == 2

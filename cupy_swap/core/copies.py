@@ -98,15 +98,33 @@ def _packed(part) -> bool:
     return part.block_stride == part.block_bytes
 
 
-def pair_copies(layout, s: int, d: int) -> tuple[list, list, list]:
-    """:func:`copy_list` of the one-pair mapping ``[(s, d)]``, as lists, in
-    plain Python over a per-layout table (little else may stand around a
-    one-block swap's memcpys)."""
+def run_copies(layout, s: int, d: int, n: int) -> tuple[list, list, list] | None:
+    """:func:`copy_list` of the one-run mapping ``(s + i, d + i)`` for
+    ``i < n``, as lists: one copy per part, in plain Python (a run's copies
+    need no NumPy over its rows); None when a part is strided (its blocks
+    are not adjacent bytes: one copy a block)."""
+    table = _pair_table(layout)
+    if any(row[1] != row[4] or row[3] != row[4] for row in table):
+        return None
+    return [r[0] + d * r[1] for r in table], [r[2] + s * r[3] for r in table], [n * r[4] for r in table]
+
+
+def _pair_table(layout) -> list:
+    """``(d_ptr, d_stride, s_ptr, s_stride, block_bytes)`` of every moving
+    part, built once per layout."""
     table = layout.pair_table
     if table is None:
         table = layout.pair_table = [
             (dp.ptr, dp.block_stride, sp.ptr, sp.block_stride, sp.block_bytes) for sp, dp in _moving(layout)
         ]
+    return table
+
+
+def pair_copies(layout, s: int, d: int) -> tuple[list, list, list]:
+    """:func:`copy_list` of the one-pair mapping ``[(s, d)]``, as lists, in
+    plain Python over a per-layout table (little else may stand around a
+    one-block swap's memcpys)."""
+    table = _pair_table(layout)
     if len(table) == 1:
         ((d_ptr, d_stride, s_ptr, s_stride, nbytes),) = table
         return [d_ptr + d * d_stride], [s_ptr + s * s_stride], [nbytes]

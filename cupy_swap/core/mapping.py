@@ -292,6 +292,26 @@ def run_starts(columns: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], np.flatnonzero(broken) + 1))
 
 
+def one_run(rows, n: int, src_limit: int, dst_limit: int) -> tuple[int, int] | None:
+    """``(first source, first destination)`` when ``n >= 2`` rows (an
+    ``(n, 2)`` array, or its flat list) are one run on both sides, every
+    block in ``[0, limit)``; else None.  Such rows need no other check: in
+    range at both ends, and no block twice (checked in O(1), then confirmed
+    in one NumPy pass: 1,250 rows in a few µs)."""
+    flat = rows.item if type(rows) is np.ndarray else rows.__getitem__
+    s, d, last = flat(0), flat(1), 2 * n - 2
+    if n < 2 or flat(last) - s != n - 1 or flat(last + 1) - d != n - 1:
+        return None
+    if s < 0 or d < 0 or s + n > src_limit or d + n > dst_limit:
+        return None
+    if type(rows) is list:
+        if rows[0::2] != list(range(s, s + n)) or rows[1::2] != list(range(d, d + n)):
+            return None
+    elif not bool((rows[1:] - rows[:-1] == 1).all()):
+        return None
+    return s, d
+
+
 def check_rows_for(layout, rows, max_blocks: int):
     """The host check of :func:`host_rows`' output: a short flattened list
     is checked with builtins (``min``, ``max``, ``set``: no NumPy at this

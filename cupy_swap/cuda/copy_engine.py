@@ -46,12 +46,18 @@ class DmaCopier:
         self._batch = None  # (fn, takes_fail_index), loaded on first use
         self._memcpy = None
 
-    def copy(self, layout, mapping, stream: int, capturing: bool = False, merge: bool = True) -> int:
+    def copy(
+        self, layout, mapping, stream: int, capturing: bool = False, merge: bool = True, run=None
+    ) -> int:
         """Enqueue every copy of a swap on ``stream``; returns how many were
         issued.  ``mapping`` is an ``(N, 2)`` int64 array, or a flat list
         ``[s0, d0, ...]`` of a short one; ``merge``: one copy per run of
-        consecutive blocks (else one per block)."""
+        consecutive blocks (else one per block); ``run``: the copies of a
+        mapping that is one run (:func:`~cupy_swap.core.copies.run_copies`),
+        issued as they are."""
         kind = _KINDS[layout.direction]
+        if run:
+            return self.issue(*run, stream, kind, capturing)
         if type(mapping) is list:
             if len(mapping) == 2:  # one pair: a copy per part, no NumPy
                 dsts, srcs, sizes = pair_copies(layout, mapping[0], mapping[1])
