@@ -377,7 +377,7 @@ class PreparedSwap:
         )
         run = None  # one run both sides on the copy engines: a copy per part, its ends all it checks
         if path == "dma" and on_gpu is None and not op.layout.meeting:
-            ends = one_run(rows, n, op.layout.src_limit, op.layout.dst_limit)
+            ends = looked or one_run(rows, n, op.layout.src_limit, op.layout.dst_limit)
             run = ends and run_copies(op.layout, ends[0], ends[1], n)
         if path != "none" and not checked and not run:
             rows = check_rows_for(op.layout, rows, sw.max_blocks)  # raises before any launch
@@ -459,7 +459,8 @@ class PreparedSwap:
 
     def _path(self, op: _Decided, rows, on_gpu, n: int, mode, check) -> tuple[str, bool]:
         """``(path, looked)``: what serves a swap of ``n`` rows, and whether
-        auto's look at the rows' ends chose it (O(1): core/route.py)."""
+        auto's look at the rows' ends chose it (O(1): core/route.py; for
+        ``"dma"``, the rows' first row when they are one run: :func:`one_run`)."""
         layout = op.layout
         if not n or not layout.bytes_per_pair:
             return "none", False
@@ -477,8 +478,9 @@ class PreparedSwap:
             # Ends that span n blocks but no single run (0, 2, .., 1, 3, ..) would be
             # copied block by block: the kernel is faster (NOTES 61).  O(n) NumPy,
             # paid only where the copy that follows moves at least dma_min_copy_bytes.
-            if run == "dma" and one_run(rows, n, layout.src_limit, layout.dst_limit) is None:
-                run = None
+            if run == "dma":  # looked: the run's first row, so the call need not find it again
+                ends = one_run(rows, n, layout.src_limit, layout.dst_limit)
+                return ("dma", ends) if ends else ("kernel", False)
             if run is not None:
                 return run, True
         return "kernel", False
