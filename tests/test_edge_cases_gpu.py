@@ -122,7 +122,7 @@ def test_layout_cache_does_not_keep_arrays_alive(rng):
     # The finalizer only queues the release; the releaser thread frees it
     # and forgets the range, with no further call of ours.
     assert memory.release_dropped(timeout=30)
-    assert memory._registry.find(start, 1) is None
+    assert memory._registry.holding(start, start + 1) is None
 
 
 def test_destination_made_read_only_after_a_swap_is_refused(rng):

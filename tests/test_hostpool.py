@@ -390,7 +390,8 @@ def test_pin_array_pins_caller_memory_in_chunks_until_the_handle_is_dropped(fake
     gc.collect()
     assert release.drain(timeout=10)
     assert (
-        sorted(fake_cuda.unregistered) == sorted(starts) and memory._registry.find(a.ctypes.data, 1) is None
+        sorted(fake_cuda.unregistered) == sorted(starts)
+        and memory._registry.holding(a.ctypes.data, a.ctypes.data + 1) is None
     )
 
 

@@ -30,16 +30,23 @@ def test_register_checks():
 
 
 def test_registry_lookup():
-    reg = memory._Registry()
-    reg.add(memory._Range(1000, 2000, 0, False))
-    reg.add(memory._Range(5000, 6000, 4096, True))
-    assert reg.find(1000, 1000).start == 1000
-    assert reg.find(1999, 1).start == 1000
-    assert reg.find(1999, 2) is None
-    assert reg.find(999, 1) is None
-    assert reg.find(5500, 10).alias_offset == 4096
-    assert reg.remove(5000).owned and reg.find(5500, 1) is None
-    assert reg.remove(5000) is None
+    """The one span set behind both registries (cuda/spans.py): a range
+    holding a span, spans that overlap one, removal by start and record."""
+    from cupy_swap.cuda.spans import Spans
+
+    reg = Spans()
+    reg.add(1000, 2000, memory._Range(1000, 2000, 0, False))
+    reg.add(5000, 6000, memory._Range(5000, 6000, 4096, True))
+    assert reg.holding(1000, 2000).start == 1000
+    assert reg.holding(1999, 2000).start == 1000
+    assert reg.holding(1999, 2001) is None
+    assert reg.holding(999, 1000) is None
+    assert reg.holding(5500, 5510).alias_offset == 4096
+    assert reg.overlapping(1999, 5001).start == 5000 and reg.overlapping(0, 1001).start == 1000
+    assert reg.overlapping(2000, 5000) is None and len(reg) == 2
+    assert reg.remove(5000, object()) is None  # another record at that start: left alone
+    assert reg.remove(5000).owned and reg.holding(5500, 5501) is None
+    assert reg.remove(5000) is None and len(reg) == 1
 
 
 def test_disable_uva_env(monkeypatch):
@@ -61,7 +68,7 @@ def test_a_dropped_buffer_is_freed_by_the_releaser_never_under_the_registry_lock
 
     buf = memory._PinnedBuffer((4096,), np.dtype(np.uint8))
     ptr = buf.__array_interface__["data"][0]
-    assert memory._registry.find(ptr, 1) is not None
+    assert memory._registry.holding(ptr, ptr + 1) is not None
     buf.cycle = buf  # freed by the cyclic collector, as a swapper once was
     del buf
     done = threading.Event()
@@ -77,7 +84,7 @@ def test_a_dropped_buffer_is_freed_by_the_releaser_never_under_the_registry_lock
         assert done.is_set(), "the finalizer blocked on the registry lock"
         assert ptr not in fake_cuda.freed  # the releaser waits for the lock: still pinned, still listed
     assert release.drain(timeout=10)  # waits for the releaser; touches no registry itself
-    assert ptr in fake_cuda.freed and memory._registry.find(ptr, 1) is None
+    assert ptr in fake_cuda.freed and memory._registry.holding(ptr, ptr + 1) is None
 
 
 def test_a_failed_release_is_reported_not_swallowed(fake_cuda):
@@ -109,7 +116,9 @@ def test_unregister_unpublishes_then_unregisters_and_republishes_on_failure(fake
         steps.append("register")
 
     def unregister(p):
-        steps.append(("unregister", "unpublished" if memory._registry.find(ptr, 1) is None else "listed"))
+        steps.append(
+            ("unregister", "unpublished" if memory._registry.holding(ptr, ptr + 1) is None else "listed")
+        )
         if fake_cuda.refuse:
             raise RuntimeError("cudaErrorHostMemoryNotRegistered")
 
@@ -119,11 +128,11 @@ def test_unregister_unpublishes_then_unregisters_and_republishes_on_failure(fake
     with pytest.raises(RuntimeError, match="could not unpin the range .* it stays registered"):
         cs.unregister_host(array)
     assert steps == ["register", ("unregister", "unpublished")]
-    assert memory._registry.find(ptr, 1) is not None  # published again: the call can be retried
+    assert memory._registry.holding(ptr, ptr + 1) is not None  # published again: the call can be retried
     assert memory.generation() > generation  # cached layouts resolve again
     fake_cuda.refuse = False
     cs.unregister_host(array)
-    assert memory._registry.find(ptr, 1) is None
+    assert memory._registry.holding(ptr, ptr + 1) is None
 
 
 def test_is_pinned_spans_negative_and_gapped_strides(fake_cuda):
@@ -142,13 +151,13 @@ def test_two_threads_unregistering_one_range_unpin_it_once(fake_cuda, monkeypatc
     fake_cuda.hostUnregister = unpinned.append
     array = np.zeros(1 << 12, np.uint8)
     cs.register_host(array)
-    r = memory._registry.find(array.ctypes.data, 1)
+    r = memory._registry.holding(array.ctypes.data, array.ctypes.data + 1)
     memory._registry.remove(array.ctypes.data)  # the other thread's unpublish, just done
-    monkeypatch.setattr(memory._registry, "find", lambda ptr, n: r)  # ... after this call's lookup
+    monkeypatch.setattr(memory._registry, "holding", lambda lo, hi: r)  # ... after this call's lookup
     with pytest.raises(ValueError, match="another call just unregistered"):
         cs.unregister_host(array)
     monkeypatch.undo()
-    assert unpinned == [] and memory._registry.find(array.ctypes.data, 1) is None
+    assert unpinned == [] and memory._registry.holding(array.ctypes.data, array.ctypes.data + 1) is None
 
 
 @pytest.fixture
@@ -245,7 +254,7 @@ def test_unregister_host_whose_wait_fails_publishes_the_range_again(two_gpus, fa
         RuntimeError, match="could not unpin the range .*cudaErrorUnknown.* it stays registered"
     ):
         cs.unregister_host(array)
-    assert current[0] == 0 and memory._registry.find(array.ctypes.data, 1) is not None
+    assert current[0] == 0 and memory._registry.holding(array.ctypes.data, array.ctypes.data + 1) is not None
 
 
 class _FakeLibcuda:

@@ -143,11 +143,11 @@ def test_pool_lifecycle_with_a_stand_in_runtime(name, fake_cuda):
     del pool
     assert release.drain(timeout=10)  # runs whatever release is queued
     assert (
-        memory._registry.find(start, 1) is not None and start not in fake_cuda.unregistered
+        memory._registry.holding(start, start + 1) is not None and start not in fake_cuda.unregistered
     )  # the view holds it
     del view
     assert release.drain(timeout=10)  # the releaser thread unpinned it, with no call of ours
-    assert start in fake_cuda.unregistered and memory._registry.find(start, 1) is None
+    assert start in fake_cuda.unregistered and memory._registry.holding(start, start + 1) is None
     assert memory.host_alias(start, 1) == 0
     assert other[5, 7] == 2.5  # the other mapping is untouched
     cs.unlink_shared(name)
@@ -190,7 +190,7 @@ def test_a_failed_unpin_keeps_the_mapping_and_warns(name, fake_cuda, monkeypatch
     (mm,) = release._kept[kept_before:]
     assert not mm.closed  # still mapped: CUDA may still hold it
     assert bytes(mm[shared.HEADER_BYTES : shared.HEADER_BYTES + 4]) == b"\x07" * 4
-    assert memory._registry.find(start, 1) is None
+    assert memory._registry.holding(start, start + 1) is None
 
 
 def test_the_header_fills_whole_pages_of_a_64_kib_page_host(name, fake_cuda, monkeypatch):

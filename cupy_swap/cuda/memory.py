@@ -6,7 +6,6 @@ bisection, not a driver call.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 import mmap
@@ -18,6 +17,7 @@ import numpy as np
 
 from . import capture, driver, release
 from .availability import translate_unavailable
+from .spans import Spans
 
 # cudaHostAllocPortable | cudaHostAllocMapped, and the same bits for
 # cudaHostRegister: usable from every device, mapped into their address space.
@@ -54,7 +54,7 @@ def host_mapping_status(device: int) -> tuple[bool, str]:
 
 def host_pinned_unmapped(ptr: int) -> bool:
     """True when ``ptr`` is page-locked host memory (mapped or not)."""
-    if _registry.find(ptr, 1) is not None:
+    if _registry.holding(ptr, ptr + 1) is not None:
         return True
     return _runtime().pointerGetAttributes(ptr).type == _MEMORY_TYPE_HOST
 
@@ -68,36 +68,7 @@ class _Range(NamedTuple):
     owned: bool  # released by cupy_swap (empty_pinned, shared_pinned) vs register_host
 
 
-class _Registry:
-    """Sorted, thread-safe set of non-overlapping pinned ranges."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._starts: list[int] = []
-        self._ranges: list[_Range] = []
-
-    def add(self, r: _Range) -> None:
-        with self._lock:
-            i = bisect.bisect_right(self._starts, r.start)
-            self._starts.insert(i, r.start)
-            self._ranges.insert(i, r)
-
-    def remove(self, start: int) -> _Range | None:
-        with self._lock:
-            i = bisect.bisect_left(self._starts, start)
-            if i < len(self._starts) and self._starts[i] == start:
-                self._starts.pop(i)
-                return self._ranges.pop(i)
-
-    def find(self, ptr: int, nbytes: int) -> _Range | None:
-        """The range holding all of ``[ptr, ptr + nbytes)``, if any."""
-        with self._lock:
-            i = bisect.bisect_right(self._starts, ptr) - 1
-            if i >= 0 and ptr + nbytes <= self._ranges[i].end:
-                return self._ranges[i]
-
-
-_registry = _Registry()
+_registry = Spans()  # _Range records
 _generation = [0]
 
 
@@ -143,7 +114,9 @@ class _PinnedBuffer:
                     raise
         finally:
             runtime.setDevice(caller_device)
-        _registry.add(_Range(ptr, ptr + max(nbytes, 1), alias - ptr if alias else None, True))
+        _registry.add(
+            ptr, ptr + max(nbytes, 1), _Range(ptr, ptr + max(nbytes, 1), alias - ptr if alias else None, True)
+        )
         free = functools.partial(release_owned, ptr, runtime.freeHost, device, only_gpu is None)
         self._finalizer = release.when_dropped(self, free, None, f"pinned buffer {ptr:#x}")
         self.__array_interface__ = array_interface(ptr, shape, dtype)
@@ -242,7 +215,7 @@ def register_range(ptr: int, nbytes: int, owned: bool = False) -> int:
         except Exception:
             runtime.hostUnregister(ptr)
             raise
-    _registry.add(_Range(ptr, ptr + nbytes, alias - ptr if alias else None, owned))
+    _registry.add(ptr, ptr + nbytes, _Range(ptr, ptr + nbytes, alias - ptr if alias else None, owned))
     return alias
 
 
@@ -325,7 +298,7 @@ def register_host(array: np.ndarray) -> None:
     ptr, nbytes = _contiguous_span(array, "array")
     if nbytes == 0:
         raise ValueError("array: expected at least one byte to register, got an empty array")
-    if _registry.find(ptr, 1) is not None:
+    if _registry.holding(ptr, ptr + 1) is not None:
         raise ValueError(
             f"array: expected memory not yet pinned, got a range starting at {ptr:#x} that cupy_swap "
             f"already pinned (empty_pinned or register_host)"
@@ -351,7 +324,7 @@ def unregister_host(array: np.ndarray) -> None:
         CUDA could not unpin the range (it stays registered).
     """
     ptr, _ = _contiguous_span(array, "array")
-    r = _registry.find(ptr, 1)
+    r = _registry.holding(ptr, ptr + 1)
     if r is None or r.start != ptr or r.owned:
         raise ValueError(
             "array: expected an array passed to cupy_swap.register_host (same start address); "
@@ -370,7 +343,7 @@ def unregister_host(array: np.ndarray) -> None:
                 runtime.setDevice(caller_device)
             runtime.hostUnregister(ptr)
     except BaseException as e:
-        _registry.add(r)  # still pinned: publish it again
+        _registry.add(r.start, r.end, r)  # still pinned: publish it again
         if not isinstance(e, Exception):
             raise  # KeyboardInterrupt and the like: as they came
         raise RuntimeError(
@@ -431,7 +404,7 @@ def host_alias(ptr: int, nbytes: int) -> int:
     """Device address of host range ``[ptr, ptr + nbytes)``, or 0 when it is
     not in mapped page-locked memory (the registry first, then the driver for
     other pinned memory: ``cupyx.empty_pinned``, torch's ``pin_memory()``)."""
-    r = _registry.find(ptr, max(nbytes, 1))
+    r = _registry.holding(ptr, ptr + max(nbytes, 1))
     if r is not None:
         return 0 if r.alias_offset is None else ptr + r.alias_offset
     first = _device_alias(ptr)

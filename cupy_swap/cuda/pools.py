@@ -26,9 +26,9 @@ pinned range.
 from __future__ import annotations
 
 import bisect
-import threading
 
 from ..core.parts import HOST
+from .spans import Spans
 
 PENDING, PINNED, FAILED = 0, 1, 2
 
@@ -83,45 +83,7 @@ class PoolRecord:
         return range(first, last + 1)
 
 
-class _Pools:
-    """Sorted, thread-safe set of published pools (they never overlap)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bases: list[int] = []
-        self._pools: list[PoolRecord] = []
-
-    def add(self, pool: PoolRecord) -> None:
-        with self._lock:
-            i = bisect.bisect_right(self._bases, pool.base)
-            self._bases.insert(i, pool.base)
-            self._pools.insert(i, pool)
-
-    def remove(self, pool: PoolRecord) -> None:
-        with self._lock:
-            for i, p in enumerate(self._pools):
-                if p is pool:
-                    del self._bases[i], self._pools[i]
-                    return
-
-    def find(self, lo: int, hi: int) -> PoolRecord | None:
-        """The pool overlapping ``[lo, hi)``, if any."""
-        with self._lock:
-            i = bisect.bisect_right(self._bases, max(lo, hi - 1)) - 1
-            while i >= 0:
-                p = self._pools[i]
-                if p.base < hi and lo < p.end:
-                    return p
-                if p.end <= lo:
-                    return None
-                i -= 1
-        return None
-
-    def __len__(self) -> int:
-        return len(self._pools)
-
-
-registry = _Pools()
+registry = Spans()  # PoolRecord records
 NOT_A_POOL = object()
 
 
@@ -157,7 +119,7 @@ def resolve_span(part, lo: int, hi: int, mapped: bool):
     """
     if not len(registry):
         return NOT_A_POOL
-    pool = registry.find(lo, hi)
+    pool = registry.overlapping(lo, hi)
     if pool is None:
         return NOT_A_POOL
     if lo < pool.base or hi > pool.end:
@@ -206,7 +168,7 @@ def owners(layout) -> list:
     found = []
     for part in layout.src + layout.dst:
         lo, hi = part.span()
-        pool = registry.find(lo, hi) if part.location == HOST and len(registry) else None
+        pool = registry.overlapping(lo, hi) if part.location == HOST and len(registry) else None
         if pool is None or pool.owner is None:
             continue
         owner = pool.owner()
@@ -227,7 +189,7 @@ def unmapped_reason(layout) -> str:
         if part.location != HOST or not part.block_bytes:
             continue
         lo, hi = part.span()
-        pool = registry.find(lo, hi) if len(registry) else None
+        pool = registry.overlapping(lo, hi) if len(registry) else None
         if pool is None:
             continue
         offsets = {pool.offsets[i] for i in pool.touched(lo, hi)}

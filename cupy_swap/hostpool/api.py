@@ -139,7 +139,7 @@ def _release_pool(record: PoolRecord, keep, device: int) -> None:
         except BaseException:
             release.keep_for_process(keep)  # a GPU may still use the pages, or CUDA holds them: never unmap
             raise  # stays published, retired: never resolved, never pinned over
-        registry.remove(record)
+        registry.remove(record.base, record)
         if isinstance(keep, mmap.mmap):
             keep.close()
 
@@ -152,7 +152,7 @@ def _pin(
     what = _describe(rows * row_bytes, len(chunks), name)
     record = PoolRecord(ptr, rows, row_bytes, chunks, what)
     release.start()
-    registry.add(record)
+    registry.add(record.base, record.end, record)
     buf = _PoolBuffer(mm if keep is None else keep, ptr, shape, dtype, record, device, what)
     handle = PinHandle(np.asarray(buf), record, buf, device, placement, progress, touch)
     if keep is not None:  # the caller's memory: pinned as long as the handle lives
@@ -296,17 +296,17 @@ def pin_array(
             f"strides {array.strides}"
         )
     ptr = array.ctypes.data
-    pool = registry.find(ptr, ptr + array.nbytes)
+    pool = registry.overlapping(ptr, ptr + array.nbytes)
     if pool is not None and pool.retired:  # an earlier handle was dropped: let its unpinning finish
         release.drain(timeout=_REPIN_WAIT_S)
-        pool = registry.find(ptr, ptr + array.nbytes)
+        pool = registry.overlapping(ptr, ptr + array.nbytes)
         if pool is not None:
             raise ValueError(
                 f"array: expected memory not yet pinned, got the {pool.what} at {ptr:#x} whose earlier handle "
                 f"was dropped and whose unpinning did not finish within {_REPIN_WAIT_S:.0f} s (it waits for "
                 f"the GPUs' queued work; a failed one is in cupy_swap.cuda.release.failures)"
             )
-    if memory._registry.find(ptr, 1) is not None or pool is not None:
+    if memory._registry.holding(ptr, ptr + 1) is not None or pool is not None:
         raise ValueError(
             f"array: expected memory not yet pinned, got a range at {ptr:#x} cupy_swap already pinned"
         )
