@@ -260,8 +260,14 @@ def test_a_released_pool_waits_for_its_queued_swap_off_the_hot_path(rng, kind):
         cs.unregister_host(pool)  # the user's call: returns once the queued swap is done
         assert ev.done
         return
-    del pool  # only enqueues the release
-    assert gate.closed and not ev.done  # the drop did not wait for the queued swap
+    drop = pool.base._finalizer  # what the drop runs: it only enqueues the release
+    del pool
+    if UNDER_SANITIZER:
+        # There a finished call's frames still hold the pool (NOTES 75), so the drop queued
+        # nothing and the drain below returned at once (the memcheck failure of NOTES 83 and
+        # 85): queue the release as the drop does.
+        drop()
+    assert not drop.alive and gate.closed and not ev.done  # queued; the drop did not wait for the swap
     gate.open()
     assert release.drain(timeout=30)
     assert ev.done  # the release waited for the swap that wrote the pool
