@@ -24,7 +24,7 @@ import numpy as np
 from .api_types import Mapping, Stream, WaitFor
 from .core.copies import run_copies
 from .core.layout import DIRECTION_TEXT, IN, Layout
-from .core.mapping import check_rows_for, host_rows, one_run
+from .core.mapping import check_rows_for, host_rows, one_run, run_in_range
 from .core.route import check_mode, prepared_route, run_route, run_rows, staged_refusal
 from .cuda import abi, capture, memory, pools, release
 from .cuda.gpu_mapping import device_rows
@@ -377,8 +377,8 @@ class PreparedSwap:
         )
         run = None  # one run both sides on the copy engines: a copy per part, its ends all it checks
         if path == "dma" and on_gpu is None and not op.layout.meeting:
-            ends = looked or one_run(rows, n, op.layout.src_limit, op.layout.dst_limit)
-            run = ends and run_copies(op.layout, ends[0], ends[1], n)
+            ends = looked or one_run(rows, n)  # a run past an end: the full check raises, naming its row
+            run = ends and run_in_range(ends, n, op.layout) and run_copies(op.layout, ends[0], ends[1], n)
         if path != "none" and not checked and not run:
             rows = check_rows_for(op.layout, rows, sw.max_blocks)  # raises before any launch
         plan = self._staged(op.layout, rows, looked) if path == "staged" else None
@@ -479,7 +479,7 @@ class PreparedSwap:
             # copied block by block: the kernel is faster (NOTES 61).  O(n) NumPy,
             # paid only where the copy that follows moves at least dma_min_copy_bytes.
             if run == "dma":  # looked: the run's first row, so the call need not find it again
-                ends = one_run(rows, n, layout.src_limit, layout.dst_limit)
+                ends = one_run(rows, n)
                 return ("dma", ends) if ends else ("kernel", False)
             if run is not None:
                 return run, True

@@ -147,3 +147,27 @@ def test_many_rows_that_are_not_one_run_take_the_common_path(monkeypatch):
     assert op._swapper.last_path == "kernel"
     run = np.column_stack([np.arange(1250), np.arange(1250) + 3]).astype(np.int64)
     assert "_general" in _traced_functions(lambda: op(run, stream=7))
+
+
+def test_a_run_past_an_end_raises_before_anything_is_launched(monkeypatch):
+    """Auto's look finds rows that are one run on both sides (so the copy
+    engines, one copy a part: NOTES 85), but the run passes the source's
+    last block: its ends are in no range, so the full check raises,
+    naming the row, before any copy or launch."""
+    from cupy_swap import prepared
+
+    monkeypatch.setattr(prepared, "stream_is_capturing", lambda handle: False)
+    op, rows, _gpu = _warm_op(n=1250)
+    low, high, _ = op._decided.fast_rows
+    # The stand-in's layout (GPU -> GPU) has no run threshold: as a layout with one at 1,000 rows.
+    op._decided.fast_rows, op._decided.kernel_rows, op._decided.run_rows = (
+        (low, high, 1000),
+        (low, 1000),
+        1000,
+    )
+    path = op._swapper.last_path
+    run = np.column_stack([np.arange(1300, 2550), np.arange(1250)]).astype(np.int64)  # 2,502 blocks
+    with pytest.raises(IndexError, match="source block index 2502 in row 1202 is out of range"):
+        op(run, stream=7)
+    assert op._swapper.last_path == path  # nothing ran
+    assert op(run[:1000], stream=7).path == "dma"  # in range: one copy a part

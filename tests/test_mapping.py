@@ -90,6 +90,17 @@ def test_negative_index_rejected():
         check_mapping(m, 10, 10, "src", "dst")
 
 
+def test_a_bad_row_is_named_with_its_own_index():
+    """The first bad row and the index it holds (the message once paired the
+    first bad row with the column's extreme, which another row held)."""
+    m = normalize_mapping([(0, 1), (-1, 2), (-5, 3)])
+    with pytest.raises(IndexError, match=r"source block index must be >= 0, got -1 in row 1"):
+        check_mapping(m, 10, 10, "src", "dst")
+    m = normalize_mapping([(0, 1), (2, 10), (3, 40)])
+    with pytest.raises(IndexError, match=r"destination block index 10 in row 1 is out of range"):
+        check_mapping(m, 10, 10, "src", "dst")
+
+
 def test_out_of_range_names_part_and_row():
     m = normalize_mapping([(0, 1), (2, 10)])
     with pytest.raises(IndexError, match=r"destination block index 10 in row 1.*dst\[3\] with 10 blocks"):

@@ -308,7 +308,7 @@ def test_a_run_copies_as_the_numpy_path_merges_it(fake_gpu):
     copies those of copy_list's merged path; a strided part, a run that
     steps back inside, a run past either end or one row is no run."""
     from cupy_swap.core.copies import copy_list, run_copies
-    from cupy_swap.core.mapping import one_run
+    from cupy_swap.core.mapping import one_run, run_in_range
 
     src = [
         fake_gpu.part(np.zeros((10, 64), np.uint8), "s0"),
@@ -322,14 +322,14 @@ def test_a_run_copies_as_the_numpy_path_merges_it(fake_gpu):
     for s, d, n in [(0, 0, 10), (2, 5, 7), (8, 10, 2)]:
         m = np.column_stack([np.arange(s, s + n), np.arange(d, d + n)]).astype(np.int64)
         for rows in (m, m.ravel().tolist()):
-            assert one_run(rows, n, layout.src_limit, layout.dst_limit) == (s, d)
+            assert one_run(rows, n) == (s, d) and run_in_range((s, d), n, layout)
         assert [x.tolist() for x in copy_list(layout, m)] == list(run_copies(layout, s, d, n))
     m = np.array([[0, 4], [2, 6], [1, 5], [3, 7]], np.int64)  # ends span a run, the middle does not
-    assert one_run(m, 4, 10, 12) is None and one_run(m.ravel().tolist(), 4, 10, 12) is None
-    assert one_run(np.array([[9, 0], [10, 1]], np.int64), 2, 10, 12) is None  # past the source's end
-    assert one_run(np.array([[-1, 0], [0, 1]], np.int64), 2, 10, 12) is None
-    assert one_run(np.array([[1, 11], [2, 12]], np.int64), 2, 10, 12) is None  # past the destination's
-    assert one_run(np.array([[3, 3]], np.int64), 1, 10, 12) is None
+    assert one_run(m, 4) is None and one_run(m.ravel().tolist(), 4) is None
+    assert one_run(np.array([[3, 3]], np.int64), 1) is None
+    assert not run_in_range((9, 0), 2, layout)  # past the source's end
+    assert not run_in_range((-1, 0), 2, layout) and not run_in_range((0, -1), 2, layout)
+    assert not run_in_range((1, 11), 2, layout)  # past the destination's
     strided = [fake_gpu.part(np.zeros((10, 2, 32), np.uint8)[:, 1], "s2")]
     assert run_copies(resolve_layout(layout_from_parts(strided, dst[1:]), device=0), 0, 0, 3) is None
 

@@ -202,13 +202,13 @@ def _python_int_too_large(block_mapping) -> bool:
 
 def _check_column(col: np.ndarray, limit: int, side: str, part_name: str) -> None:
     lo, hi = int(col.min()), int(col.max())
-    if lo < 0:
+    if lo < 0:  # the first bad row, and its own index
         row = int(np.argmax(col < 0))
-        raise IndexError(f"block_mapping: {side} block index must be >= 0, got {lo} in row {row}")
+        raise IndexError(f"block_mapping: {side} block index must be >= 0, got {int(col[row])} in row {row}")
     if hi >= limit:
         row = int(np.argmax(col >= limit))
         raise IndexError(
-            f"block_mapping: {side} block index {hi} in row {row} is out of range for "
+            f"block_mapping: {side} block index {int(col[row])} in row {row} is out of range for "
             f"{part_name} with {limit} blocks (expected 0 <= index < {limit})"
         )
 
@@ -292,17 +292,17 @@ def run_starts(columns: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], np.flatnonzero(broken) + 1))
 
 
-def one_run(rows, n: int, src_limit: int, dst_limit: int) -> tuple[int, int] | None:
+def one_run(rows, n: int) -> tuple[int, int] | None:
     """``(first source, first destination)`` when ``n >= 2`` rows (an
-    ``(n, 2)`` array, or its flat list) are one run on both sides, every
-    block in ``[0, limit)``; else None.  Such rows need no other check: in
-    range at both ends, and no block twice (checked in O(1), then confirmed
-    in one NumPy pass: 1,250 rows in a few µs)."""
+    ``(n, 2)`` array, or its flat list) are one run on both sides, else
+    None (its ends in O(1), then one NumPy pass: 1,250 rows in a few µs).
+    A run in range (:func:`run_in_range`) needs no other check: no block
+    comes twice."""
     flat = rows.item if type(rows) is np.ndarray else rows.__getitem__
-    s, d, last = flat(0), flat(1), 2 * n - 2
-    if n < 2 or flat(last) - s != n - 1 or flat(last + 1) - d != n - 1:
+    if n < 2:
         return None
-    if s < 0 or d < 0 or s + n > src_limit or d + n > dst_limit:
+    s, d, last = flat(0), flat(1), 2 * n - 2
+    if flat(last) - s != n - 1 or flat(last + 1) - d != n - 1:
         return None
     if type(rows) is list:
         if rows[0::2] != list(range(s, s + n)) or rows[1::2] != list(range(d, d + n)):
@@ -310,6 +310,14 @@ def one_run(rows, n: int, src_limit: int, dst_limit: int) -> tuple[int, int] | N
     elif not bool((rows[1:] - rows[:-1] == 1).all()):
         return None
     return s, d
+
+
+def run_in_range(ends, n: int, layout) -> bool:
+    """Whether the run of ``n`` rows from ``ends`` (:func:`one_run`) lies in
+    ``layout``'s blocks on both sides."""
+    return (
+        ends[0] >= 0 and ends[1] >= 0 and ends[0] + n <= layout.src_limit and ends[1] + n <= layout.dst_limit
+    )
 
 
 def check_rows_for(layout, rows, max_blocks: int):
