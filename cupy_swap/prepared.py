@@ -408,7 +408,7 @@ class PreparedSwap:
             if path == "kernel":
                 slot = self._launch_kernel(op, rows, on_gpu, n, handle, capturing, checked, event)
             elif path == "dma":
-                sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs or looked, run)
+                sw._dma.copy(op.layout, rows, handle, capturing, op.merge_runs or bool(looked), run)
             elif path == "staged":
                 sw._stagers[op.layout.direction].enqueue(op.layout, plan, handle, sw._launcher, sw._dma)
             sw._record(event.ptr, handle)

@@ -265,7 +265,8 @@ def test_a_released_pool_waits_for_its_queued_swap_off_the_hot_path(rng, kind):
     if UNDER_SANITIZER:
         # There a finished call's frames still hold the pool (NOTES 75), so the drop queued
         # nothing and the drain below returned at once (the memcheck failure of NOTES 83 and
-        # 85): queue the release as the drop does.
+        # 85): queue the release as the drop does.  So under the sanitizer this checks the
+        # release's wait, not that the drop queues it; nothing reads the pool after.
         drop()
     assert not drop.alive and gate.closed and not ev.done  # queued; the drop did not wait for the swap
     gate.open()
