@@ -243,3 +243,101 @@ class FakeSwapper:
         self._get_device = lambda: 0
         self._record = lambda ptr, stream: calls.append(("record", ptr, stream))
         self._wait_event = lambda stream, event, flags: calls.append(("wait", stream, event))
+
+
+STAGED_HANDLE = 7  # the caller's stream in staged_stand_in
+
+
+def staged_stand_in(monkeypatch, fake_gpu):
+    """A staging ``Stager`` over stand-ins, every CUDA call recorded:
+    ``(run, calls, stager)``.  ``run(direction, mapping)`` enqueues one
+    staged swap of 32 KiB blocks (a host pool and a GPU cache of 2,500
+    blocks each) on stream :data:`STAGED_HANDLE` and returns its plan;
+    ``calls`` is every step, in order: ``("record", event, stream)``,
+    ``("wait", stream, event)``, ``("copy", stream, count)``, ``("launch",
+    stream)``.  ``monkeypatch``: pytest's (or ``pytest.MonkeyPatch()``)."""
+    import itertools
+    import sys
+    from pathlib import Path
+
+    import cupy
+    from cupy.cuda import runtime
+
+    from cupy_swap.core.layout import layout_from_parts
+    from cupy_swap.cuda import capture, release
+    from cupy_swap.staged import stager as stager_module
+    from cupy_swap.staged.plan import staged_plan
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks" / "probes"))
+    try:
+        import host_path_cpu as probe
+    finally:
+        sys.path.remove(str(root / "benchmarks" / "probes"))
+    calls: list = []
+    streams = itertools.count(100)
+
+    class _Stream:
+        def __init__(self, *args, **kwargs):
+            self.ptr = next(streams)
+
+        def synchronize(self):
+            pass
+
+    class _Device:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class _Copier:
+        def issue(self, dsts, srcs, sizes, stream, kind, capturing=False):
+            calls.append(("copy", stream, len(sizes)))
+            return len(sizes)
+
+    monkeypatch.setattr(runtime, "eventRecord", lambda e, s: calls.append(("record", e, s)))
+    monkeypatch.setattr(runtime, "streamWaitEvent", lambda s, e, f: calls.append(("wait", s, e)))
+    monkeypatch.setattr(release, "device_malloc", lambda n, d: 0x7F00_0000_0000)
+    monkeypatch.setattr(release, "device_free", lambda p, d: None)
+    events = itertools.count(1)
+
+    class _Event:
+        def __init__(self, *args, **kwargs):
+            self.ptr = next(events)
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(capture, "new_event", _Event)
+    monkeypatch.setattr(cupy.cuda, "Stream", _Stream)
+    monkeypatch.setattr(cupy.cuda, "Device", _Device)
+    launcher = probe._Launcher()
+    kernel_launch = launcher._launch
+
+    def launch(*args):
+        calls.append(("launch", args[8]))  # cuLaunchKernel's stream argument
+        kernel_launch(*args)
+
+    launcher._launch = launch
+    n, block = 2500, 32 << 10
+    host = as_parts([np.zeros((n, block), np.uint8)], "host")
+    gpu = [fake_gpu.part(np.zeros((n, block), np.uint8), "gpu")]
+    stager = stager_module.Stager(0, 64 << 20)
+
+    layouts: dict = {}  # one per direction, made once as an op makes it
+
+    def run(direction, mapping):
+        layout = layouts.get(direction)
+        if layout is None:
+            src, dst = (host, gpu) if direction == "in" else (gpu, host)
+            layout = layouts[direction] = layout_from_parts(src, dst)
+            layout.src_addrs, layout.dst_addrs = [p.ptr for p in src], [p.ptr for p in dst]
+        plan = staged_plan(layout, mapping, Policy())
+        stager.enqueue(layout, plan, STAGED_HANDLE, launcher, _Copier())
+        return plan
+
+    return run, calls, stager
