@@ -128,10 +128,10 @@ class FakeKernel:
 
     def __init__(self, calls: list, ring: SlotRing):
         self.calls, self.ring = calls, ring
-        self.layout, self.held = None, False
+        self.layout, self.held, self.widen = None, False, 1
 
-    def bind(self, layout):
-        self.layout = layout
+    def bind(self, layout, widen=1):
+        self.layout, self.widen = layout, widen
         return self
 
     def launch_slot(self, i, stream):
@@ -255,7 +255,7 @@ def staged_stand_in(monkeypatch, fake_gpu):
     blocks each) on stream :data:`STAGED_HANDLE` and returns its plan;
     ``calls`` is every step, in order: ``("record", event, stream)``,
     ``("wait", stream, event)``, ``("copy", stream, count)``, ``("launch",
-    stream)``.  ``monkeypatch``: pytest's (or ``pytest.MonkeyPatch()``)."""
+    stream, CTAs)``.  ``monkeypatch``: pytest's (or ``pytest.MonkeyPatch()``)."""
     import itertools
     import sys
     from pathlib import Path
@@ -319,7 +319,7 @@ def staged_stand_in(monkeypatch, fake_gpu):
     kernel_launch = launcher._launch
 
     def launch(*args):
-        calls.append(("launch", args[8]))  # cuLaunchKernel's stream argument
+        calls.append(("launch", args[8], args[1]))  # cuLaunchKernel's stream and grid
         kernel_launch(*args)
 
     launcher._launch = launch

@@ -96,3 +96,16 @@ def test_a_second_staged_swap_waits_for_the_rows_the_first_still_reads(staged):
     first_copy = next(i for i, c in enumerate(calls) if c[0] == "copy")
     waited = {c[2] for c in calls[:first_copy] if c[0] == "wait" and c[1] == copier}
     assert waited & set(freed), "a reused arena row was overwritten before the scatter that read it"
+
+
+@pytest.mark.parametrize("direction", ["in", "out"])
+def test_a_staged_swaps_kernel_half_runs_on_a_widened_cta_budget(staged, direction):
+    """The scatter or gather moves GPU memory at a CTA's own rate: on the
+    swapper's budget alone it outlasted the copies it hides behind
+    (NOTES 86), so it runs on ``STAGING_WIDEN`` times as many CTAs."""
+    from cupy_swap.staged.stager import STAGING_WIDEN
+
+    run, calls = staged
+    run(direction, _mapping(direction, 1250, np.random.default_rng(1)))
+    grids = {c[2] for c in calls if c[0] == "launch"}
+    assert STAGING_WIDEN > 1 and grids == {8 * STAGING_WIDEN}  # the stand-in launcher's max_ctas is 8
