@@ -1,6 +1,6 @@
 """Turn stored device runs into the markdown the project's pages quote.
 
-    python benchmarks/make_tables.py --page benchmarks/results COMMIT > benchmarks/results/README.md
+    python benchmarks/make_tables.py --page benchmarks/results COMMIT [ENGINES_COMMIT] > benchmarks/results/README.md
     python benchmarks/make_tables.py --peers peers.json    # the README's performance table
     python benchmarks/make_tables.py --gpus gpus.json      # the two-GPU table (bench --gpus)
     python benchmarks/make_tables.py --bench DIR COMMIT    # the tables of `run_device.sh bench`
@@ -279,17 +279,24 @@ def _log_summary(path: Path) -> list:
     return [f"`{path.name}`: {lines[1]}", "", f"Result: **{lines[-1]}**"]
 
 
-def engines_section(folder: Path) -> list:
+def engines_section(folder: Path, commit: str | None = None) -> list:
     """The results page's section of the stored ``bench --engines`` run
-    (``engines.json``, the chart ``engines_chart.png`` where present)."""
+    (``engines.json``, the chart ``engines_chart.png`` where present);
+    ``commit``: where it ran, if not at the page's commit."""
     from cupy_swap.tools import engines
 
     report = json.loads((folder / "engines.json").read_text())
     argv = " ".join(Path(a).name if "/" in a else a for a in report["argv"])
+    at = (
+        f", at commit {commit} (the commits between change neither the kernel nor the copy-engine path "
+        "these rows take)"
+        if commit
+        else ""
+    )
     out = [
         "## At the shapes engines swap",
         "",
-        f"`python -m cupy_swap {argv}`, on the machine above.",
+        f"`python -m cupy_swap {argv}`, on the machine above{at}.",
         "",
         *engines.method_lines(),
         *engines.findings(report["engines"]),
@@ -352,20 +359,25 @@ def readme_counts(folder: Path) -> list:
     ]
     behind_text = " and ".join(filter(None, [", ".join(behind_cases[:-1]), *behind_cases[-1:]]))
     pct = f"{100 * WITHIN:g} %"
+    closer = f" and within {pct} of the faster in {len(close)} more" if close else ""
+    trails = f"Of the {len(close) + len(behind)} rows it trails (in: host -> GPU, out: GPU -> host), "
+    if close:
+        trails += f"{len(close)} are within {pct} of the faster pattern ({close_text}); the others are {behind_text}."
+    else:
+        trails += f"none is within {pct} of the faster pattern: {behind_text}."
     return [
-        f"Over {total} engine-shaped cases it is at or above both in {len(leads)} and within {pct} of the "
-        f"faster in {len(close)} more (below).",
+        f"Over {total} engine-shaped cases it is at or above both in {len(leads)}{closer} (below).",
         f"Prepared is at or above both engine patterns in {len(leads)} of {total} rows "
         f"(n = {', '.join(map(str, counts))}; {len(short_leads)} of {len(short)} up to 256 blocks), by up to "
         f"{engines.summary(rows)['max_gain']:.1f}x in GB/s,",
-        f"Of the {len(close) + len(behind)} rows it trails (in: host -> GPU, out: GPU -> host), {len(close)} "
-        f"are within {pct} of the faster pattern ({close_text}); the others are {behind_text}.",
+        trails,
     ]
 
 
-def results_page(folder: Path, commit: str) -> list:
+def results_page(folder: Path, commit: str, engines_commit: str | None = None) -> list:
     """The current results page (``benchmarks/results/README.md``) from the
-    stored run in ``folder``."""
+    stored run in ``folder`` (its ``bench --engines`` run at
+    ``engines_commit`` where that is another commit)."""
     from cupy_swap.tools.peers import CONTENDER_COLUMNS, CONTENDERS
 
     run = json.loads((folder / "peers.json").read_text())
@@ -373,7 +385,8 @@ def results_page(folder: Path, commit: str) -> list:
     out = [
         "# Measured results",
         "",
-        f"<!-- made by: python benchmarks/make_tables.py --page benchmarks/results {commit}; do not edit -->",
+        f"<!-- made by: python benchmarks/make_tables.py --page benchmarks/results "
+        f"{' '.join(filter(None, (commit, engines_commit)))}; do not edit -->",
         "",
         f"The figures the project's README quotes. The speed table is one stored run at commit {commit}, on:",
         "",
@@ -405,7 +418,7 @@ def results_page(folder: Path, commit: str) -> list:
         chart = "python -m cupy_swap bench --from-json peers.json --plot peers_chart.png"
         out += ["![GB/s against block size](peers_chart.png)", "", f"The chart: `{chart}`.", ""]
     if (folder / "engines.json").exists():
-        out += engines_section(folder)
+        out += engines_section(folder, engines_commit)
     if (folder / "host_time.log").exists():
         out += [
             "## Host time per call",
@@ -443,10 +456,10 @@ def _parser() -> argparse.ArgumentParser:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
         "--page",
-        nargs=2,
-        metavar=("DIR", "COMMIT"),
-        help="the current results page from DIR (peers.json measured at COMMIT; peers_chart.png, "
-        "host_time.log, captured.log, pytest.log where present)",
+        nargs="+",
+        metavar="DIR COMMIT [ENGINES_COMMIT]",
+        help="the current results page from DIR (peers.json measured at COMMIT, engines.json at "
+        "ENGINES_COMMIT if another; peers_chart.png, host_time.log, captured.log, pytest.log where present)",
     )
     what.add_argument(
         "--peers", metavar="FILE", help="the README's performance table from bench --peers --json"
@@ -476,7 +489,9 @@ def main(argv=None) -> None:
     elif args.peers:
         lines = peers_table(Path(args.peers))
     elif args.page:
-        lines = results_page(Path(args.page[0]), args.page[1])
+        if len(args.page) not in (2, 3):
+            _parser().error("--page: expected DIR COMMIT [ENGINES_COMMIT]")
+        lines = results_page(Path(args.page[0]), *args.page[1:])
     elif args.readme:
         lines = readme_tables(Path(args.readme[0]), args.readme[1])
     elif args.counts:
