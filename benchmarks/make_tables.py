@@ -1,6 +1,6 @@
 """Turn stored device runs into the markdown the project's pages quote.
 
-    python benchmarks/make_tables.py --page benchmarks/results COMMIT [ENGINES_COMMIT] > benchmarks/results/README.md
+    python benchmarks/make_tables.py --page benchmarks/results COMMIT [--engines-at COMMIT] > benchmarks/results/README.md
     python benchmarks/make_tables.py --peers peers.json    # the README's performance table
     python benchmarks/make_tables.py --gpus gpus.json      # the two-GPU table (bench --gpus)
     python benchmarks/make_tables.py --bench DIR COMMIT    # the tables of `run_device.sh bench`
@@ -361,10 +361,17 @@ def readme_counts(folder: Path) -> list:
     pct = f"{100 * WITHIN:g} %"
     closer = f" and within {pct} of the faster in {len(close)} more" if close else ""
     trails = f"Of the {len(close) + len(behind)} rows it trails (in: host -> GPU, out: GPU -> host), "
-    if close:
-        trails += f"{len(close)} are within {pct} of the faster pattern ({close_text}); the others are {behind_text}."
-    else:
+    are = "is" if len(close) == 1 else "are"
+    if not close and not behind:
+        trails = "It trails in no row."
+    elif not close:
         trails += f"none is within {pct} of the faster pattern: {behind_text}."
+    elif not behind:
+        trails += (
+            f"{'all' if len(close) > 1 else 'it'} {are} within {pct} of the faster pattern ({close_text})."
+        )
+    else:
+        trails += f"{len(close)} {are} within {pct} of the faster pattern ({close_text}); the others are {behind_text}."
     return [
         f"Over {total} engine-shaped cases it is at or above both in {len(leads)}{closer} (below).",
         f"Prepared is at or above both engine patterns in {len(leads)} of {total} rows "
@@ -385,8 +392,8 @@ def results_page(folder: Path, commit: str, engines_commit: str | None = None) -
     out = [
         "# Measured results",
         "",
-        f"<!-- made by: python benchmarks/make_tables.py --page benchmarks/results "
-        f"{' '.join(filter(None, (commit, engines_commit)))}; do not edit -->",
+        f"<!-- made by: python benchmarks/make_tables.py --page benchmarks/results {commit}"
+        f"{f' --engines-at {engines_commit}' if engines_commit else ''}; do not edit -->",
         "",
         f"The figures the project's README quotes. The speed table is one stored run at commit {commit}, on:",
         "",
@@ -456,10 +463,10 @@ def _parser() -> argparse.ArgumentParser:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
         "--page",
-        nargs="+",
-        metavar="DIR COMMIT [ENGINES_COMMIT]",
-        help="the current results page from DIR (peers.json measured at COMMIT, engines.json at "
-        "ENGINES_COMMIT if another; peers_chart.png, host_time.log, captured.log, pytest.log where present)",
+        nargs=2,
+        metavar=("DIR", "COMMIT"),
+        help="the current results page from DIR (peers.json measured at COMMIT; peers_chart.png, "
+        "engines.json, host_time.log, captured.log, pytest.log where present)",
     )
     what.add_argument(
         "--peers", metavar="FILE", help="the README's performance table from bench --peers --json"
@@ -479,6 +486,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the README's sentences that count the engines rows of DIR/engines.json (headline, performance)",
     )
+    p.add_argument(
+        "--engines-at",
+        metavar="COMMIT",
+        help="with --page: the commit engines.json was measured at, where it is not COMMIT",
+    )
     return p
 
 
@@ -489,9 +501,7 @@ def main(argv=None) -> None:
     elif args.peers:
         lines = peers_table(Path(args.peers))
     elif args.page:
-        if len(args.page) not in (2, 3):
-            _parser().error("--page: expected DIR COMMIT [ENGINES_COMMIT]")
-        lines = results_page(Path(args.page[0]), *args.page[1:])
+        lines = results_page(Path(args.page[0]), args.page[1], args.engines_at)
     elif args.readme:
         lines = readme_tables(Path(args.readme[0]), args.readme[1])
     elif args.counts:

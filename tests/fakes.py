@@ -128,10 +128,10 @@ class FakeKernel:
 
     def __init__(self, calls: list, ring: SlotRing):
         self.calls, self.ring = calls, ring
-        self.layout, self.held, self.widen = None, False, 1
+        self.layout, self.held = None, False
 
-    def bind(self, layout, widen=1):
-        self.layout, self.widen = layout, widen
+    def bind(self, layout):
+        self.layout = layout
         return self
 
     def launch_slot(self, i, stream):

@@ -99,13 +99,11 @@ def test_a_second_staged_swap_waits_for_the_rows_the_first_still_reads(staged):
 
 
 @pytest.mark.parametrize("direction", ["in", "out"])
-def test_a_staged_swaps_kernel_half_runs_on_a_widened_cta_budget(staged, direction):
-    """The scatter or gather moves GPU memory at a CTA's own rate: on the
-    swapper's budget alone it outlasted the copies it hides behind
-    (NOTES 86), so it runs on ``STAGING_WIDEN`` times as many CTAs."""
-    from cupy_swap.staged.stager import STAGING_WIDEN
-
+def test_a_staged_swaps_kernel_half_stays_within_max_ctas(staged, direction):
+    """``max_ctas`` bounds the SMs one swap takes, a staged swap's scatter or
+    gather included: four times the CTAs ran it 1.85x faster on an H200 for
+    2x the CTA time, and were taken back (NOTES 86)."""
     run, calls = staged
     run(direction, _mapping(direction, 1250, np.random.default_rng(1)))
     grids = {c[2] for c in calls if c[0] == "launch"}
-    assert STAGING_WIDEN > 1 and grids == {8 * STAGING_WIDEN}  # the stand-in launcher's max_ctas is 8
+    assert grids == {8}  # the stand-in launcher's max_ctas

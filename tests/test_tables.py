@@ -76,8 +76,10 @@ def test_the_results_page_is_made_from_the_stored_run():
     """benchmarks/results/README.md is exactly what --page makes from the
     files beside it, so no figure on it can drift from the stored run."""
     page = (RESULTS / "README.md").read_text()
-    (commits,) = re.findall(r"make_tables\.py --page benchmarks/results (\w+(?: \w+)?);", page)
-    assert page == "\n".join(_make_tables().results_page(RESULTS, *commits.split())) + "\n"
+    ((commit, engines_at),) = re.findall(
+        r"make_tables\.py --page benchmarks/results (\w+)(?: --engines-at (\w+))?;", page
+    )
+    assert page == "\n".join(_make_tables().results_page(RESULTS, commit, engines_at or None)) + "\n"
 
 
 def test_only_current_files_and_the_history_folder_sit_in_results():

@@ -74,8 +74,8 @@ class _Launcher:
 
         self._launch = launch
 
-    def bind(self, layout, widen=1):
-        return launcher.BoundKernel(self, layout, widen)
+    def bind(self, layout):
+        return launcher.BoundKernel(self, layout)
 
     def on_own_device(self):
         return contextlib.nullcontext()

@@ -58,12 +58,11 @@ class BoundKernel:
     graph is built on the hot path (a lazily built graph per slot once held
     a call for the whole of a busy stream's queue: NOTES item 61)."""
 
-    __slots__ = ("__weakref__", "_launcher", "layout", "widen", "_args", "_slot_calls", "_lock")
+    __slots__ = ("__weakref__", "_launcher", "layout", "_args", "_slot_calls", "_lock")
 
-    def __init__(self, launcher: Launcher, layout, widen: int = 1):
+    def __init__(self, launcher: Launcher, layout):
         self._launcher = launcher
         self.layout = layout
-        self.widen = widen  # slot launches take widen x the launcher's CTA budget
         self._args = None  # abi.ByRefArgs, built (and the module compiled) on the first launch
         self._slot_calls: list = [None] * launcher.slots.size  # per ring slot: its launch (_for_slot)
         self._lock = threading.Lock()
@@ -88,9 +87,7 @@ class BoundKernel:
         lau = self._launcher
         ring = lau.slots
         with self._lock:
-            grid, threads = launch_shape(
-                ring.capacity * self.layout.units_per_pair, lau.max_ctas * self.widen
-            )
+            grid, threads = launch_shape(ring.capacity * self.layout.units_per_pair, lau.max_ctas)
             smem = abi.check_shared_bytes(min(ring.capacity, lau.check_rows_max))
             args = self._byref().copy()
             rows = ring.aliases[i] + 8 * abi.CONTROL_WORDS
@@ -176,10 +173,9 @@ class Launcher:
         tier = next(p for p in abi.BYREF_PARTS if p >= parts)
         return abi.ByRefArgs(tier, layout, self.function(abi.byref_kernel(layout.width, tier)))
 
-    def bind(self, layout, widen: int = 1) -> BoundKernel:
-        """The kernel launches of a resolved layout (slot launches on ``widen``
-        times ``max_ctas`` CTAs)."""
-        return BoundKernel(self, layout, widen)
+    def bind(self, layout) -> BoundKernel:
+        """The kernel launches of a resolved layout."""
+        return BoundKernel(self, layout)
 
     def launch_kernel(
         self, fn: int, grid: int, threads: int, stream: int, params: int, smem: int = 0

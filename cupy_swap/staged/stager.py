@@ -23,12 +23,6 @@ from .plan import (
 
 _H2D, _D2H = 1, 2
 
-# The kernel half moves GPU memory only, at a CTA's own rate (about 17 GB/s a
-# CTA on an H200): on the swapper's 8 CTAs the scatter of a 27 MB chunk took
-# 199 µs and outlasted the copies it should hide behind.  Four times the CTAs
-# for a quarter of the time use the same SM time (benchmarks/NOTES.md, 86).
-STAGING_WIDEN = 4
-
 
 class _ArenaUsers:
     """What may still touch the arena: the row ring and the copy stream (apart
@@ -177,7 +171,7 @@ class Stager:
             rt.eventRecord(freed[c].ptr, stream)
             st.ring.settle(c, freed[c])
 
-        pairs = None  # the kernel half's rows, made once the first copies are out
+        pairs = kernel_pairs(plan, chunk_rows, gpu_first=not swap_in)
 
         def launch(c: int) -> None:
             start = plan.starts[c]
@@ -197,7 +191,6 @@ class Stager:
             ahead = next((c for c, p in enumerate(places) if p[2]), k)
             for c in range(ahead):
                 copy_in(c)
-            pairs = kernel_pairs(plan, chunk_rows, gpu_first=False)
             for c in range(k):
                 if c >= ahead:
                     copy_in(c)
@@ -205,7 +198,6 @@ class Stager:
                 launch(c)
                 settle(c, handle)
         else:
-            pairs = kernel_pairs(plan, chunk_rows, gpu_first=True)
             for c in range(k):
                 free_rows(c)
                 launch(c)
@@ -277,6 +269,6 @@ class Stager:
             parts = staging_parts(host, layout.host_groups, self.base, arena_rows, self.device)
             pair = (parts, layout.dst) if layout.direction == IN else (layout.src, parts)
             kernel = layout.staging_kernel = launcher.bind(
-                resolve_layout(layout_from_parts(*pair), self.device), widen=STAGING_WIDEN
+                resolve_layout(layout_from_parts(*pair), self.device)
             )
         return kernel
