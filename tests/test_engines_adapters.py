@@ -341,6 +341,56 @@ def test_results_come_in_submission_order_per_direction():
     assert results[2].transfer_size == 0 and worker.get_finished() == []
 
 
+def test_an_expedited_load_runs_on_its_own_lane_behind_no_regular_load():
+    """vLLM 0.33.0's connector submits a load its request needs this step
+    with ``expedited=True`` and waits for it at once: it runs on its own
+    stream, ``wait`` settles it without the regular loads queued before it,
+    and ``get_finished`` reports stores, loads, then expedited loads, each
+    lane in submission order."""
+    rng = np.random.default_rng(3)
+    gpu, cpu = _caches(rng, [64], 32, 32, 1)
+    sw = StandInSwapper()
+    worker = _worker(sw, gpu, cpu, [[(0, 64)]], 1, expedited_stream=StandInStream("expedited", sw.calls))
+    sw.hold = True
+    worker.submit_load(1, Spec([1]), Spec([1], [1], [0]))  # a regular load, still in flight
+    sw.hold = False
+    worker.submit_load(2, Spec([2]), Spec([2], [1], [0]), expedited=True)
+    worker.submit_store(3, Spec([3], [1], [0]), Spec([3]))
+    streams = [c[2].name for c in sw.calls if c[0] == "call"]
+    assert streams == ["load", "expedited", "store"]
+    worker.wait({2})  # returns: job 1 is not waited for
+    assert not sw.events[0].landed
+    assert [r.job_id for r in worker.get_finished()] == [3, 2]  # 1 is still in flight
+    sw.events[0].landed = True
+    (late,) = worker.get_finished()
+    assert late.job_id == 1 and late.success
+    other = StandInSwapper()
+    default = _worker(other, gpu, cpu, [[(0, 64)]], 1)  # no expedited stream: the load stream
+    default.submit_load(4, Spec([4]), Spec([4], [1], [0]), expedited=True)
+    assert [c[2].name for c in other.calls if c[0] == "call"] == ["load"]
+
+
+def test_a_missing_vllm_dependency_is_named_not_masked(monkeypatch):
+    """Where vLLM's spec module exists but a package it imports does not, the
+    error names that package (it was once reported as the class missing
+    from where older releases keep it)."""
+    _stand_in_vllm(monkeypatch)
+    import importlib.abc
+
+    class Broken(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "vllm.v1.kv_offload.cpu.spec":
+                raise ModuleNotFoundError("No module named 'regex'", name="regex")
+            return None
+
+    monkeypatch.delitem(sys.modules, "vllm.v1.kv_offload.cpu.spec")
+    monkeypatch.delattr(sys.modules["vllm.v1.kv_offload.cpu"], "spec")
+    monkeypatch.setattr(sys.modules["vllm.v1.kv_offload.cpu"], "__path__", [], raising=False)  # a package
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+    with pytest.raises(ModuleNotFoundError, match="regex"):
+        getattr(cv, "CupySwapOffloadingSpec")  # noqa: B009 - as vLLM's factory asks
+
+
 def test_streams_waits_and_timing_marks():
     """Stores on the store stream, loads on the load stream; a transfer
     first waits for the current stream's work (an event recorded there),
@@ -560,9 +610,11 @@ def test_worker_refuses_chunk_tensors_that_do_not_fit():
 # -- vLLM's classes: the adapter's against stand-ins, and against vLLM's where it imports
 
 
-def _stand_in_vllm(monkeypatch):
-    """Modules with the names and shapes of vLLM's offloading classes (at the
-    commit cupy_swap.engines.vllm follows), and its factory's loading rule."""
+def _stand_in_vllm(monkeypatch, chunks_attr="num_chunks"):
+    """Modules with the names and shapes of vLLM's offloading classes (as in
+    vLLM 0.33.0, which cupy_swap.engines.vllm follows; ``chunks_attr``: the
+    spec's count of CPU chunks, ``"num_blocks"`` before that release), and
+    its factory's loading rule."""
     import abc
     import dataclasses
 
@@ -573,7 +625,7 @@ def _stand_in_vllm(monkeypatch):
         def submit_store(self, job_id, src_spec, dst_spec): ...
 
         @abc.abstractmethod
-        def submit_load(self, job_id, src_spec, dst_spec): ...
+        def submit_load(self, job_id, src_spec, dst_spec, expedited=False): ...
 
         @abc.abstractmethod
         def get_finished(self): ...
@@ -605,7 +657,8 @@ def _stand_in_vllm(monkeypatch):
     class CPUOffloadingSpec(OffloadingSpec):
         def __init__(self, config):
             super().__init__(config)
-            self.num_blocks, self._worker = 10, None
+            self._worker = None
+            setattr(self, chunks_attr, 10)
 
         def get_manager(self):
             return "vLLM's manager"
@@ -642,8 +695,9 @@ def _load_spec(extra_config):
     return spec_cls(config)
 
 
-def test_vllm_loads_the_spec_by_module_path_and_gets_cupy_swaps_worker(monkeypatch):
-    base, cpu_spec = _stand_in_vllm(monkeypatch)
+@pytest.mark.parametrize("chunks_attr", ["num_chunks", "num_blocks"])
+def test_vllm_loads_the_spec_by_module_path_and_gets_cupy_swaps_worker(monkeypatch, chunks_attr):
+    base, cpu_spec = _stand_in_vllm(monkeypatch, chunks_attr)
     made = []
     monkeypatch.setattr(cv, "make_worker", lambda *a, **kw: made.append((a, kw)) or "cupy_swap's worker")
     extra = {
@@ -739,7 +793,7 @@ def test_against_vllms_own_classes():
         "vllm.v1.kv_offload.base", reason="vLLM is not installed here (pip install vllm)"
     )
     if not hasattr(base, "OffloadingWorker") or not hasattr(base.OffloadingWorker, "submit_store"):
-        pytest.skip("this vLLM predates OffloadingWorker.submit_store (cupy_swap follows vLLM at 0105e232)")
+        pytest.skip("this vLLM predates OffloadingWorker.submit_store (cupy_swap follows vLLM 0.33.0)")
     spec_cls, worker_cls = cv.CupySwapOffloadingSpec, cv.CupySwapOffloadingWorker
     assert issubclass(spec_cls, base.OffloadingSpec) and issubclass(worker_cls, base.OffloadingWorker)
     assert not inspect.isabstract(worker_cls)
@@ -750,6 +804,56 @@ def test_against_vllms_own_classes():
     assert list(inspect.signature(spec_cls.get_worker).parameters) == ["self", "kv_caches"]
     fields = {f.name for f in __import__("dataclasses").fields(base.TransferResult)}
     assert {"job_id", "success", "transfer_size", "transfer_time"} <= fields
+
+
+def test_vllms_own_spec_sizes_the_cpu_chunks_cupy_swaps_worker_gets(monkeypatch):
+    """Made from vLLM's own ``OffloadingConfig`` (vLLM 0.33.0's dataclasses),
+    the spec is vLLM's ``CPUOffloadingSpec`` sizing the CPU chunks from
+    ``cpu_bytes_to_use``; its ``get_worker`` hands cupy_swap's worker that
+    count (``num_chunks``; ``num_blocks`` before 0.33.0, where this
+    adapter once looked only)."""
+    config = pytest.importorskip(
+        "vllm.v1.kv_offload.config", reason="vLLM is not installed here (pip install vllm)"
+    )
+    import dataclasses
+
+    needed = {
+        "OffloadingConfig",
+        "OffloadingParallelConfig",
+        "OffloadingCacheConfig",
+        "OffloadingModelConfig",
+    }
+    if not needed <= set(vars(config)):
+        pytest.skip("this vLLM's OffloadingConfig predates 0.33.0's (cupy_swap follows vLLM 0.33.0)")
+    ones = {"world_size", "tp_size", "pp_size", "pcp_size", "dcp_size", "data_parallel_size"}
+    values = {"data_parallel_rank_local": None, "is_parallelism_agnostic": True}
+    parallel = config.OffloadingParallelConfig(
+        **{
+            f.name: values.get(f.name, 1 if f.name in ones else 0)
+            for f in dataclasses.fields(config.OffloadingParallelConfig)
+        }
+    )
+    extra = {
+        "spec_name": "CupySwapOffloadingSpec",
+        "spec_module_path": "cupy_swap.engines.vllm",
+        "cpu_bytes_to_use": 1 << 30,
+    }
+    made = []
+    monkeypatch.setattr(cv, "make_worker", lambda *a, **kw: made.append((a, kw)) or "cupy_swap's worker")
+    spec = cv.CupySwapOffloadingSpec(
+        config.OffloadingConfig(
+            groups=(config.OffloadingGroupConfig(16, ("layer.0",), 0),),
+            worker_kv_bytes_per_block=64 << 10,
+            enable_kv_cache_events=False,
+            extra_config=extra,
+            engine_id="engine",
+            model=config.OffloadingModelConfig("a model", "bfloat16"),
+            cache=config.OffloadingCacheConfig(16, 4),
+            parallel=parallel,
+        )
+    )
+    assert spec.get_worker("kv caches") == "cupy_swap's worker"
+    assert made == [(("kv caches", 4, (1 << 30) // ((64 << 10) * 4)), {"max_rows": None})]
 
 
 # -- SGLang: sgl-kernel's transfers, from transfer.cu's address arithmetic ----------------

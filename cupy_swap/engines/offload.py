@@ -9,8 +9,11 @@ usually one op for everything).  A transfer's GPU blocks and chunks become
 mapping rows (:func:`~.chunks.transfer_rows`) and one op call moves them for
 every tensor at once.
 
-* **Order.**  Each direction has its own stream: its transfers run, and are
-  reported by :meth:`~ChunkOffloadWorker.get_finished`, in submission order.
+* **Order.**  Each lane (stores, loads, expedited loads) has its own stream:
+  its transfers run, and are reported by
+  :meth:`~ChunkOffloadWorker.get_finished`, in submission order; an
+  expedited load (one the engine waits for within its step) queues behind
+  no regular load.
   A transfer first waits for ``current_stream()``'s work (the compute that
   wrote the blocks a store reads, or that last used the blocks a load
   writes).
@@ -54,6 +57,9 @@ from .chunks import SpecError, merged_rows, out_of_range, part_signatures, trans
 
 logger = logging.getLogger("cupy_swap.engines")
 
+STORE, LOAD, EXPEDITED = "store", "load", "expedited load"  # the lanes, in get_finished's order
+LANES = (STORE, LOAD, EXPEDITED)
+
 
 @dataclasses.dataclass
 class TransferResult:
@@ -92,9 +98,10 @@ class ChunkOffloadWorker:
     blocks_per_chunk : int
     swapper : BlockSwapper or alike
         Makes the ops (``prepare``); ``max_blocks`` rows per call.
-    store_stream, load_stream
-        Each direction's stream (anything ``stream=`` takes; with an
-        ``events`` kit, a stream with ``wait_event(event)``).
+    store_stream, load_stream, expedited_stream
+        Each lane's stream (anything ``stream=`` takes; with an ``events``
+        kit, a stream with ``wait_event(event)``); expedited loads use
+        ``load_stream`` where ``expedited_stream`` is None.
     current_stream : callable, optional
         The stream whose work a transfer waits for (vLLM: torch's current
         stream); None: no wait.
@@ -120,6 +127,7 @@ class ChunkOffloadWorker:
         swapper,
         store_stream=None,
         load_stream=None,
+        expedited_stream=None,
         current_stream=None,
         events=None,
         make_result=TransferResult,
@@ -162,13 +170,14 @@ class ChunkOffloadWorker:
             # (GPU blocks, chunk rows) every part of the op has: the rows' bounds
             self._limits.append((min(p.shape[0] for p in gpu_parts), min(p.shape[0] for p in cpu_parts)))
         self._max_rows = int(swapper.max_blocks)
-        self._streams = {True: store_stream, False: load_stream}
+        expedited = load_stream if expedited_stream is None else expedited_stream
+        self._streams = {STORE: store_stream, LOAD: load_stream, EXPEDITED: expedited}
         self._current_stream = current_stream
         self._events, self._free_marks = events, []
         if events is not None:  # made here, not on the submit path (the module docstring)
             self._free_marks = [self._new_marks() for _ in range(max(0, int(event_pool)))]
         self._make_result = make_result
-        self._queues: dict[bool, deque] = {True: deque(), False: deque()}
+        self._queues: dict[str, deque] = {lane: deque() for lane in LANES}
         self._swapper, self._gpu_pages, self._cpu_chunks = swapper, list(gpu_pages), list(cpu_chunks)
         self._closed = False
 
@@ -182,25 +191,28 @@ class ChunkOffloadWorker:
     def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
         """GPU blocks ``src_spec`` (block ids, group sizes, block indices) to
         chunks ``dst_spec.block_ids``, after the current stream's work."""
-        return self._submit(job_id, True, src_spec, dst_spec)
+        return self._submit(job_id, STORE, src_spec, dst_spec)
 
-    def submit_load(self, job_id: int, src_spec, dst_spec) -> bool:
-        """Chunks ``src_spec.block_ids`` to GPU blocks ``dst_spec``."""
-        return self._submit(job_id, False, dst_spec, src_spec)
+    def submit_load(self, job_id: int, src_spec, dst_spec, expedited: bool = False) -> bool:
+        """Chunks ``src_spec.block_ids`` to GPU blocks ``dst_spec``;
+        ``expedited``: on a lane of its own, behind no regular load (the
+        engine waits for it within its step)."""
+        return self._submit(job_id, EXPEDITED if expedited else LOAD, dst_spec, src_spec)
 
     def get_finished(self) -> list:
-        """Results of the transfers finished since the last call, stores then
-        loads, each direction in submission order (never waits)."""
+        """Results of the transfers finished since the last call: stores, then
+        loads, then expedited loads, each lane in submission order (never
+        waits)."""
         out = []
-        for store in (True, False):
-            queue = self._queues[store]
+        for lane in LANES:
+            queue = self._queues[lane]
             while queue and self._done(queue[0]):
                 out.append(self._result(queue.popleft()))
         return out
 
     def wait(self, job_ids) -> None:
         """Block until the given jobs (and every job submitted before them in
-        their direction) have finished; their results stay for
+        their lane) have finished; their results stay for
         :meth:`get_finished`."""
         wanted = set(job_ids)
         for queue in self._queues.values():
@@ -220,20 +232,21 @@ class ChunkOffloadWorker:
 
     # -- inside ---------------------------------------------------------------
 
-    def _submit(self, job_id: int, store: bool, gpu_spec, cpu_spec) -> bool:
+    def _submit(self, job_id: int, lane: str, gpu_spec, cpu_spec) -> bool:
         if self._closed:
             raise RuntimeError("submit: this worker was shut down")
         t = _Transfer(job_id)
-        self._queues[store].append(t)
+        self._queues[lane].append(t)
         try:
-            self._launch(t, store, gpu_spec, cpu_spec)
+            self._launch(t, lane, gpu_spec, cpu_spec)
         except Exception as e:  # noqa: BLE001 - told by the job's result, never by a dead engine
             t.error = e
         if t.error is not None:
-            logger.warning("cupy_swap: %s job %s failed: %s", "store" if store else "load", job_id, t.error)
+            logger.warning("cupy_swap: %s job %s failed: %s", lane, job_id, t.error)
         return True
 
-    def _launch(self, t: _Transfer, store: bool, gpu_spec, cpu_spec) -> None:
+    def _launch(self, t: _Transfer, lane: str, gpu_spec, cpu_spec) -> None:
+        store = lane == STORE
         block_ids = np.asarray(gpu_spec.block_ids).reshape(-1)
         sizes = getattr(gpu_spec, "group_sizes", None)
         starts = getattr(gpu_spec, "block_indices", None)
@@ -258,7 +271,7 @@ class ChunkOffloadWorker:
                 problem = out_of_range(rows, *limits)
                 if problem is not None:
                     raise SpecError(f"block_mapping: {problem}; nothing was copied")
-        stream, kit = self._streams[store], self._events
+        stream, kit = self._streams[lane], self._events
         wait_for = self._current_stream() if self._current_stream is not None else None
         if kit is not None:
             t.marks = order, start, end = self._free_marks.pop() if self._free_marks else self._new_marks()
@@ -288,7 +301,7 @@ class ChunkOffloadWorker:
         # nothing: that transfer's own event tells it (get_finished), and the
         # call is made again.
         waits = () if wait_for is None else wait_for
-        for _ in range(len(self._queues[True]) + len(self._queues[False]) + 1):
+        for _ in range(sum(map(len, self._queues.values())) + 1):
             try:
                 return op(rows, stream=stream, wait_for=waits)
             except Exception as e:

@@ -29,9 +29,15 @@ transfer_time)``), the connector's worker side
 0078e9d2b020be709d7d756877106fd1015ea4f4, and ``CPUOffloadingSpec`` /
 ``CPUOffloadingWorker`` (``vllm/v1/kv_offload/cpu/spec.py``,
 ``cpu/gpu_worker.py``) as stored beside them (``blocks_per_chunk``,
-``create_worker``; the index that served them named no commit).  vLLM marks
-this API unstable: this module stays thin, and everything below the engine's
-calls is engine-independent.
+``create_worker``; the index that served them named no commit).  Then the
+release vLLM 0.33.0 (the package index's newest, built 2026-11-01), whose
+classes the CPU tests check this module against where it imports
+(``tests/test_engines_adapters.py``): ``submit_load(job_id, src_spec,
+dst_spec, expedited=False)`` (an expedited load, which the connector waits
+for within its step, runs on a stream of its own, behind no regular load),
+and the spec's ``num_chunks`` (``num_blocks`` before).  vLLM marks this API
+unstable: this module stays thin, and everything below the engine's calls
+is engine-independent.
 
 **Not followed.**  The worker keeps vLLM's direct per-rank CPU layout only
 (each rank its own pinned tensor per KV cache tensor, chunk ids its rows):
@@ -79,7 +85,9 @@ def _cpu_spec_class():
     _vllm_base()  # says what is missing when vLLM is
     try:
         from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-    except ImportError:
+    except ModuleNotFoundError as e:
+        if e.name != "vllm.v1.kv_offload.cpu.spec":
+            raise  # a package vLLM needs is missing: say so, not where older releases keep the class
         from vllm.v1.kv_offload.cpu import CPUOffloadingSpec  # where older releases keep it
     return CPUOffloadingSpec
 
@@ -154,7 +162,7 @@ def make_worker(
     (:func:`cupy_swap.zeros_pinned`), a ``BlockSwapper`` on the tensors'
     GPU unless ``swapper`` is given (``max_rows`` rows a call, default
     :data:`DEFAULT_MAX_ROWS` or fewer where the cache has fewer blocks), and
-    a torch stream per direction.  ``worker_class``: default
+    a torch stream per lane (stores, loads, expedited loads).  ``worker_class``: default
     :class:`CupySwapOffloadingWorker` when vLLM imports, else
     :class:`~cupy_swap.engines.offload.ChunkOffloadWorker` (results are then
     :class:`~cupy_swap.engines.offload.TransferResult`).
@@ -176,7 +184,7 @@ def make_worker(
             zeros_pinned((int(num_cpu_chunks), int(blocks_per_chunk) * p.shape[1]), np.int8) for p in pages
         ]
         with torch.cuda.device(device):
-            store_stream, load_stream = torch.cuda.Stream(), torch.cuda.Stream()
+            store_stream, load_stream, expedited_stream = (torch.cuda.Stream() for _ in range(3))
     refs = [[(r.tensor_idx, r.page_size_bytes) for r in group] for group in kv_caches.group_data_refs]
     make_result = TransferResult
     if worker_class is None:
@@ -193,6 +201,7 @@ def make_worker(
         swapper=swapper,
         store_stream=store_stream,
         load_stream=load_stream,
+        expedited_stream=expedited_stream,
         current_stream=lambda: torch.cuda.current_stream(device),
         events=TorchEvents(device),
         make_result=make_result,
@@ -283,10 +292,11 @@ def _spec_class():
                 if worker is None:
                     _refuse_layouts(self)
                     extra = self.extra_config
+                    chunks = getattr(self, "num_chunks", None)  # vLLM 0.33.0; num_blocks before
                     worker = make_worker(
                         kv_caches,
                         self.blocks_per_chunk,
-                        self.num_blocks,
+                        self.num_blocks if chunks is None else chunks,
                         max_rows=int(extra.get("cupy_swap_max_rows", 0)) or None,
                     )
                     self._cupy_swap_worker = worker
