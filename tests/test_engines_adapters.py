@@ -105,8 +105,9 @@ class StandInSwapper:
 
     max_blocks = 64  # the FakeSwapper's ring rows
 
-    def __init__(self):
+    def __init__(self, kernel_ok=True):
         self.calls, self.events, self.ranges, self.hold = [], [], [], False
+        self.kernel_ok = kernel_ok  # False: prepare(mode="kernel") refuses, as for unmapped host memory
 
     def gpu(self, *arrays):
         for a in arrays:
@@ -123,11 +124,15 @@ class StandInSwapper:
             parts.append(p)
         return parts
 
-    def prepare(self, src, dst):
+    def prepare(self, src, dst, mode=None):
+        if mode == "kernel" and not self.kernel_ok:
+            raise ValueError("mode: 'kernel' needs host memory mapped into the GPU's address space")
         src, dst = list(src), list(dst)
         layout = layout_from_parts(self._parts(src, "src"), self._parts(dst, "dst"))
         # A FakeSwapper per op: its fake kernel checks rows against the layout it was bound to last.
-        return StandInOp(self, PreparedSwap(FakeSwapper([]), layout, (src, dst)), layout, src, dst)
+        op = StandInOp(self, PreparedSwap(FakeSwapper([]), layout, (src, dst)), layout, src, dst)
+        op.mode = mode  # the route asked for (the stand-in copies the same way on every one)
+        return op
 
 
 # -- vLLM: stand-ins of its data structures and its copy, from its source -------------
@@ -350,7 +355,8 @@ def test_an_expedited_load_runs_on_its_own_lane_behind_no_regular_load():
     rng = np.random.default_rng(3)
     gpu, cpu = _caches(rng, [64], 32, 32, 1)
     sw = StandInSwapper()
-    worker = _worker(sw, gpu, cpu, [[(0, 64)]], 1, expedited_stream=StandInStream("expedited", sw.calls))
+    lane = StandInStream("expedited", sw.calls)
+    worker = _worker(sw, gpu, cpu, [[(0, 64)]], 1, expedited_stream=lane, current_stream=lambda: "compute")
     sw.hold = True
     worker.submit_load(1, Spec([1]), Spec([1], [1], [0]))  # a regular load, still in flight
     sw.hold = False
@@ -358,6 +364,16 @@ def test_an_expedited_load_runs_on_its_own_lane_behind_no_regular_load():
     worker.submit_store(3, Spec([3], [1], [0]), Spec([3]))
     streams = [c[2].name for c in sw.calls if c[0] == "call"]
     assert streams == ["load", "expedited", "store"]
+    expedited = sw.calls.index(next(c for c in sw.calls if c[0] == "call" and c[2] is lane))
+    assert sw.calls[expedited - 3 : expedited - 1] == [
+        ("record", "compute", False),
+        ("wait", "expedited", False),
+    ]
+    # Its ops never stage (one copy stream per swapper and direction); the others keep auto's choice.
+    assert [op.mode for ops in worker._expedited_ops for op in ops] == ["kernel"]
+    assert [op.mode for ops in worker._load_ops + worker._store_ops for op in ops] == [None, None]
+    unmapped = _worker(StandInSwapper(kernel_ok=False), gpu, cpu, [[(0, 64)]], 1)
+    assert [op.mode for ops in unmapped._expedited_ops for op in ops] == ["dma"]
     worker.wait({2})  # returns: job 1 is not waited for
     assert not sw.events[0].landed
     assert [r.job_id for r in worker.get_finished()] == [3, 2]  # 1 is still in flight
@@ -596,6 +612,32 @@ def test_wait_and_shutdown():
     assert sw.events[2].landed and worker.get_finished() == []
     with pytest.raises(RuntimeError, match="shut down"):
         worker.submit_store(4, Spec([1], [1], [0]), Spec([1]))
+
+
+def test_shutdown_drains_every_lane_when_one_fails_to(monkeypatch):
+    """A lane whose wait fails (a broken context) leaves the other lanes
+    drained and the worker shut; the failure is raised after."""
+    rng = np.random.default_rng(9)
+    gpu, cpu = _caches(rng, [64], 16, 16, 1)
+    sw = StandInSwapper()
+    worker = _worker(sw, gpu, cpu, [[(0, 64)]], 1)
+    sw.hold = True
+    worker.submit_store(1, Spec([1], [1], [0]), Spec([1]))
+    worker.submit_load(2, Spec([2]), Spec([2], [1], [0]))
+    worker.submit_load(3, Spec([3]), Spec([3], [1], [0]), expedited=True)
+    settle = worker._settle
+
+    def broken(t):
+        if t.job_id == 1:
+            raise RuntimeError("a broken context")
+        settle(t)
+
+    monkeypatch.setattr(worker, "_settle", broken)
+    with pytest.raises(RuntimeError, match="broken context"):
+        worker.shutdown()
+    assert [e.landed for e in sw.events] == [False, True, True]  # the store's wait failed; loads drained
+    with pytest.raises(RuntimeError, match="shut down"):
+        worker.submit_load(4, Spec([4]), Spec([4], [1], [0]))
 
 
 def test_worker_refuses_chunk_tensors_that_do_not_fit():

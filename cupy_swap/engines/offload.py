@@ -13,7 +13,8 @@ every tensor at once.
   its transfers run, and are reported by
   :meth:`~ChunkOffloadWorker.get_finished`, in submission order; an
   expedited load (one the engine waits for within its step) queues behind
-  no regular load.
+  no regular load: its ops never stage (:func:`unstaged_op`), since the
+  staged path's copy stream is one per swapper and direction.
   A transfer first waits for ``current_stream()``'s work (the compute that
   wrote the blocks a store reads, or that last used the blocks a load
   writes).
@@ -70,6 +71,17 @@ class TransferResult:
     success: bool
     transfer_size: int | None = None
     transfer_time: float | None = None
+
+
+def unstaged_op(swapper, src, dst):
+    """``swapper.prepare(src, dst)`` on a path that runs on the caller's stream
+    alone: the kernel, or the copy engines where the host memory cannot be
+    mapped (a staged swap's copies run on the swapper's one copy stream of
+    that direction, behind every other staged swap's)."""
+    try:
+        return swapper.prepare(src, dst, mode="kernel")
+    except ValueError:  # the kernel cannot reach this host memory: the copy engines, on the caller's stream
+        return swapper.prepare(src, dst, mode="dma")
 
 
 class _Transfer:
@@ -151,7 +163,7 @@ class ChunkOffloadWorker:
         self.blocks_per_chunk = bpc
         self.num_groups = len(group_refs)
         signatures, self._op_of_group = part_signatures(group_refs)
-        self._store_ops, self._load_ops, self._limits = [], [], []
+        self._store_ops, self._load_ops, self._expedited_ops, self._limits = [], [], [], []
         for signature in signatures:
             gpu_parts, cpu_parts = [], []
             for t, nbytes in signature:
@@ -167,6 +179,7 @@ class ChunkOffloadWorker:
             cuts = [slice(at, at + step) for at in range(0, len(gpu_parts), step)]
             self._store_ops.append([swapper.prepare(gpu_parts[c], cpu_parts[c]) for c in cuts])
             self._load_ops.append([swapper.prepare(cpu_parts[c], gpu_parts[c]) for c in cuts])
+            self._expedited_ops.append([unstaged_op(swapper, cpu_parts[c], gpu_parts[c]) for c in cuts])
             # (GPU blocks, chunk rows) every part of the op has: the rows' bounds
             self._limits.append((min(p.shape[0] for p in gpu_parts), min(p.shape[0] for p in cpu_parts)))
         self._max_rows = int(swapper.max_blocks)
@@ -221,14 +234,24 @@ class ChunkOffloadWorker:
                 self._settle(queue[i])
 
     def shutdown(self) -> None:
-        """Wait for every transfer in flight, then drop the ops and tensors."""
-        for queue in self._queues.values():
-            for t in queue:
-                self._settle(t)
-            queue.clear()
-        self._store_ops, self._load_ops, self._free_marks = [], [], []
-        self._gpu_pages, self._cpu_chunks = [], []
-        self._closed = True
+        """Wait for every transfer in flight, then drop the ops and tensors
+        (every lane is drained even where one fails to; the first failure is
+        raised after)."""
+        failure = None
+        try:
+            for queue in self._queues.values():
+                try:
+                    for t in queue:
+                        self._settle(t)
+                except Exception as e:  # noqa: BLE001 - the other lanes still drain
+                    failure = failure or e
+                queue.clear()
+        finally:
+            self._store_ops, self._load_ops, self._expedited_ops, self._free_marks = [], [], [], []
+            self._gpu_pages, self._cpu_chunks = [], []
+            self._closed = True
+        if failure is not None:
+            raise failure
 
     # -- inside ---------------------------------------------------------------
 
@@ -258,7 +281,7 @@ class ChunkOffloadWorker:
             self.blocks_per_chunk,
             self.num_groups,
         )
-        ops = self._store_ops if store else self._load_ops
+        ops = self._store_ops if store else self._expedited_ops if lane == EXPEDITED else self._load_ops
         calls = [
             (i, rows)
             for i, rows in enumerate(merged_rows(per_group, self._op_of_group, len(ops), store))

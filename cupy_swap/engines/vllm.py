@@ -65,6 +65,7 @@ from ..cuda import capture
 from .offload import ChunkOffloadWorker, TransferResult
 
 VLLM_COMMIT = "0105e232b7fa4e1b59ec87531f167c0443a5095d"  # vllm/v1/kv_offload/base.py as read
+VLLM_RELEASE = "0.33.0"  # the release followed since (module docstring)
 DEFAULT_MAX_ROWS = 8192  # rows of one op call (a longer transfer takes several)
 
 _classes: dict = {}
@@ -76,7 +77,7 @@ def _vllm_base():
     except ImportError as e:
         raise ImportError(
             f"cupy_swap.engines.vllm: this class subclasses vLLM's offloading classes and needs vLLM "
-            f"(vllm.v1.kv_offload.base, as at commit {VLLM_COMMIT[:12]}): {e}"
+            f"(vllm.v1.kv_offload.base, as in vLLM {VLLM_RELEASE} and at commit {VLLM_COMMIT[:12]}): {e}"
         ) from e
     return base
 
@@ -319,4 +320,4 @@ def __getattr__(name: str):
 
 
 # The two classes are left out of __all__: they need vLLM (``import *`` must not).
-__all__ = ["make_worker", "page_rows", "TorchEvents", "VLLM_COMMIT"]
+__all__ = ["make_worker", "page_rows", "TorchEvents", "VLLM_COMMIT", "VLLM_RELEASE"]
