@@ -277,12 +277,16 @@ def test_vllm_worker_pattern_is_vllms_worker_with_a_stand_in_kit(rng):
     assert ("wait_event", "s2", "e2") in kit.log and kit.streams == 2
     for gpu_t in gpu:
         gpu_t[:] = 0
-    worker.submit_load(9, cpu_spec, gpu_spec)  # loads wait for no compute, and not for the stores
+    worker.submit_load(9, cpu_spec, gpu_spec)  # loads wait for the compute (vLLM 0.33.0), not for the stores
     load_log = kit.log[kit.log.index(("batch", 18), 6) :]
-    assert not any(e[0] in ("wait_stream", "wait_event") for e in load_log)
+    assert [e[0] for e in load_log if e[0] in ("wait_stream", "wait_event")] == ["wait_stream"]
+    assert load_log[1][0] == "wait_stream" and load_log[1][2] == "compute"
     assert all(
         np.array_equal(g[case.pairs[:, 0]], w.reshape(-1, 64)[case.pairs[:, 1]]) for g, w in zip(gpu, want)
     )
+    worker.submit_load(11, cpu_spec, gpu_spec, expedited=True)  # vLLM 0.33.0: its own handler and stream
+    assert [t.job_id for t in worker._expedited.transfers] == [11] and kit.log[-1][2] not in ("s1", "s2")
+    worker._expedited.transfers[0].end.done = True
     worker.wait({8})
     assert ("synchronize", "e4") in kit.log
     first, second = worker._store.transfers[0].end, worker._load.transfers[0].end
@@ -292,9 +296,10 @@ def test_vllm_worker_pattern_is_vllms_worker_with_a_stand_in_kit(rng):
         (7, True, 6 * 3 * 64, 2e-3),
         (8, True, 6 * 3 * 64, 2e-3),
         (9, True, 6 * 3 * 64, 2e-3),
+        (11, True, 6 * 3 * 64, 2e-3),
     ]
     worker.submit_store(10, gpu_spec, cpu_spec)  # the pools give back a stream and two events
-    assert kit.streams == 3 and kit.events == 6
+    assert kit.streams == 4 and kit.events == 8  # the expedited load took a stream and two events of its own
     worker.shutdown()
     assert worker._store.transfers == deque_empty()
 

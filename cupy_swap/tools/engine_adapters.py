@@ -107,7 +107,8 @@ def adapter_findings(rows: list) -> list[str]:
 
 VLLM_GPU_WORKER = (  # the vLLM source the worker pattern transcribes
     "vllm/v1/kv_offload/cpu/gpu_worker.py at 003ffff6b4d753da7b4a53d5fbbec843eb5b4da3 "
-    "(SingleDirectionOffloadingHandler.transfer_async, compute_sub_block_ptrs)"
+    "(SingleDirectionOffloadingHandler.transfer_async, compute_sub_block_ptrs), with vLLM 0.33.0's "
+    "handlers and stream waits (an expedited load handler; loads, too, wait for the current stream)"
 )
 SGL_TRANSFER_CU = (  # the sgl-kernel source the transcription follows (cupy_swap.engines.sglang's too)
     "sgl-kernel/csrc/kvcacheio/transfer.cu at 1243cf3da37cb08cb73faa12db09653eb997d142"
@@ -535,8 +536,9 @@ class _PatternTransfer(NamedTuple):
 class _PatternHandler:
     """One direction of :class:`VllmWorkerPattern` (vLLM's
     ``SingleDirectionOffloadingHandler``): transfers in submission order,
-    each on a stream from a pool that first waits for the previous
-    transfer's end event (and, for stores, for the current stream)."""
+    each on a stream from a pool that first waits for the current stream
+    and for the previous transfer's end event (vLLM 0.33.0: loads, too,
+    wait for pending writes to their blocks)."""
 
     def __init__(self, gpu_pages, cpu_chunks, blocks_per_chunk: int, group_refs, gpu_to_cpu: bool, kit):
         self.src, self.dst = (gpu_pages, cpu_chunks) if gpu_to_cpu else (cpu_chunks, gpu_pages)
@@ -567,8 +569,7 @@ class _PatternHandler:
         stream = self.stream_pool.pop() if self.stream_pool else kit.new_stream()
         start = self.event_pool.pop() if self.event_pool else kit.new_event()
         end = self.event_pool.pop() if self.event_pool else kit.new_event()
-        if self.gpu_to_cpu:
-            stream.wait_stream(kit.current_stream())  # the compute that wrote the blocks
+        stream.wait_stream(kit.current_stream())  # the compute that wrote (or last used) the blocks
         if self.transfers:
             stream.wait_event(self.transfers[-1].end)  # after the previous transfer
         with kit.on(stream):
@@ -606,9 +607,9 @@ class _PatternHandler:
 class VllmWorkerPattern:
     """vLLM's CPU offloading worker, transcribed for the bench (no vLLM
     needed): ``submit_store`` / ``submit_load`` / ``get_finished`` / ``wait``
-    over two :class:`_PatternHandler`, as vLLM's worker serves them (stores
-    then loads in ``get_finished``; every result ``success=True``, as
-    vLLM's).  Followed: :data:`VLLM_GPU_WORKER`.
+    over three :class:`_PatternHandler` (stores, loads, expedited loads), as
+    vLLM's worker serves them (in that order in ``get_finished``; every
+    result ``success=True``, as vLLM's).  Followed: :data:`VLLM_GPU_WORKER`.
 
     ``kit`` does what vLLM does through torch: ``batch(src, dst, sizes)``
     (its CPU tensors of the three arrays), ``copy(batch, gpu_to_cpu)`` (one
@@ -619,24 +620,27 @@ class VllmWorkerPattern:
 
     def __init__(self, gpu_pages, cpu_chunks, blocks_per_chunk: int, group_refs, kit=None):
         kit = kit or _TorchKit()
-        self._store = _PatternHandler(gpu_pages, cpu_chunks, blocks_per_chunk, group_refs, True, kit)
-        self._load = _PatternHandler(gpu_pages, cpu_chunks, blocks_per_chunk, group_refs, False, kit)
+        args = (gpu_pages, cpu_chunks, blocks_per_chunk, group_refs)
+        self._store = _PatternHandler(*args, True, kit)
+        self._load = _PatternHandler(*args, False, kit)
+        self._expedited = _PatternHandler(*args, False, kit)
+        self._handlers = (self._store, self._load, self._expedited)
 
     def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
         return self._store.transfer_async(job_id, (src_spec, dst_spec))
 
-    def submit_load(self, job_id: int, src_spec, dst_spec) -> bool:
-        return self._load.transfer_async(job_id, (src_spec, dst_spec))
+    def submit_load(self, job_id: int, src_spec, dst_spec, expedited: bool = False) -> bool:
+        return (self._expedited if expedited else self._load).transfer_async(job_id, (src_spec, dst_spec))
 
     def get_finished(self) -> list:
-        return self._store.get_finished() + self._load.get_finished()
+        return [r for handler in self._handlers for r in handler.get_finished()]
 
     def wait(self, job_ids) -> None:
-        self._store.wait(job_ids)
-        self._load.wait(job_ids)
+        for handler in self._handlers:
+            handler.wait(job_ids)
 
     def shutdown(self) -> None:
-        for handler in (self._store, self._load):
+        for handler in self._handlers:
             for t in handler.transfers:
                 t.end.synchronize()
             handler.transfers.clear()
