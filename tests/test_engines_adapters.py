@@ -370,10 +370,10 @@ def test_an_expedited_load_runs_on_its_own_lane_behind_no_regular_load():
         ("wait", "expedited", False),
     ]
     # Its ops never stage (one copy stream per swapper and direction); the others keep auto's choice.
-    assert [op.mode for ops in worker._expedited_ops for op in ops] == ["kernel"]
-    assert [op.mode for ops in worker._load_ops + worker._store_ops for op in ops] == [None, None]
+    assert [op.mode for ops in worker._ops["expedited load"] for op in ops] == ["kernel"]
+    assert [op.mode for ops in worker._ops["load"] + worker._ops["store"] for op in ops] == [None, None]
     unmapped = _worker(StandInSwapper(kernel_ok=False), gpu, cpu, [[(0, 64)]], 1)
-    assert [op.mode for ops in unmapped._expedited_ops for op in ops] == ["dma"]
+    assert [op.mode for ops in unmapped._ops["expedited load"] for op in ops] == ["dma"]
     worker.wait({2})  # returns: job 1 is not waited for
     assert not sw.events[0].landed
     assert [r.job_id for r in worker.get_finished()] == [3, 2]  # 1 is still in flight

@@ -163,7 +163,8 @@ class ChunkOffloadWorker:
         self.blocks_per_chunk = bpc
         self.num_groups = len(group_refs)
         signatures, self._op_of_group = part_signatures(group_refs)
-        self._store_ops, self._load_ops, self._expedited_ops, self._limits = [], [], [], []
+        self._ops: dict[str, list] = {lane: [] for lane in LANES}  # per lane, per signature: its ops
+        self._limits = []
         for signature in signatures:
             gpu_parts, cpu_parts = [], []
             for t, nbytes in signature:
@@ -177,9 +178,9 @@ class ChunkOffloadWorker:
             # At most max_parts parts an op (the kernel's limit): more take several ops.
             step = int(getattr(swapper, "max_parts", 256))
             cuts = [slice(at, at + step) for at in range(0, len(gpu_parts), step)]
-            self._store_ops.append([swapper.prepare(gpu_parts[c], cpu_parts[c]) for c in cuts])
-            self._load_ops.append([swapper.prepare(cpu_parts[c], gpu_parts[c]) for c in cuts])
-            self._expedited_ops.append([unstaged_op(swapper, cpu_parts[c], gpu_parts[c]) for c in cuts])
+            self._ops[STORE].append([swapper.prepare(gpu_parts[c], cpu_parts[c]) for c in cuts])
+            self._ops[LOAD].append([swapper.prepare(cpu_parts[c], gpu_parts[c]) for c in cuts])
+            self._ops[EXPEDITED].append([unstaged_op(swapper, cpu_parts[c], gpu_parts[c]) for c in cuts])
             # (GPU blocks, chunk rows) every part of the op has: the rows' bounds
             self._limits.append((min(p.shape[0] for p in gpu_parts), min(p.shape[0] for p in cpu_parts)))
         self._max_rows = int(swapper.max_blocks)
@@ -247,7 +248,7 @@ class ChunkOffloadWorker:
                     failure = failure or e
                 queue.clear()
         finally:
-            self._store_ops, self._load_ops, self._expedited_ops, self._free_marks = [], [], [], []
+            self._ops, self._free_marks = {lane: [] for lane in LANES}, []
             self._gpu_pages, self._cpu_chunks = [], []
             self._closed = True
         if failure is not None:
@@ -281,7 +282,7 @@ class ChunkOffloadWorker:
             self.blocks_per_chunk,
             self.num_groups,
         )
-        ops = self._store_ops if store else self._expedited_ops if lane == EXPEDITED else self._load_ops
+        ops = self._ops[lane]
         calls = [
             (i, rows)
             for i, rows in enumerate(merged_rows(per_group, self._op_of_group, len(ops), store))
