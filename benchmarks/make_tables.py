@@ -287,12 +287,7 @@ def engines_section(folder: Path, commit: str | None = None) -> list:
 
     report = json.loads((folder / "engines.json").read_text())
     argv = " ".join(Path(a).name if "/" in a else a for a in report["argv"])
-    at = (
-        f", at commit {commit} (the commits between change neither the kernel nor the copy-engine path "
-        "these rows take)"
-        if commit
-        else ""
-    )
+    at = f", at commit {commit}" if commit else ""
     out = [
         "## At the shapes engines swap",
         "",

@@ -17,12 +17,15 @@ import numpy as np
 N, BLOCK, REPS = 1250, 32 << 10, 30
 
 
-def main() -> None:
+def staged_cases():
+    """Per direction, ``(direction, bufs, sw, stream, swap, memcpy)``: the
+    swap's buffers and mapping, one swapper and stream for both, the swap
+    call and one ``cudaMemcpyAsync`` of the same bytes."""
     import cupy
     from cupy.cuda import runtime
 
     from cupy_swap import BlockSwapper
-    from cupy_swap.tools.bench import CaseBuffers, SwapCase, bidir_mapping, host_time, time_blocking
+    from cupy_swap.tools.bench import CaseBuffers, SwapCase, bidir_mapping
 
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -33,7 +36,13 @@ def main() -> None:
         call = functools.partial(sw.swap, bufs.src, bufs.dst, bufs.mapping, stream=stream)
         nbytes, gpu, host = bufs.flat_gpu.nbytes, bufs.flat_gpu.data.ptr, bufs.flat_host.ctypes.data
         ends = (gpu, host, nbytes, 1) if direction == "in" else (host, gpu, nbytes, 2)
-        memcpy = functools.partial(runtime.memcpyAsync, *ends, stream.ptr)
+        yield direction, bufs, sw, stream, call, functools.partial(runtime.memcpyAsync, *ends, stream.ptr)
+
+
+def main() -> None:
+    from cupy_swap.tools.bench import host_time, time_blocking
+
+    for direction, bufs, sw, stream, call, memcpy in staged_cases():
         call()
         stream.synchronize()
         print(f"{direction}: path {sw.last_path}")

@@ -12,9 +12,9 @@ import functools
 import statistics
 import time
 
-import numpy as np
+from staged_pieces import staged_cases
 
-N, BLOCK, REPS = 1250, 32 << 10, 15
+REPS = 15
 
 
 def _since(start, event) -> float:
@@ -27,10 +27,8 @@ def main() -> None:
     import cupy
     from cupy.cuda import runtime
 
-    from cupy_swap import BlockSwapper
     from cupy_swap.cuda import copy_engine
     from cupy_swap.staged import stager
-    from cupy_swap.tools.bench import CaseBuffers, SwapCase, bidir_mapping
 
     marks: list = []  # (label, event before, event after)
 
@@ -49,18 +47,8 @@ def main() -> None:
 
     copy_engine.DmaCopier.issue = timed("copy", copy_engine.DmaCopier.issue, lambda a: a[4])
     stager.Stager._launch_chunk = staticmethod(timed("launch", stager.Stager._launch_chunk, lambda a: a[3]))
-    rng = np.random.default_rng(0)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    sw = BlockSwapper(max_blocks=N)
-    for direction in ("in", "out"):
-        bufs = CaseBuffers(SwapCase(direction, BLOCK, N), rng)
-        bufs.mapping = bidir_mapping("host-runs", N, bufs.host_blocks, rng, direction)
-        nbytes, gpu, host = bufs.flat_gpu.nbytes, bufs.flat_gpu.data.ptr, bufs.flat_host.ctypes.data
-        ends = (gpu, host, nbytes, 1) if direction == "in" else (host, gpu, nbytes, 2)
-        for name, call in (
-            ("memcpy", functools.partial(runtime.memcpyAsync, *ends, stream.ptr)),
-            ("swap()", functools.partial(sw.swap, bufs.src, bufs.dst, bufs.mapping, stream=stream)),
-        ):
+    for direction, bufs, sw, stream, swap, memcpy in staged_cases():
+        for name, call in (("memcpy", memcpy), ("swap()", swap)):
             rows: dict = {}
             for rep in range(REPS + 2):
                 marks.clear()
