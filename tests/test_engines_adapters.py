@@ -1200,11 +1200,11 @@ def test_a_split_transfer_reads_its_index_bounds_once_per_index_tensors(monkeypa
 
 
 def test_a_split_page_head_load_reads_its_bounds_once_for_all_layers(sglang_swapper, monkeypatch):
-    """A page-head load computes its source rows from the indices at every
-    layer (new tensors each time): the split check is remembered by the
-    indices they came from, so the bounds are read at the first layer only
-    (NOTES 82: a read per layer made 1,250 pages wait 68 ms on the host),
-    and every layer's bytes still match sgl-kernel's."""
+    """A page-head load's source rows are made from the indices at the first
+    layer and kept (one tensor for every layer), so the split check, kept by
+    the rows it read, reads the bounds at the first layer only (NOTES 82: a
+    read per layer made 1,250 pages wait 68 ms on the host), and every
+    layer's bytes still match sgl-kernel's."""
     torch = pytest.importorskip("torch", reason="torch is not installed here (the torch extra)")
     rng = np.random.default_rng(23)
     sw = sglang_swapper
@@ -1226,6 +1226,52 @@ def test_a_split_page_head_load_reads_its_bounds_once_for_all_layers(sglang_swap
         assert np.array_equal(dev_k, want[0]) and np.array_equal(dev_v, want[1]), layer
         assert len(sg.last_events()) == 3  # 150 rows (one per token, a part per head): three calls
     assert len(reads) == 1
+
+
+def test_a_page_head_loads_rows_are_made_once_per_index_tensor(sglang_swapper, monkeypatch):
+    """A page-head load makes its source rows (four GPU operations, about 59
+    µs of host time: NOTES 86) at its first layer and keeps them for the
+    next layers; it makes them again after an in-place write torch counts,
+    for other index tensors, for other page shapes, and at every call for
+    inference tensors and NumPy arrays (no version to read).  Every layer's
+    bytes match sgl-kernel's, the rewritten indices' included."""
+    torch = pytest.importorskip("torch", reason="torch is not installed here (the torch extra)")
+    rng = np.random.default_rng(25)
+    sw = sglang_swapper
+    made = []
+    page_rows = sg._page_rows
+    monkeypatch.setattr(sg, "_page_rows", lambda *a: made.append(1) or page_rows(*a))
+    monkeypatch.setattr(sg, "_state", threading.local())
+    host = rng.integers(-9, 9, (2, SLOTS // PAGE, H, PAGE, LAYERS, D), dtype=np.int16)
+    dev_k, dev_v = [_pool(rng, (SLOTS, H, D), sw) for _ in range(2)]
+    layout_dim = ITEM * LAYERS
+
+    def load(host_idx, dev_idx, page=PAGE, heads=H, layers=range(LAYERS)):
+        for layer in layers:
+            want = [dev_k.copy(), dev_v.copy()]
+            sg.transfer_kv_per_layer_ph_lf(
+                host[0], dev_k, host[1], dev_v, host_idx, dev_idx, layer, ITEM, layout_dim, page, heads
+            )
+            if (page, heads) == (PAGE, H):
+                ph_heads([host[0], host[1]], want, host_idx, dev_idx, ITEM, H, PAGE, layout_dim, layer, False)
+                assert np.array_equal(dev_k, want[0]) and np.array_equal(dev_v, want[1]), layer
+
+    host_idx, dev_idx = (torch.from_numpy(a) for a in _index_pair(rng, 12))
+    load(host_idx, dev_idx)
+    assert len(made) == 1  # every layer
+    host_idx[:] = torch.from_numpy(rng.permutation(SLOTS)[:12])  # an in-place write torch counts
+    load(host_idx, dev_idx)
+    load(host_idx.clone(), dev_idx)  # another tensor
+    assert len(made) == 3
+    load(host_idx, dev_idx, page=2 * PAGE, heads=H // 2, layers=[0])  # another page shape
+    load(host_idx, dev_idx, layers=[0])
+    assert len(made) == 5
+    load(host_idx.numpy(), dev_idx.numpy())
+    assert len(made) == 5 + LAYERS
+    with torch.inference_mode():
+        host_idx, dev_idx = (torch.from_numpy(a) for a in _index_pair(rng, 12))
+    load(host_idx, dev_idx)
+    assert len(made) == 5 + 2 * LAYERS
 
 
 def test_a_huge_index_never_wraps_into_a_page_head_row(sglang_swapper):

@@ -335,6 +335,49 @@ def test_sglang_backup_all_layers_and_load_per_layer_bit_exact(layout):
         assert np.array_equal(_bits(back_v)[bi], _bits(dev_v[layer])[di])
 
 
+def test_sglang_page_head_load_keeps_its_rows_per_stream_and_index_write(monkeypatch):
+    """A page-head load keeps the source rows it made at its first layer for
+    the next layers on that stream; on another stream it makes them again
+    (reading them there would race with their making: the first stream is
+    held busy here), and after a torch write to the indices it makes the
+    new indices' rows.  Every layer bit-exact."""
+    rng = np.random.default_rng(7)
+    made = []
+    page_rows = sg._page_rows
+    monkeypatch.setattr(sg, "_page_rows", lambda *a: made.append(1) or page_rows(*a))
+    g = torch.Generator(device="cuda").manual_seed(8)
+    shape = (2, HOST_TOKENS // P, H, P, L, D)
+    host = torch.randint(-(2**15), 2**15, shape, generator=g, device="cuda", dtype=torch.int16)
+    host = host.cpu().pin_memory().view(torch.bfloat16)
+    host_idx, back_idx = _pages(rng, 24, HOST_TOKENS // P), _pages(rng, 24, TOKENS // P)
+    back_k, back_v = [torch.zeros((TOKENS, H, D), dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    first, other = torch.cuda.current_stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+
+    def load(layer, stream):
+        with torch.cuda.stream(stream):
+            back_k.zero_()
+            back_v.zero_()
+            spin(cp.cuda.ExternalStream(stream.cuda_stream), 50)  # the rows are made behind this
+            sg.transfer_kv_per_layer_ph_lf(
+                host[0], back_k, host[1], back_v, host_idx, back_idx, layer, ITEM, ITEM * L, P, H
+            )
+            stream.synchronize()
+        hi, bi = host_idx.cpu().numpy(), back_idx.cpu().numpy()
+        for kv, back in enumerate((back_k, back_v)):
+            want = _bits(host[kv, :, :, :, layer].permute(0, 2, 1, 3).reshape(HOST_TOKENS, H, D))[hi]
+            assert np.array_equal(_bits(back)[bi], want), (layer, kv)
+
+    for layer, stream in ((0, first), (1, first), (2, other), (3, other)):
+        load(layer, stream)
+    assert len(made) == 2  # once per stream
+    with torch.cuda.stream(other):
+        host_idx.copy_(_pages(rng, 24, HOST_TOKENS // P))  # a write torch counts
+    load(4, other)
+    load(5, other)
+    assert len(made) == 3
+
+
 def test_sglang_mla_deepseek_v3_bit_exact():
     rng = np.random.default_rng(2)
     layers, dim = 61, 576

@@ -404,46 +404,56 @@ def _capturing(rows) -> bool:
     return False
 
 
-def _check_split(src_rows, dst_rows, limits, origin=None, how=()) -> None:
+def _remembered(name: str, tensors: tuple, extra: tuple, compute):
+    """``compute()``, or what it gave this thread's last time under ``name``
+    when ``tensors`` are the same torch tensors with no in-place write since
+    and ``extra`` is equal: SGLang loads layer by layer with one pair of
+    index tensors, so what is derived from them is derived at the first
+    layer.  torch's version of a tensor counts its in-place writes (a raw
+    kernel's write is not counted: the op's launch still checks every row
+    it reads).  NumPy and CuPy arrays and inference tensors keep no
+    version: ``compute()`` at every call.  A raised error is not kept."""
+    key = None
+    if all(_framework(t) == "torch" and not t.is_inference() for t in tensors):
+        key = (tuple(map(id, tensors)), tuple(t._version for t in tensors), extra)
+        last = getattr(_state, name, None)
+        if last is not None and last[0] == key:  # the ids are theirs: the entry holds the tensors
+            return last[2]
+    value = compute()
+    setattr(_state, name, (key, tensors, value))
+    return value
+
+
+def _check_split(src_rows, dst_rows, limits) -> None:
     """Before the first call of a transfer of several: every row in range,
-    or IndexError and nothing launched.  ``origin``: the source indices
-    ``src_rows`` were computed from (as ``how`` says), the tensor a memo of
-    the check is kept by."""
+    or IndexError and nothing launched (read once for a layer-by-layer
+    load's index tensors: NOTES 79, 82)."""
     if _capturing(src_rows):
         return  # the op refuses GPU rows in a capture at its first call, before launching anything
-    # SGLang loads layer by layer with the same index tensors: their bounds
-    # are read back (a stream synchronize) once, not once per layer, while
-    # torch says they were not written since (the version of a tensor counts
-    # its in-place writes; a raw kernel's write is not counted, and then
-    # each launch still checks its own rows, so a bad row is never copied).
-    # Inference tensors count no writes: checked at every call.
-    key, src = None, src_rows if origin is None else origin
-    if _framework(src) == "torch" and not (src.is_inference() or dst_rows.is_inference()):
-        key = (src, dst_rows, src._version, dst_rows._version, limits, how)  # holds them: ids stay theirs
-        last = getattr(_state, "checked", None)
-        if last is not None and last[0] is key[0] and last[1] is key[1] and last[2:] == key[2:]:
-            return
-    low_s, high_s, low_d, high_d = _bounds(src_rows, dst_rows)
-    for side, low, high, limit in (
-        ("source", low_s, high_s, limits[0]),
-        ("destination", low_d, high_d, limits[1]),
-    ):
-        if low < 0 or high >= limit:
-            value = low if low < 0 else high
-            raise IndexError(
-                f"{side} row {value} (of the {side} indices) is out of range (expected 0 <= row < {limit}); "
-                f"this transfer takes several calls and was checked whole before the first: nothing was copied"
-            )
-    _state.checked = key
+
+    def check() -> None:
+        low_s, high_s, low_d, high_d = _bounds(src_rows, dst_rows)
+        for side, low, high, limit in (
+            ("source", low_s, high_s, limits[0]),
+            ("destination", low_d, high_d, limits[1]),
+        ):
+            if low < 0 or high >= limit:
+                value = low if low < 0 else high
+                raise IndexError(
+                    f"{side} row {value} (of the {side} indices) is out of range (expected 0 <= row < "
+                    f"{limit}); this transfer takes several calls and was checked whole before the first: "
+                    f"nothing was copied"
+                )
+
+    _remembered("checked", (src_rows, dst_rows), (limits,), check)
 
 
-def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows, n: int, origin=()) -> None:
+def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows, n: int) -> None:
     """One transfer: the ops of ``build() -> (src views, dst views)`` (kept by
     the buffers' addresses and ``params``), called on rows ``(src_rows[i],
     dst_rows[i])``.  A transfer of several calls (several ops, or more rows
     than one call takes) has every row's range checked first
-    (:func:`_check_split`; ``origin``: where ``src_rows`` were computed
-    from the caller's source indices, those indices and how)."""
+    (:func:`_check_split`)."""
     _state.events = []
     if n == 0:
         return
@@ -469,7 +479,7 @@ def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows
     if len(ops) == 1 and src_rows.shape[0] <= rows:  # the usual transfer: one op call
         _state.events.append(ops[0]((src_rows, dst_rows)))
         return
-    _check_split(src_rows, dst_rows, limits, *origin)
+    _check_split(src_rows, dst_rows, limits)
     for op in ops:
         for at in range(0, len(src_rows), rows):
             _state.events.append(op((src_rows[at : at + rows], dst_rows[at : at + rows])))
@@ -491,6 +501,25 @@ def _page_rows(indices, page_size: int, head_num: int):
     page_size`` rows in, as the pages of the other heads lie between."""
     indices = _bounded(indices)
     return indices + (indices // page_size) * ((head_num - 1) * page_size)
+
+
+def _load_page_rows(indices, page_size: int, head_num: int):
+    """:func:`_page_rows` of a page-head load's source indices, made at its
+    first layer and kept for the next layers (:func:`_remembered`; its four
+    GPU operations cost about 59 µs of host time a layer: NOTES 86, 88):
+    on the GPU, kept for calls on the stream that made them, and never
+    kept from inside a capture (there they hold values only in replays)."""
+    stream = 0
+    if _framework(indices) == "torch" and indices.is_cuda:
+        if _capturing(indices):
+            return _page_rows(indices.reshape(-1), page_size, head_num)
+        stream = sys.modules["torch"].cuda.current_stream(indices.device).cuda_stream
+    return _remembered(
+        "page_rows",
+        (indices,),
+        (page_size, head_num, stream),
+        lambda: _page_rows(indices.reshape(-1), page_size, head_num),
+    )
 
 
 def _page_head_rows(indices, page_size: int, head_num: int):
@@ -589,9 +618,8 @@ def transfer_kv_per_layer_ph_lf(
         return src, [_rows(b, h * head, item_size, head) for b in bufs[2:] for h in range(head_num)]
 
     params = (layer_id, item_size, src_layout_dim, page_size, head_num)
-    src_rows = _page_rows(src_indices.reshape(-1), page_size, head_num) if n else src_indices
-    origin = (src_indices, ("page rows", page_size, head_num))
-    _transfer("per_layer_ph_lf", params, bufs, build, src_rows, dst_indices, n, origin)
+    src_rows = _load_page_rows(src_indices, page_size, head_num) if n else src_indices
+    _transfer("per_layer_ph_lf", params, bufs, build, src_rows, dst_indices, n)
 
 
 def transfer_kv_all_layer(
