@@ -1327,6 +1327,27 @@ def test_a_bad_index_in_any_call_of_a_split_transfer_copies_nothing(sglang_swapp
     assert sw.calls == []
 
 
+def test_a_transfer_takes_the_swapper_use_swapper_names_last():
+    """The kept ops are keyed by buffers and parameters, not by swapper:
+    use_swapper() drops them, so the next transfer of the same buffers
+    prepares on the new one."""
+    rng = np.random.default_rng(26)
+    first, second = StandInSwapper(), StandInSwapper()
+    host = np.zeros((2, SLOTS, H, D), np.int16)
+    dev = [_pool(rng, (SLOTS, H, D)) for _ in range(2)]
+    idx = np.arange(3, dtype=np.int64)
+    try:
+        for sw in (first, second, first):
+            sw.gpu(*dev)
+            sg.use_swapper(sw)
+            host[:] = 0
+            sg.transfer_kv_per_layer(dev[0], host[0], dev[1], host[1], idx, idx, ITEM)
+            assert len(sw.calls) == 1 and np.array_equal(host[0][idx], dev[0][idx])
+            sw.calls.clear()
+    finally:
+        sg.use_swapper(None)
+
+
 def test_a_one_call_failure_is_told_by_its_event_or_the_same_ops_next_call(sglang_swapper):
     """One op call: the function returns; the failure is raised by the
     call's event, or (nobody synchronizing it, as SGLang) once by the next

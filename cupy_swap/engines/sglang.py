@@ -178,7 +178,10 @@ def _rows(a, offset: int, stride: int, block: int):
 def _geometry(a) -> tuple:
     """What identifies ``a``'s memory as the rows built over it read it:
     address, shape, strides and dtype (a key of the op cache: one attribute
-    read each, where :func:`_span` computes)."""
+    read each, where :func:`_span` computes; asked of every buffer at every
+    call, so torch's case first)."""
+    if _kinds.get(type(a)) == "torch":
+        return a.data_ptr(), a.shape, a.stride(), a.dtype
     if type(a) is _Registered:  # a registered table's layers
         return a.serial
     if isinstance(a, list):
@@ -254,13 +257,18 @@ def _numel(a) -> int:
 
 
 def _check_indices(src_indices, dst_indices) -> int:
-    for name, idx in (("Source", src_indices), ("Destination", dst_indices)):
-        if not str(idx.dtype).endswith("int64"):
-            raise TypeError(f"{name} indices must be of type long (int64), got {idx.dtype}")
+    if src_indices.dtype not in _longs or dst_indices.dtype not in _longs:  # once per dtype object
+        for name, idx in (("Source", src_indices), ("Destination", dst_indices)):
+            if not str(idx.dtype).endswith("int64"):
+                raise TypeError(f"{name} indices must be of type long (int64), got {idx.dtype}")
+            _longs.add(idx.dtype)
     n, m = _numel(src_indices), _numel(dst_indices)
     if n != m:
         raise ValueError(f"Source and destination indices must have the same length, got {n} and {m}")
     return n
+
+
+_longs: set = set()  # the int64 dtypes of each framework, as seen
 
 
 def _check_item_size(item_size: int) -> None:
@@ -457,10 +465,12 @@ def _transfer(name: str, params: tuple, buffers: list, build, src_rows, dst_rows
     _state.events = []
     if n == 0:
         return
-    sw = _swapper_for(buffers)
-    key = (name, id(sw), params, tuple(_geometry(b) for b in buffers))
+    # No swapper in the key: use_swapper() clears the ops, and otherwise a
+    # buffer's address (unique in the process: UVA) names its GPU's swapper.
+    key = (name, params, *map(_geometry, buffers))
     entry = _ops.get(key)
     if entry is None:
+        sw = _swapper_for(buffers)
         src, dst = build()
         step = int(getattr(sw, "max_parts", 256))
         ops = [sw.prepare(src[i : i + step], dst[i : i + step]) for i in range(0, len(src), step)]
