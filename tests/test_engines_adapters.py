@@ -185,6 +185,7 @@ def _caches(rng, pages, num_blocks, num_chunks, bpc):
 class StandInStream:
     def __init__(self, name, log):
         self.name, self.log = name, log
+        self.cuda_stream = id(self)  # a raw handle, as a torch stream has
 
     def wait_event(self, event):
         self.log.append(("wait", self.name, event.timing))
@@ -211,6 +212,12 @@ class StandInKit:
     def new(self, timing):
         self.made += 1
         return StandInMark(self.log, timing)
+
+    def record(self, event, stream):
+        event.record(stream)
+
+    def order(self, stream, event):
+        stream.wait_event(event)
 
     def done(self, event):
         return True
@@ -481,6 +488,11 @@ def test_the_torch_event_kit_creates_cuda_events_when_made_relaxed_and_never_at_
                 log.append(("cudaEventCreate", drv.mode, phase[0]))
             log.append(("cudaEventRecord", drv.mode, phase[0]))
 
+        @property
+        def cuda_event(self):  # the raw handle the kit records and waits on: it must exist by then
+            assert self.created, "an event used by its handle before its CUDA event was made"
+            return id(self)
+
         def query(self):
             log.append(("cudaEventQuery", drv.mode, phase[0]))
             return True
@@ -496,15 +508,23 @@ def test_the_torch_event_kit_creates_cuda_events_when_made_relaxed_and_never_at_
         def __init__(self, device=None, priority=0):
             log.append(("cudaStreamCreate", drv.mode, phase[0]))
 
+    class Runtime:  # the kit's records and waits on the worker's streams, by raw handle
+        def eventRecord(self, event, stream):
+            log.append(("cudaEventRecord", drv.mode, phase[0]))
+
+        def streamWaitEvent(self, stream, event, flags):
+            log.append(("cudaStreamWaitEvent", drv.mode, phase[0]))
+
     monkeypatch.setattr(torch.cuda, "Event", LazyEvent)
     monkeypatch.setattr(torch.cuda, "Stream", SideStream)
+    monkeypatch.setattr(cv, "_runtime", Runtime)
     kit = cv.TorchEvents()
     event = kit.new(True)
     assert event.created and event.timing  # the CUDA event exists when new() returns
     rng = np.random.default_rng(17)
     gpu, cpu = _caches(rng, [64], 16, 16, 1)
     sw = StandInSwapper()
-    worker = _worker(sw, gpu, cpu, [[(0, 64)]], 1, current_stream=lambda: "compute", events=kit, event_pool=2)
+    worker = _worker(sw, gpu, cpu, [[(0, 64)]], 1, current_stream=lambda: 7, events=kit, event_pool=2)
     phase[0] = "submit"
     sw.hold = True
     worker.submit_store(1, Spec([1], [1], [0]), Spec([1]))

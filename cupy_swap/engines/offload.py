@@ -118,8 +118,9 @@ class ChunkOffloadWorker:
         The stream whose work a transfer waits for (vLLM: torch's current
         stream); None: no wait.
     events : object, optional
-        ``new(timing) -> event`` (with ``record(stream)``; its CUDA event
-        created by ``new``, in relaxed capture mode), ``done(event)``,
+        ``new(timing) -> event`` (its CUDA event created by ``new``, in
+        relaxed capture mode), ``record(event, stream)``, ``order(stream,
+        event)`` (``stream`` waits for ``event``), ``done(event)``,
         ``wait(event)``, ``elapsed(start, end) -> seconds``; see the module
         docstring.  None: waits through ``wait_for=``, no timing.
     event_pool : int, optional
@@ -300,10 +301,10 @@ class ChunkOffloadWorker:
         if kit is not None:
             t.marks = order, start, end = self._free_marks.pop() if self._free_marks else self._new_marks()
             if wait_for is not None:
-                order.record(wait_for)
-                stream.wait_event(order)
+                kit.record(order, wait_for)
+                kit.order(stream, order)
                 wait_for = None
-            start.record(stream)
+            kit.record(start, stream)
         try:
             for i, rows in calls:
                 for op in ops[i]:
@@ -314,7 +315,7 @@ class ChunkOffloadWorker:
                         wait_for = None  # later calls follow on the same stream
         finally:
             if kit is not None:
-                end.record(stream)
+                kit.record(end, stream)
 
     def _new_marks(self) -> tuple:
         return self._events.new(False), self._events.new(True), self._events.new(True)

@@ -317,6 +317,11 @@ class _Registered(list):
         self.serial = next(self._serials)
 
 
+def _kv(k_layers, v_layers) -> list:
+    """K and V of every layer, layer by layer: the parts of an all-layer op."""
+    return [b for kv in zip(k_layers, v_layers) for b in kv]
+
+
 def _layers(arg, num_layers: int, name: str) -> list:
     if isinstance(arg, (list, tuple)):
         layers = list(arg)
@@ -656,11 +661,10 @@ def transfer_kv_all_layer(
         _layers(src_v_layers, num_layers, "src_v_layers"),
         _layers(dst_v_layers, num_layers, "dst_v_layers"),
     )
-    src, dst = [b for kv in zip(sk, sv) for b in kv], [b for kv in zip(dk, dv) for b in kv]
 
     def build():
-        return [_rows(b, 0, item_size, item_size) for b in src], [
-            _rows(b, 0, item_size, item_size) for b in dst
+        return [_rows(b, 0, item_size, item_size) for b in _kv(sk, sv)], [
+            _rows(b, 0, item_size, item_size) for b in _kv(dk, dv)
         ]
 
     _transfer("all_layer", (item_size,), [sk, sv, dk, dv], build, src_indices, dst_indices, n)
@@ -687,7 +691,6 @@ def transfer_kv_all_layer_lf_pf(
         _layers(src_k_layers, num_layers, "src_k_layers"),
         _layers(src_v_layers, num_layers, "src_v_layers"),
     )
-    src = [b for kv in zip(sk, sv) for b in kv]
 
     def build():
         dst = [
@@ -695,7 +698,7 @@ def transfer_kv_all_layer_lf_pf(
             for j in range(num_layers)
             for b in (dst_k, dst_v)
         ]
-        return [_rows(b, 0, item_size, item_size) for b in src], dst
+        return [_rows(b, 0, item_size, item_size) for b in _kv(sk, sv)], dst
 
     params = (item_size, dst_layout_dim, num_layers)
     _transfer("all_layer_lf_pf", params, [sk, sv, dst_k, dst_v], build, src_indices, dst_indices, n)
@@ -725,12 +728,11 @@ def transfer_kv_all_layer_lf_ph(
         _layers(src_k_layers, num_layers, "src_k_layers"),
         _layers(src_v_layers, num_layers, "src_v_layers"),
     )
-    src = [b for kv in zip(sk, sv) for b in kv]
 
     def build():
         stride = dst_layout_dim // head_num
         dst = [_rows(b, j * head, stride, head) for j in range(num_layers) for b in (dst_k, dst_v)]
-        return [_rows(b, 0, head, head) for b in src], dst
+        return [_rows(b, 0, head, head) for b in _kv(sk, sv)], dst
 
     params = (item_size, dst_layout_dim, num_layers, page_size, head_num)
     src_rows = _head_rows(src_indices.reshape(-1), head_num) if n else src_indices

@@ -62,6 +62,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cuda import capture
+from ..cuda.streams import stream_handle, torch_stream_getter
 from .offload import ChunkOffloadWorker, TransferResult
 
 VLLM_COMMIT = "0105e232b7fa4e1b59ec87531f167c0443a5095d"  # vllm/v1/kv_offload/base.py as read
@@ -104,6 +105,13 @@ def page_rows(tensor, page_size_bytes: int):
     return tensor.view(torch.int8).view(-1, page_size_bytes)
 
 
+def _runtime():
+    """CuPy's CUDA runtime module (a function: a CPU test stands in for it)."""
+    from cupy.cuda import runtime
+
+    return runtime
+
+
 class TorchEvents:
     """The worker's event kit (:mod:`cupy_swap.engines.offload`) on torch's
     CUDA events, as vLLM's own worker times its transfers.
@@ -121,6 +129,26 @@ class TorchEvents:
     def __init__(self, device=None):
         self.device = device  # None: torch's current device when the first event is made
         self._stream = None
+        self._handles: dict = {}  # stream object -> raw handle
+
+    # record and order: the runtime's calls on raw handles, not torch's
+    # wrappers (which cost several times as much host time a transfer:
+    # benchmarks/NOTES.md, item 88); the events' CUDA events exist (new).
+    def record(self, event, stream) -> None:
+        """Record ``event`` on ``stream`` (a raw handle or a stream object)."""
+        _runtime().eventRecord(event.cuda_event, self._handle(stream))
+
+    def order(self, stream, event) -> None:
+        """Make ``stream``'s later work wait for ``event``."""
+        _runtime().streamWaitEvent(self._handle(stream), event.cuda_event, 0)
+
+    def _handle(self, stream) -> int:
+        if type(stream) is int:
+            return stream
+        handle = self._handles.get(stream)
+        if handle is None:
+            handle = self._handles[stream] = stream_handle(stream)
+        return handle
 
     def new(self, timing: bool):
         import torch
@@ -203,7 +231,7 @@ def make_worker(
         store_stream=store_stream,
         load_stream=load_stream,
         expedited_stream=expedited_stream,
-        current_stream=lambda: torch.cuda.current_stream(device),
+        current_stream=torch_stream_getter(device),  # a raw handle: TorchEvents.record takes it
         events=TorchEvents(device),
         make_result=make_result,
     )
